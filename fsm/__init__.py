@@ -1,0 +1,117 @@
+"""fsm-lifecycles: explicit lifecycles that a reaper cannot break.
+
+The package face is light on purpose: the data model (records, clock, errors, policy) is
+imported eagerly, everything that builds on python-statemachine or on the stores is
+imported on first use.  ``stores`` and ``signals`` import ``fsm.records``, which runs this
+file first; importing the engine here eagerly would knot the layers into a cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
+from fsm.errors import (
+    ConditionFailed,
+    ConfigError,
+    EntityExists,
+    FsmError,
+    GuardRejected,
+    IdempotencyKeyReused,
+    InvalidData,
+    InvalidDefinition,
+    LeaseLost,
+    MalformedRow,
+    StaleVersion,
+    StoreUnavailable,
+    TransitionNotAllowed,
+    UnknownEntity,
+    UnknownEvent,
+)
+from fsm.policy import Policy
+from fsm.records import Actor, HistoryRecord, Lease, LeaseChange, Snapshot
+
+if TYPE_CHECKING:
+    from statemachine import State
+
+    from fsm.engine import Engine, FireResult
+    from fsm.guards import Guard, GuardContext, guard
+    from fsm.lifecycle import Lifecycle, reaper, worker
+    from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
+    from fsm.table import Branch, CompiledTable
+
+_LAZY = {
+    "State": "statemachine",
+    "Engine": "fsm.engine",
+    "FireResult": "fsm.engine",
+    "Guard": "fsm.guards",
+    "GuardContext": "fsm.guards",
+    "guard": "fsm.guards",
+    "Lifecycle": "fsm.lifecycle",
+    "reaper": "fsm.lifecycle",
+    "worker": "fsm.lifecycle",
+    "JobData": "fsm.lifecycles",
+    "JobLifecycle": "fsm.lifecycles",
+    "PipelineData": "fsm.lifecycles",
+    "PipelineLifecycle": "fsm.lifecycles",
+    "Branch": "fsm.table",
+    "CompiledTable": "fsm.table",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = [
+    "Actor",
+    "Branch",
+    "Clock",
+    "CompiledTable",
+    "ConditionFailed",
+    "ConfigError",
+    "Engine",
+    "EntityExists",
+    "FireResult",
+    "FsmError",
+    "Guard",
+    "GuardContext",
+    "GuardRejected",
+    "HistoryRecord",
+    "IdempotencyKeyReused",
+    "InvalidData",
+    "InvalidDefinition",
+    "JobData",
+    "JobLifecycle",
+    "Lease",
+    "LeaseChange",
+    "LeaseLost",
+    "Lifecycle",
+    "MalformedRow",
+    "ManualClock",
+    "PipelineData",
+    "PipelineLifecycle",
+    "Policy",
+    "Snapshot",
+    "StaleVersion",
+    "State",
+    "StoreUnavailable",
+    "SystemClock",
+    "TransitionNotAllowed",
+    "UnknownEntity",
+    "UnknownEvent",
+    "guard",
+    "new_owner_id",
+    "reaper",
+    "worker",
+]

@@ -1,0 +1,400 @@
+"""The engine: fires a lifecycle's events on stored entities through a store.
+
+The engine never builds a StateChart: it looks the event up in the lifecycle's compiled
+table, evaluates the guards on the snapshot it read, and hands the store one
+compare-and-set write (version, plus the lease token where the actor must hold the lease,
+plus the store-side conditions of time- and row-dependent guards).  Signals go out after
+the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+import signals
+from fsm.clock import Clock, new_owner_id
+from fsm.errors import (
+    GuardRejected,
+    IdempotencyKeyReused,
+    InvalidData,
+    LeaseLost,
+    MalformedRow,
+    StaleVersion,
+    TransitionNotAllowed,
+    UnknownEntity,
+    UnknownEvent,
+)
+from fsm.guards import GuardContext
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.records import (
+    Actor,
+    Condition,
+    HistoryRecord,
+    Lease,
+    LeaseChange,
+    NewEntity,
+    Snapshot,
+    TransitionWrite,
+)
+from fsm.table import Branch
+from signals import LeasePayload, TransitionPayload
+from stores.base import Store
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    """What :meth:`Engine.fire` returns.
+
+    ``record`` is the history row of the transition; on a replay (same idempotency key)
+    it is the row the first call wrote, ``replayed`` is true and ``snapshot`` is the
+    entity as it is now.
+    """
+
+    snapshot: Snapshot
+    record: HistoryRecord
+    replayed: bool = False
+
+    @property
+    def state(self) -> str:
+        return self.snapshot.state
+
+    @property
+    def lease(self) -> Lease | None:
+        return self.snapshot.lease
+
+
+class _StoreClock:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def now(self) -> Any:
+        return self._store.now()
+
+
+class Engine:
+    """Runs one lifecycle over one store.
+
+    ``clock`` is used to pre-evaluate time guards (default: the store's own clock); the
+    store re-checks them at commit with its clock either way.  ``owner`` is this engine's
+    owner id for leases, unique per process run unless given.
+    """
+
+    def __init__(
+        self,
+        lifecycle: type[Lifecycle],
+        store: Store,
+        *,
+        clock: Clock | None = None,
+        policy: Policy | None = None,
+        owner: str | None = None,
+    ) -> None:
+        if not isinstance(lifecycle, type) or not issubclass(lifecycle, Lifecycle) or not hasattr(lifecycle, "table"):
+            raise TypeError(f"Engine needs a Lifecycle subclass with states, got {lifecycle!r}")
+        self.lifecycle = lifecycle
+        self.kind: str = lifecycle.kind
+        self.table = lifecycle.table
+        self.store = store
+        self.clock: Clock = clock or _StoreClock(store)
+        self.policy: Policy = policy or lifecycle.policy
+        self.owner: str = owner or new_owner_id()
+        self._events = frozenset(self.table.events)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, entity_id: str) -> Snapshot:
+        """The entity, checked to belong to this lifecycle and to be in a known state."""
+        snap = self.store.get(entity_id)
+        if snap.kind != self.kind:
+            raise UnknownEntity(entity_id, kind=self.kind, found_kind=snap.kind)
+        if snap.state not in self.table.configurations:
+            raise MalformedRow(entity_id, reason=f"unknown state {snap.state!r} for lifecycle {self.kind!r}")
+        return snap
+
+    def history(self, entity_id: str) -> list[HistoryRecord]:
+        self.get(entity_id)
+        return self.store.history(entity_id)
+
+    def configuration(self, entity: Snapshot | str) -> tuple[str, ...]:
+        """Every active state of the entity, outermost first: ``("active", "finalizing")``."""
+        snap = self.get(entity) if isinstance(entity, str) else entity
+        return self.table.configurations[snap.state]
+
+    def allowed_events(self, entity: Snapshot | str, actor: Actor = Actor.WORKER) -> list[str]:
+        """Events with at least one branch for ``actor`` from the entity's state (guards not evaluated)."""
+        snap = self.get(entity) if isinstance(entity, str) else entity
+        return [e for e in self.table.events if any(b.actor is actor for b in self.table.branches_for(snap.state, e))]
+
+    # -- creating ------------------------------------------------------------------------
+
+    def create(
+        self,
+        entity_id: str | None = None,
+        *,
+        data: Mapping[str, Any] | None = None,
+        concurrency_key: str | None = None,
+    ) -> Snapshot:
+        """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
+        entity_id = entity_id or uuid.uuid4().hex
+        clean = self._validate({} if data is None else dict(data), entity_id=None)
+        return self.store.create(
+            NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean)
+        )
+
+    def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
+        model = self.lifecycle.data_model
+        if model is None:
+            return data
+        try:
+            return model.model_validate(data).model_dump(mode="json")
+        except ValidationError as err:
+            raise InvalidData(
+                lifecycle=self.kind, entity_id=entity_id, errors=[dict(e) for e in err.errors()]
+            ) from None
+
+    # -- firing --------------------------------------------------------------------------
+
+    def fire(
+        self,
+        entity_id: str,
+        event: str,
+        *,
+        lease: Lease | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        actor: Actor | str = Actor.WORKER,
+        owner: str | None = None,
+    ) -> FireResult:
+        """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
+
+        ``lease`` is the caller's lease for transitions that require holding it.
+        ``data`` is a patch merged into the entity's data (top-level keys) and validated
+        against the lifecycle's data model.  ``owner`` is who takes the lease on a
+        transition that acquires one (default: this engine's owner id).  Firing again with
+        the same ``idempotency_key`` returns the first result and writes nothing.
+
+        Raises ``UnknownEvent``, ``UnknownEntity``, ``TransitionNotAllowed``,
+        ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
+        ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
+        """
+        if event not in self._events:
+            raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
+        actor = Actor(actor)
+        if idempotency_key is not None:
+            replay = self._replay(entity_id, event, idempotency_key)
+            if replay is not None:
+                return replay
+        snap = self.get(entity_id)
+        branch = self._choose(snap, event, actor, lease)
+        write = self._write_for(snap, branch, lease, idempotency_key, reason, data, owner)
+        try:
+            new, record = self.store.apply(write)
+        except IdempotencyKeyReused:
+            assert idempotency_key is not None
+            replay = self._replay(entity_id, event, idempotency_key)
+            if replay is None:  # pragma: no cover - the store said the key exists
+                raise
+            return replay
+        except StaleVersion:
+            if idempotency_key is not None:  # a concurrent call with our key may have won
+                replay = self._replay(entity_id, event, idempotency_key)
+                if replay is not None:
+                    return replay
+            raise
+        self._announce(new, record, branch)
+        return FireResult(new, record)
+
+    def _replay(self, entity_id: str, event: str, key: str) -> FireResult | None:
+        recorded = self.store.find_transition(entity_id, key)
+        if recorded is None:
+            return None
+        if recorded.event != event:
+            raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=event)
+        return FireResult(self.get(entity_id), recorded, replayed=True)
+
+    def _choose(self, snap: Snapshot, event: str, actor: Actor, lease: Lease | None) -> Branch:
+        branches = self.table.branches_for(snap.state, event)
+        if not branches:
+            if snap.state in self.table.finals:
+                detail = f"{snap.state!r} is final"
+            else:
+                allowed = [e for e in self.table.events if self.table.branches_for(snap.state, e)]
+                detail = f"events from {snap.state!r}: {', '.join(allowed) or 'none'}"
+            raise TransitionNotAllowed(
+                entity_id=snap.id, event=event, state=snap.state, actor=actor.value, detail=detail
+            )
+        mine = [b for b in branches if b.actor is actor]
+        if not mine:
+            others = sorted({b.actor.value for b in branches})
+            raise TransitionNotAllowed(
+                entity_id=snap.id,
+                event=event,
+                state=snap.state,
+                actor=actor.value,
+                detail=f"{event!r} is a {'/'.join(others)} transition",
+            )
+        ctx = GuardContext(
+            snapshot=snap,
+            now=self.clock.now(),
+            lease=lease,
+            policy=self.policy,
+            newer_sibling=lambda: self.store.has_newer_sibling(snap.id),
+        )
+        failed: dict[str, list[str]] = {}
+        for branch in mine:
+            refused = [
+                g.name if expected else f"not {g.name}"
+                for g, expected in branch.guards
+                if g.check(ctx) is not expected
+            ]
+            if not refused:
+                return branch
+            failed[branch.label] = refused
+        if lease is not None and all(r == ["holds_lease"] for r in failed.values()):
+            raise LeaseLost(
+                snap.id, expected_token=lease.token, found_token=snap.lease_token, owner=lease.owner
+            )
+        raise GuardRejected(entity_id=snap.id, event=event, state=snap.state, failed=failed)
+
+    def _write_for(
+        self,
+        snap: Snapshot,
+        branch: Branch,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+    ) -> TransitionWrite:
+        new_data: dict[str, Any] | None = None
+        patch: dict[str, Any] | None = None
+        if data is not None:
+            patch = dict(data)
+            new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
+        holds = branch.holds_lease and lease is not None
+        require: tuple[Condition, ...] = ()
+        if any(g.condition is not None for g, _ in branch.guards):
+            ctx = GuardContext(snapshot=snap, now=self.clock.now(), lease=lease, policy=self.policy)
+            require = tuple(g.condition(ctx) for g, expected in branch.guards if expected and g.condition is not None)
+        change = LeaseChange.CLEAR if branch.to_final else branch.lease
+        new_owner: str | None = None
+        ttl: timedelta | None = None
+        if change is LeaseChange.ACQUIRE:
+            new_owner = owner or (lease.owner if lease is not None else self.owner)
+            ttl = self.policy.lease_ttl
+        return TransitionWrite(
+            entity_id=snap.id,
+            event=branch.event,
+            source=snap.state,
+            target=branch.target,
+            actor=branch.actor.value,
+            expect_version=snap.version,
+            expect_owner=lease.owner if holds and lease is not None else None,
+            expect_token=lease.token if holds and lease is not None else None,
+            require=require,
+            lease_change=change,
+            new_owner=new_owner,
+            lease_ttl=ttl,
+            bump_attempt=branch.bump_attempt,
+            bump_reclaims=branch.bump_reclaims,
+            data=new_data,
+            data_patch=patch,
+            reason=reason if reason is not None else branch.reason,
+            idempotency_key=idempotency_key,
+        )
+
+    def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
+        kind = self.kind
+
+        def transition_payload() -> TransitionPayload:
+            return TransitionPayload(kind=kind, snapshot=snap, record=record)
+
+        signals.send(signals.transitioned, kind, transition_payload)
+        if branch.event == "expire":
+            signals.send(signals.expired, kind, transition_payload)
+        elif branch.event == "reclaim":
+            signals.send(signals.reclaimed, kind, transition_payload)
+        if branch.lease is LeaseChange.ACQUIRE and not branch.to_final:
+            signals.send(signals.lease_acquired, kind, lambda: self._lease_payload(snap))
+
+    def _lease_payload(self, snap: Snapshot, detail: str | None = None) -> LeasePayload:
+        lease = snap.lease
+        return LeasePayload(
+            kind=self.kind,
+            entity_id=snap.id,
+            owner=snap.lease_owner,
+            token=snap.lease_token,
+            lease=lease,
+            snapshot=snap,
+            detail=detail,
+        )
+
+    # -- leases --------------------------------------------------------------------------
+
+    def acquire_lease(self, entity_id: str, *, owner: str | None = None, ttl: timedelta | None = None) -> Lease:
+        """Take the lease of a non-final entity whose lease is free or expired (token + 1).
+
+        Not a transition: no version bump, no history row.  Raises ``LeaseLost`` when a
+        live lease is held by someone else.
+        """
+        snap = self.get(entity_id)
+        if snap.state in self.table.finals:
+            raise TransitionNotAllowed(
+                entity_id=entity_id, event="acquire_lease", state=snap.state, actor="worker",
+                detail=f"{snap.state!r} is final",
+            )
+        new = self.store.acquire_lease(
+            entity_id,
+            owner=owner or self.owner,
+            ttl=ttl or self.policy.lease_ttl,
+            budget=self.policy.budget_for(snap.state),
+            expect_version=snap.version,
+        )
+        signals.send(signals.lease_acquired, self.kind, lambda: self._lease_payload(new))
+        lease = new.lease
+        assert lease is not None
+        return lease
+
+    def renew_lease(self, lease: Lease, *, ttl: timedelta | None = None) -> Lease:
+        """Extend a live lease; never past the state's renewal budget.
+
+        Raises ``LeaseLost`` (and sends ``lease_lost``) when the lease is no longer
+        current: taken over, expired, or out of budget.  The holder must stop.
+        """
+        snap = self.get(lease.entity_id)
+        try:
+            new = self.store.renew_lease(
+                lease.entity_id,
+                owner=lease.owner,
+                token=lease.token,
+                ttl=ttl or self.policy.lease_ttl,
+                budget=self.policy.budget_for(snap.state),
+            )
+        except LeaseLost as err:
+            signals.send(
+                signals.lease_lost,
+                self.kind,
+                lambda: LeasePayload(
+                    kind=self.kind, entity_id=lease.entity_id, owner=lease.owner, token=lease.token,
+                    lease=lease, snapshot=snap, detail=str(err),
+                ),
+            )
+            raise
+        renewed = new.lease
+        assert renewed is not None
+        return renewed
+
+    def release_lease(self, lease: Lease) -> Snapshot:
+        """Give a lease up (owner and expiry cleared); raises ``LeaseLost`` if not current."""
+        self.get(lease.entity_id)
+        return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
+
+
+__all__ = ["Engine", "FireResult"]

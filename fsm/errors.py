@@ -1,0 +1,197 @@
+"""Typed errors of fsm-lifecycles.
+
+Every error the library raises derives from :class:`FsmError` and carries the facts a
+caller needs to react (entity id, event, state, expected and found version or token) as
+attributes, not only in the message.  A refused write never changes a row (I10).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FsmError(Exception):
+    """Root of every error raised by fsm-lifecycles."""
+
+
+class InvalidDefinition(FsmError):
+    """A lifecycle declaration breaks a rule of the framework.
+
+    Raised at class creation, so a broken lifecycle never reaches a store.
+    """
+
+
+class ConfigError(FsmError):
+    """A policy or service configuration is invalid; ``problems`` lists what is wrong."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+class UnknownEntity(FsmError):
+    """No (live) entity has this id, or it belongs to another lifecycle."""
+
+    def __init__(self, entity_id: str, *, kind: str | None = None, found_kind: str | None = None) -> None:
+        self.entity_id = entity_id
+        self.kind = kind
+        self.found_kind = found_kind
+        if found_kind is not None and kind is not None:
+            msg = f"entity {entity_id!r} is a {found_kind!r}, not a {kind!r}"
+        else:
+            msg = f"no entity with id {entity_id!r}"
+        super().__init__(msg)
+
+
+class EntityExists(FsmError):
+    """An entity with this id exists already."""
+
+    def __init__(self, entity_id: str) -> None:
+        self.entity_id = entity_id
+        super().__init__(f"an entity with id {entity_id!r} exists already")
+
+
+class UnknownEvent(FsmError):
+    """The lifecycle declares no event with this name."""
+
+    def __init__(self, event: str, *, lifecycle: str, known: list[str]) -> None:
+        self.event = event
+        self.lifecycle = lifecycle
+        self.known = known
+        super().__init__(f"{lifecycle} has no event {event!r}; its events are: {', '.join(known)}")
+
+
+class TransitionNotAllowed(FsmError):
+    """The event has no transition from the entity's current state for this actor."""
+
+    def __init__(self, *, entity_id: str, event: str, state: str, actor: str, detail: str = "") -> None:
+        self.entity_id = entity_id
+        self.event = event
+        self.state = state
+        self.actor = actor
+        msg = f"{event!r} is not allowed from state {state!r} of entity {entity_id!r} for the {actor}"
+        super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class GuardRejected(FsmError):
+    """Transitions exist for the event, but every branch had a guard that did not pass.
+
+    ``failed`` maps each tried branch (``"source->target"``) to the guards that refused it.
+    """
+
+    def __init__(
+        self, *, entity_id: str, event: str, state: str, failed: dict[str, list[str]]
+    ) -> None:
+        self.entity_id = entity_id
+        self.event = event
+        self.state = state
+        self.failed = failed
+        detail = "; ".join(f"{branch}: {', '.join(guards)}" for branch, guards in failed.items())
+        super().__init__(f"{event!r} from {state!r} of entity {entity_id!r} refused by guards ({detail})")
+
+
+class StaleVersion(FsmError):
+    """A compare-and-set on the version lost: somebody else wrote the entity first (I3)."""
+
+    def __init__(self, entity_id: str, *, expected: int, found: int | None) -> None:
+        self.entity_id = entity_id
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"entity {entity_id!r} is at version {found}, the write expected version {expected}"
+        )
+
+
+class LeaseLost(FsmError):
+    """The caller's lease (owner, token) is no longer the entity's current, live lease."""
+
+    def __init__(
+        self,
+        entity_id: str,
+        *,
+        expected_token: int | None,
+        found_token: int | None,
+        owner: str | None = None,
+        detail: str = "",
+    ) -> None:
+        self.entity_id = entity_id
+        self.expected_token = expected_token
+        self.found_token = found_token
+        self.owner = owner
+        msg = (
+            f"lease on entity {entity_id!r} lost: the caller holds token {expected_token}, "
+            f"the entity holds token {found_token}"
+        )
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class ConditionFailed(FsmError):
+    """A guard re-checked by the store at the commit point no longer held.
+
+    The entity is unchanged.  ``condition`` names the guard (``lease_stale``, ``superseded``...).
+    """
+
+    def __init__(self, entity_id: str, *, condition: str) -> None:
+        self.entity_id = entity_id
+        self.condition = condition
+        super().__init__(f"entity {entity_id!r}: {condition!r} no longer held at commit")
+
+
+class IdempotencyKeyReused(FsmError):
+    """An idempotency key was already used on this entity for another event."""
+
+    def __init__(self, entity_id: str, *, key: str, recorded_event: str, event: str) -> None:
+        self.entity_id = entity_id
+        self.key = key
+        self.recorded_event = recorded_event
+        self.event = event
+        super().__init__(
+            f"idempotency key {key!r} of entity {entity_id!r} was used for {recorded_event!r}, "
+            f"not {event!r}"
+        )
+
+
+class InvalidData(FsmError):
+    """Entity data does not validate against the lifecycle's data model; nothing was written."""
+
+    def __init__(self, *, lifecycle: str, entity_id: str | None, errors: list[dict[str, Any]]) -> None:
+        self.lifecycle = lifecycle
+        self.entity_id = entity_id
+        self.errors = errors
+        where = f"entity {entity_id!r}" if entity_id else "new entity"
+        shown = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5]
+        )
+        super().__init__(f"invalid data for {lifecycle} {where}: {shown}")
+
+
+class MalformedRow(FsmError):
+    """A stored row cannot be read (unknown state, broken JSON...); ``entity_id`` names it."""
+
+    def __init__(self, entity_id: str, *, reason: str) -> None:
+        self.entity_id = entity_id
+        self.reason = reason
+        super().__init__(f"entity {entity_id!r} is malformed: {reason}")
+
+
+class StoreUnavailable(FsmError):
+    """The store cannot be reached (database down or restarting); nothing was written."""
+
+
+__all__ = [
+    "ConditionFailed",
+    "ConfigError",
+    "EntityExists",
+    "FsmError",
+    "GuardRejected",
+    "IdempotencyKeyReused",
+    "InvalidData",
+    "InvalidDefinition",
+    "LeaseLost",
+    "MalformedRow",
+    "StaleVersion",
+    "StoreUnavailable",
+    "TransitionNotAllowed",
+    "UnknownEntity",
+    "UnknownEvent",
+]

@@ -1,0 +1,137 @@
+"""Guards: named predicates on a transition, evaluated against one entity.
+
+A guard is referenced by name in a transition's ``cond`` (python-statemachine's own
+syntax), so the declaration stays a plain StateChart.  The engine evaluates guards on the
+snapshot it read; a guard whose truth can change without a version bump (time, other
+rows) also names a store *condition*, re-checked by the store at the commit point, so a
+renewal that lands between read and write wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fsm.policy import Policy
+from fsm.records import Condition, Lease, LeaseStale, NewerSibling, Snapshot
+
+
+@dataclass(slots=True)
+class GuardContext:
+    """What a guard may look at: the entity as read, the time, the caller's lease, the
+    lifecycle's policy, and (lazily) whether a newer sibling exists."""
+
+    snapshot: Snapshot
+    now: datetime
+    lease: Lease | None
+    policy: Policy
+    newer_sibling: Callable[[], bool] | None = None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.snapshot.data
+
+
+GuardCheck = Callable[[GuardContext], bool]
+ConditionFactory = Callable[[GuardContext], Condition]
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A named predicate.  ``condition`` builds the store-side re-check, when there is one."""
+
+    name: str
+    check: GuardCheck
+    description: str = ""
+    condition: ConditionFactory | None = None
+
+
+def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> Any:
+    """Declare a guard on a Lifecycle class; the function's name is the guard's name.
+
+    ::
+
+        class Deploy(Lifecycle):
+            ...
+            promote = worker(active.running.to(active.finalizing, cond="tests_green"))
+
+            @guard
+            def tests_green(ctx: GuardContext) -> bool:
+                "every test step passed"
+                return all(s["status"] == "passed" for s in ctx.data["steps"])
+
+    A user guard should depend only on the entity's row (state, data, counters): the
+    version compare-and-set then guarantees it still holds at commit.
+    """
+
+    def make(check: GuardCheck) -> Guard:
+        doc = description if description is not None else (check.__doc__ or "").strip()
+        return Guard(name=check.__name__, check=check, description=doc)
+
+    if fn is not None:
+        return make(fn)
+    return make
+
+
+def _holds_lease(ctx: GuardContext) -> bool:
+    lease, snap = ctx.lease, ctx.snapshot
+    return lease is not None and snap.lease_owner == lease.owner and snap.lease_token == lease.token
+
+
+def _lease_stale(ctx: GuardContext) -> bool:
+    return ctx.snapshot.lease_is_stale(ctx.now, ctx.policy.stale_after)
+
+
+def _superseded(ctx: GuardContext) -> bool:
+    return ctx.newer_sibling is not None and ctx.newer_sibling()
+
+
+def _attempts_left(ctx: GuardContext) -> bool:
+    return ctx.snapshot.attempt < ctx.policy.max_attempts
+
+
+def _reclaims_left(ctx: GuardContext) -> bool:
+    return ctx.snapshot.reclaims < ctx.policy.max_reclaims
+
+
+HOLDS_LEASE = Guard(
+    "holds_lease",
+    _holds_lease,
+    "the caller holds the entity's current lease (owner and fencing token)",
+)
+LEASE_STALE = Guard(
+    "lease_stale",
+    _lease_stale,
+    "the lease expired, or there is none and the entity is idle for stale_after",
+    condition=lambda ctx: LeaseStale(ctx.policy.stale_after),
+)
+SUPERSEDED = Guard(
+    "superseded",
+    _superseded,
+    "a newer entity with the same concurrency key is in the same state",
+    condition=lambda ctx: NewerSibling(),
+)
+ATTEMPTS_LEFT = Guard("attempts_left", _attempts_left, "attempt < max_attempts")
+RECLAIMS_LEFT = Guard("reclaims_left", _reclaims_left, "reclaims < max_reclaims")
+RECLAIMS_EXHAUSTED = Guard(
+    "reclaims_exhausted", lambda ctx: not _reclaims_left(ctx), "reclaims >= max_reclaims"
+)
+
+BUILTIN_GUARDS: dict[str, Guard] = {
+    g.name: g for g in (HOLDS_LEASE, LEASE_STALE, SUPERSEDED, ATTEMPTS_LEFT, RECLAIMS_LEFT, RECLAIMS_EXHAUSTED)
+}
+
+__all__ = [
+    "ATTEMPTS_LEFT",
+    "BUILTIN_GUARDS",
+    "HOLDS_LEASE",
+    "LEASE_STALE",
+    "RECLAIMS_EXHAUSTED",
+    "RECLAIMS_LEFT",
+    "SUPERSEDED",
+    "Guard",
+    "GuardContext",
+    "guard",
+]

@@ -1,0 +1,191 @@
+"""Declaring a lifecycle: a python-statemachine ``StateChart`` with actors and guards.
+
+::
+
+    class Deploy(Lifecycle):
+        queued = State(initial=True)
+
+        class active(State.Compound):
+            running = State(initial=True)
+            finalizing = State()
+
+        done = State(final=True)
+        failed = State(final=True)
+
+        start = worker(queued.to(active))
+        finish = worker(active.running.to(active.finalizing), lease=LeaseChange.ACQUIRE)
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+        expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
+
+At class creation the framework checks the rules a reaper depends on (``finalizing`` is a
+sub-state of a compound active state; no reaper transition leaves ``finalizing`` without
+the ``lease_stale`` guard), resolves every guard name, and compiles the class once into a
+:class:`~fsm.table.CompiledTable` that the engine runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+from statemachine import State, StateChart
+from statemachine.exceptions import InvalidDefinition as SmInvalidDefinition
+from statemachine.factory import StateMachineMetaclass
+from statemachine.transition import Transition
+from statemachine.transition_list import TransitionList
+
+from fsm.errors import InvalidDefinition
+from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
+from fsm.policy import Policy
+from fsm.records import Actor, LeaseChange
+from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
+
+FINALIZING = "finalizing"
+
+
+def _tag(
+    transitions: TransitionList | Transition,
+    meta: TransitionMeta,
+) -> TransitionList:
+    tl = transitions if isinstance(transitions, TransitionList) else TransitionList([transitions])
+    for t in tl:
+        setattr(t, META_ATTR, meta)
+    return tl
+
+
+def worker(
+    transitions: TransitionList | Transition,
+    *,
+    reason: str | None = None,
+    lease: LeaseChange = LeaseChange.KEEP,
+    counts_attempt: bool = False,
+) -> TransitionList:
+    """Mark transitions as fired by the worker that owns the entity.
+
+    ``lease=LeaseChange.ACQUIRE`` makes the transition take the lease for the caller
+    (token + 1); ``counts_attempt`` increments the entity's attempt counter.
+    """
+    return _tag(transitions, TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False))
+
+
+def reaper(
+    transitions: TransitionList | Transition,
+    *,
+    reason: str | None = None,
+    lease: LeaseChange = LeaseChange.CLEAR,
+    counts_reclaim: bool = False,
+) -> TransitionList:
+    """Mark transitions as fired by the reaper; ``reason`` is recorded in history.
+
+    By default a reaper transition clears the lease; ``lease=LeaseChange.ACQUIRE`` with
+    ``counts_reclaim`` is a reclaim: the lease passes to a new owner, token + 1.
+    """
+    return _tag(transitions, TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim))
+
+
+class LifecycleMeta(StateMachineMetaclass):
+    """Collects guards, checks the framework's rules and compiles the table."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> LifecycleMeta:
+        own_guards = {k: attrs.pop(k) for k in [k for k, v in attrs.items() if isinstance(v, Guard)]}
+        cls = super().__new__(mcs, name, bases, attrs)
+        inherited: dict[str, Guard] = {}
+        for base in reversed(bases):
+            inherited.update(getattr(base, "guards", {}))
+        cls.guards = {**BUILTIN_GUARDS, **inherited, **{g.name: g for g in own_guards.values()}}
+        return cls
+
+    def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:
+        try:
+            super().__init__(name, bases, attrs)
+        except SmInvalidDefinition as err:
+            raise InvalidDefinition(f"{name}: {err}") from err
+        if not cls.states:
+            return
+        if "kind" not in attrs:
+            cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
+        cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        _check_finalizing_rules(name, cls)
+
+
+def _check_finalizing_rules(name: str, cls: Any) -> None:
+    fin_id = cls.finalizing_state
+    fin = next((s for s in cls.states_map.values() if s.id == fin_id), None)
+    if fin is None:
+        raise InvalidDefinition(
+            f"{name}: a lifecycle declares an explicit {fin_id!r} state, a sub-state of a compound "
+            "active state, so the reaper can tell a finalizer from a stuck worker"
+        )
+    if fin.parent is None or not fin.parent.is_compound:
+        raise InvalidDefinition(
+            f"{name}: {fin_id!r} must be a sub-state of a compound active state "
+            f"(declare it inside `class active(State.Compound)`), not a top-level state"
+        )
+    if fin.is_compound:
+        raise InvalidDefinition(f"{name}: {fin_id!r} must be a leaf state")
+    table: CompiledTable = cls.table
+    for branch in table.declared:
+        if branch.source != fin_id or branch.actor is not Actor.REAPER:
+            continue
+        if (LEASE_STALE, True) not in branch.guards:
+            raise InvalidDefinition(
+                f"{name}: reaper transition {branch.event!r} from {fin_id!r} to {branch.target!r} "
+                f"(declared on {branch.declared_on!r}) lacks the 'lease_stale' guard: the reaper "
+                f"must never move a finalizer whose lease is fresh"
+            )
+
+
+class _GuardOracle:
+    """A python-statemachine listener answering each guard name from a fixed mapping or a
+    context, so a StateChart instance evaluates exactly what the engine evaluates."""
+
+    def __init__(self, guards: Mapping[str, Guard], values: Mapping[str, bool] | GuardContext | None) -> None:
+        for name, g in guards.items():
+            setattr(self, name, self._answer(g, values))
+
+    @staticmethod
+    def _answer(g: Guard, values: Mapping[str, bool] | GuardContext | None) -> Any:
+        if isinstance(values, GuardContext):
+            ctx = values
+            return lambda: g.check(ctx)
+        table = values or {}
+        return lambda: bool(table.get(g.name, False))
+
+
+class Lifecycle(StateChart, metaclass=LifecycleMeta):  # type: ignore[misc]
+    """Base of every lifecycle.  Subclass it and declare states and transitions with
+    python-statemachine's syntax, wrapping transitions in :func:`worker` or :func:`reaper`.
+
+    Class attributes a subclass may set:
+
+    - ``kind``: the entity kind stored with each row (default: the class name, lowercased,
+      without a ``Lifecycle`` suffix);
+    - ``data_model``: a pydantic model the entity's data must satisfy;
+    - ``policy``: the default :class:`~fsm.policy.Policy` (TTLs and budgets).
+    """
+
+    allow_event_without_transition = False  # an event with no transition is an error (I10)
+    catch_errors_as_events = False
+
+    kind: ClassVar[str]
+    data_model: ClassVar[type[BaseModel] | None] = None
+    policy: ClassVar[Policy] = Policy()
+    finalizing_state: ClassVar[str] = FINALIZING
+    guards: ClassVar[dict[str, Guard]]
+    table: ClassVar[CompiledTable]
+
+    @classmethod
+    def restore(cls, leaf: str, guards: Mapping[str, bool] | GuardContext | None = None) -> Lifecycle:
+        """A live StateChart in the configuration a stored leaf state stands for.
+
+        The full configuration (``active`` + ``finalizing``) is rebuilt from the leaf, so
+        a transition declared on the compound parent works after the restore.  Guards
+        answer from ``guards`` (a name -> bool mapping, or a context evaluated live).
+        """
+        if leaf not in cls.table.configurations:
+            raise InvalidDefinition(f"{cls.__name__} has no leaf state {leaf!r}")
+        return cls(start_value=leaf, listeners=[_GuardOracle(cls.guards, guards)])
+
+
+__all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]

@@ -1,0 +1,132 @@
+"""The built-in lifecycles: worked examples of DESIGN section 3.
+
+Both share ``queued -> active{running -> finalizing} -> completed | failed``.
+
+- :class:`PipelineLifecycle` (seeds/000): a CI/CD pipeline with steps, fed by webhooks.
+  A lost webhook leaves it running; the reaper expires it once idle for ``stale_after``,
+  and supersedes older running pipelines of the same concurrency key.
+- :class:`JobLifecycle` (seeds/002): an agent run followed by side-effecting gates.  The
+  worker holds a lease from ``start``; a finalizer that stops renewing is reclaimed (a new
+  owner, token + 1) and only expired once its reclaims are spent.  Nothing leaves
+  ``finalizing`` while its lease is fresh.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from statemachine import State
+
+from fsm.lifecycle import Lifecycle, reaper, worker
+from fsm.policy import Policy
+from fsm.records import LeaseChange
+
+StepStatus = Literal["queued", "running", "completed", "failed", "skipped"]
+
+
+class PipelineStep(BaseModel):
+    """One step of a pipeline, with its own status (the dashboard shows them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    status: StepStatus = "queued"
+
+
+class PipelineData(BaseModel):
+    """Data of a pipeline entity."""
+
+    model_config = ConfigDict(extra="allow")
+
+    steps: list[PipelineStep] = Field(default_factory=list)
+
+
+class PipelineLifecycle(Lifecycle):
+    """A CI/CD pipeline (seeds/000); reasons recorded: ``expired``, ``duplicate``."""
+
+    kind = "pipeline"
+    data_model = PipelineData
+    policy = Policy(
+        stale_after=timedelta(minutes=60),
+        lease_ttl=timedelta(minutes=2),
+        renewal_budget={"finalizing": timedelta(hours=2)},
+    )
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    completed = State(final=True)
+    failed = State(final=True)
+
+    start = worker(queued.to(active))
+    finish = worker(active.running.to(active.finalizing), lease=LeaseChange.ACQUIRE)
+    succeed = worker(active.finalizing.to(completed, cond="holds_lease"))
+    fail = worker(active.finalizing.to(failed, cond="holds_lease")) | worker(active.running.to(failed))
+    expire = reaper(active.running.to(failed, cond="lease_stale"), reason="expired") | reaper(
+        active.finalizing.to(failed, cond="lease_stale"), reason="expired"
+    )
+    supersede = reaper(active.running.to(failed, cond="superseded"), reason="duplicate")
+
+
+class GateResult(BaseModel):
+    """The outcome of one side-effecting gate (security, merge-gate, coverage...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["passed", "failed"]
+    detail: str | None = None
+
+
+class JobData(BaseModel):
+    """Data of a job entity: the agent's exit code and the gates' results."""
+
+    model_config = ConfigDict(extra="allow")
+
+    exit_code: int | None = None
+    gates: dict[str, GateResult] = Field(default_factory=dict)
+
+
+class JobLifecycle(Lifecycle):
+    """An agent job (seeds/002); reasons recorded: ``expired``, ``reclaimed``."""
+
+    kind = "job"
+    data_model = JobData
+    policy = Policy(
+        lease_ttl=timedelta(minutes=2),
+        renewal_budget={"running": timedelta(hours=6), "finalizing": timedelta(hours=2)},
+        max_attempts=3,
+        max_reclaims=2,
+    )
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    completed = State(final=True)
+    failed = State(final=True)
+
+    start = worker(queued.to(active), lease=LeaseChange.ACQUIRE, counts_attempt=True)
+    exited = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    complete = worker(active.finalizing.to(completed, cond="holds_lease"))
+    fail = worker(active.finalizing.to(failed, cond="holds_lease"))
+    expire = (
+        reaper(active.running.to(queued, cond=["lease_stale", "attempts_left"]), reason="expired")
+        | reaper(active.running.to(failed, cond="lease_stale"), reason="expired")
+        | reaper(active.finalizing.to(failed, cond=["lease_stale", "reclaims_exhausted"]), reason="expired")
+    )
+    reclaim = reaper(
+        active.finalizing.to.itself(cond=["lease_stale", "reclaims_left"]),
+        reason="reclaimed",
+        lease=LeaseChange.ACQUIRE,
+        counts_reclaim=True,
+    )
+
+
+__all__ = ["GateResult", "JobData", "JobLifecycle", "PipelineData", "PipelineLifecycle", "PipelineStep"]

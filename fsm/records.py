@@ -1,0 +1,185 @@
+"""The data model: what a store keeps and what an engine asks it to write.
+
+This module imports nothing of the framework's, so ``stores`` and ``signals`` can build on
+it without pulling in lifecycles or the engine.  Records are frozen, slotted dataclasses:
+cheap to build on the hot path, and pydantic validates and serialises them as they are
+(signal payloads embed them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+
+class Actor(StrEnum):
+    """Who may fire a transition: the worker that owns the entity, or the reaper."""
+
+    WORKER = "worker"
+    REAPER = "reaper"
+
+
+class LeaseChange(StrEnum):
+    """What a transition does to the entity's lease."""
+
+    KEEP = "keep"
+    """Leave owner, token and expiry as they are."""
+    ACQUIRE = "acquire"
+    """A new owner takes the lease: token + 1, expiry = store now + lease TTL."""
+    CLEAR = "clear"
+    """Drop owner and expiry (the token stays, so the next acquire still increments it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease held on an entity: the holder's proof, checked by every write it makes.
+
+    ``token`` is a fencing token: every takeover increments it, so a write carrying an old
+    token is refused even if the old holder still believes it owns the entity.
+    """
+
+    entity_id: str
+    owner: str
+    token: int
+    expires_at: datetime
+
+    def is_fresh(self, now: datetime) -> bool:
+        return self.expires_at >= now
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One entity as stored: its leaf state, version, lease and data.
+
+    ``state`` is the *leaf* state id (``running``, ``finalizing``...); the lifecycle rebuilds
+    the full configuration (``active`` + ``finalizing``) from it.
+    """
+
+    id: str
+    kind: str
+    state: str
+    version: int
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: datetime | None
+    state_entered_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    deleted: bool = False
+    concurrency_key: str | None = None
+    attempt: int = 0
+    reclaims: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The current lease, or ``None`` when nobody holds one."""
+        if self.lease_owner is None or self.lease_expires_at is None:
+            return None
+        return Lease(self.id, self.lease_owner, self.lease_token, self.lease_expires_at)
+
+    def lease_is_stale(self, now: datetime, stale_after: timedelta) -> bool:
+        """The reaper's predicate: the lease expired, or there is none and the entity has
+        not been updated for ``stale_after`` (a NULL lease never makes a row unreapable)."""
+        if self.lease_expires_at is not None:
+            return self.lease_expires_at < now
+        return self.updated_at < now - stale_after
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One committed transition; ``seq`` equals the entity's version after it (I6)."""
+
+    entity_id: str
+    seq: int
+    event: str
+    source: str
+    target: str
+    actor: str
+    lease_token: int | None
+    reason: str | None
+    idempotency_key: str | None
+    at: datetime
+    data: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntity:
+    """What ``Store.create`` needs; the store stamps times and version 0."""
+
+    id: str
+    kind: str
+    state: str
+    concurrency_key: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# -- conditions a store re-checks at the commit point -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseStale:
+    """Holds when the lease expired (``lease_expires_at < now``), or when there is no lease
+    and the entity was last updated before ``now - stale_after``."""
+
+    stale_after: timedelta
+    name: str = "lease_stale"
+
+
+@dataclass(frozen=True, slots=True)
+class NewerSibling:
+    """Holds when another live entity of the same kind and concurrency key, in the same
+    state, was created after this one (ties broken by id)."""
+
+    name: str = "superseded"
+
+
+Condition = LeaseStale | NewerSibling
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionWrite:
+    """One compare-and-set transition, as the engine hands it to a store.
+
+    The store applies it atomically or not at all: it checks ``expect_version`` (not the
+    state: running -> queued -> running must not let an old writer through), the holder's
+    ``expect_owner``/``expect_token`` when set, and every condition in ``require`` against
+    its own clock, then writes the new row and the history row in one commit.
+    """
+
+    entity_id: str
+    event: str
+    source: str
+    target: str
+    actor: str
+    expect_version: int
+    expect_owner: str | None = None
+    expect_token: int | None = None
+    require: tuple[Condition, ...] = ()
+    lease_change: LeaseChange = LeaseChange.KEEP
+    new_owner: str | None = None
+    lease_ttl: timedelta | None = None
+    bump_attempt: bool = False
+    bump_reclaims: bool = False
+    data: dict[str, Any] | None = None
+    """The full new data, or ``None`` to keep the stored data."""
+    data_patch: dict[str, Any] | None = None
+    """What the caller changed, recorded in the history row."""
+    reason: str | None = None
+    idempotency_key: str | None = None
+
+
+__all__ = [
+    "Actor",
+    "Condition",
+    "HistoryRecord",
+    "Lease",
+    "LeaseChange",
+    "LeaseStale",
+    "NewEntity",
+    "NewerSibling",
+    "Snapshot",
+    "TransitionWrite",
+]

@@ -1,0 +1,220 @@
+"""The compiled transition table: what the engine runs instead of a StateChart.
+
+A python-statemachine ``StateChart`` costs tens of microseconds per ``send``; a persisted
+transition must not.  Each Lifecycle class is therefore compiled once into
+``(leaf state, event) -> branches``: the transitions declared on the leaf and on each of
+its ancestors, in the order the statechart itself would try them (deepest state first,
+then document order).  A property test (I7) proves the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from statemachine import State
+from statemachine.transition import Transition
+
+from fsm.errors import InvalidDefinition
+from fsm.guards import HOLDS_LEASE, Guard
+from fsm.records import Actor, LeaseChange
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionMeta:
+    """What the framework adds to a python-statemachine transition."""
+
+    actor: Actor = Actor.WORKER
+    reason: str | None = None
+    lease: LeaseChange = LeaseChange.KEEP
+    bump_attempt: bool = False
+    bump_reclaims: bool = False
+
+
+META_ATTR = "_fsm_meta"
+
+
+def meta_of(transition: Transition) -> TransitionMeta:
+    meta = getattr(transition, META_ATTR, None)
+    return meta if isinstance(meta, TransitionMeta) else TransitionMeta()
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One guarded way an event can leave one leaf state."""
+
+    event: str
+    source: str
+    """The leaf state this branch applies to."""
+    declared_on: str
+    """The state the transition is declared on (the leaf itself or an ancestor)."""
+    target: str
+    """The leaf state entered (a compound target resolves to its initial leaf)."""
+    declared_target: str
+    actor: Actor
+    guards: tuple[tuple[Guard, bool], ...]
+    """``(guard, expected)`` pairs: ``cond`` expects True, ``unless`` expects False."""
+    reason: str | None
+    lease: LeaseChange
+    bump_attempt: bool
+    bump_reclaims: bool
+    to_final: bool
+    order: int
+    """Declaration order of the underlying transition, for stable exports."""
+
+    @property
+    def holds_lease(self) -> bool:
+        return any(g is HOLDS_LEASE and expected for g, expected in self.guards)
+
+    @property
+    def guard_names(self) -> list[str]:
+        return [g.name if expected else f"not {g.name}" for g, expected in self.guards]
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledTable:
+    """The lifecycle as data: leaves, their full configurations, and the branch table."""
+
+    name: str
+    initial: str
+    leaves: tuple[str, ...]
+    finals: frozenset[str]
+    events: tuple[str, ...]
+    configurations: dict[str, tuple[str, ...]]
+    """Leaf -> every active state id, outermost first (``("active", "finalizing")``)."""
+    branches: dict[tuple[str, str], tuple[Branch, ...]]
+    declared: tuple[Branch, ...]
+    """Every branch of every leaf, in declaration order (for diagrams and checks)."""
+
+    def branches_for(self, leaf: str, event: str) -> tuple[Branch, ...]:
+        return self.branches.get((leaf, event), ())
+
+    def select(
+        self, leaf: str, event: str, passes: Callable[[Branch], bool], actor: Actor | None = None
+    ) -> Branch | None:
+        """The first branch (for ``actor``, or any actor) whose guards ``passes`` accepts."""
+        for branch in self.branches.get((leaf, event), ()):
+            if (actor is None or branch.actor is actor) and passes(branch):
+                return branch
+        return None
+
+
+def _initial_leaf(state: State) -> State:
+    while state.is_compound:
+        children = list(state.states)
+        state = next((c for c in children if c.initial), children[0])
+    return state
+
+
+def _ancestors(state: State) -> list[State]:
+    chain: list[State] = []
+    parent = state.parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.parent
+    return chain
+
+
+def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> tuple[tuple[Guard, bool], ...]:
+    found: list[tuple[Guard, bool]] = []
+    for spec in transition.cond:
+        func: Any = spec.func
+        if not isinstance(func, str):
+            raise InvalidDefinition(
+                f"{where}: guards must be named (cond='name'), so they can be persisted, re-checked and drawn; "
+                f"got {func!r}"
+            )
+        words = func.replace("(", " ( ").replace(")", " ) ").split()
+        if any(w in ("or", "not", "(", ")") for w in words):
+            raise InvalidDefinition(
+                f"{where}: guard expression {func!r} is not supported; list guard names "
+                "(cond=['a', 'b']) and use unless= for negation"
+            )
+        for name in (w for w in words if w != "and"):
+            if name not in guards:
+                known = ", ".join(sorted(guards))
+                raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
+            found.append((guards[name], bool(spec.expected_value)))
+    return tuple(found)
+
+
+def describe(transition: Transition) -> str:
+    target = transition.target.id if transition.target is not None else "?"
+    return f"transition {transition.event!r} from {transition.source.id!r} to {target!r}"
+
+
+def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) -> CompiledTable:
+    """Compile a StateChart's states into a :class:`CompiledTable`; refuses what a leaf id
+    cannot represent (parallel regions, history states, multi-target transitions)."""
+    all_states = list(states)
+    by_id = {s.id: s for s in all_states}
+    for s in all_states:
+        if s.parallel:
+            raise InvalidDefinition(f"{name}: parallel state {s.id!r} is not supported (a leaf id cannot hold it)")
+        if s.is_history:
+            raise InvalidDefinition(f"{name}: history state {s.id!r} is not supported")
+    leaves = [s for s in all_states if not s.is_compound]
+    roots = [s for s in all_states if s.parent is None]
+    initial_root = next((s for s in roots if s.initial), roots[0])
+    order: dict[int, int] = {}
+    for s in all_states:
+        for t in s.transitions:
+            order.setdefault(id(t), len(order))
+
+    branches: dict[tuple[str, str], list[Branch]] = {}
+    events: list[str] = []
+    for leaf in leaves:
+        for holder in [leaf, *_ancestors(leaf)]:
+            for t in holder.transitions:
+                if t.is_eventless or t.initial:
+                    continue
+                where = f"{name}: {describe(t)}"
+                if len(t.targets) != 1:
+                    raise InvalidDefinition(f"{where}: a transition needs exactly one target")
+                meta = meta_of(t)
+                target_leaf = _initial_leaf(t.targets[0])
+                gs = _guards_of(t, guards, where)
+                for event in (str(e) for e in t.events):
+                    if event not in events:
+                        events.append(event)
+                    branches.setdefault((leaf.id, event), []).append(
+                        Branch(
+                            event=event,
+                            source=leaf.id,
+                            declared_on=holder.id,
+                            target=target_leaf.id,
+                            declared_target=t.targets[0].id,
+                            actor=meta.actor,
+                            guards=gs,
+                            reason=meta.reason,
+                            lease=meta.lease,
+                            bump_attempt=meta.bump_attempt,
+                            bump_reclaims=meta.bump_reclaims,
+                            to_final=bool(target_leaf.final),
+                            order=order[id(t)],
+                        )
+                    )
+    configurations = {
+        leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves
+    }
+    declared = sorted(
+        (b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source))
+    )
+    return CompiledTable(
+        name=name,
+        initial=_initial_leaf(initial_root).id,
+        leaves=tuple(s.id for s in leaves),
+        finals=frozenset(s.id for s in leaves if s.final),
+        events=tuple(events),
+        configurations=configurations,
+        branches={k: tuple(v) for k, v in branches.items()},
+        declared=tuple(declared),
+    )
+
+
+__all__ = ["Branch", "CompiledTable", "TransitionMeta", "compile_table", "meta_of"]

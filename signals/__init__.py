@@ -1,0 +1,106 @@
+"""Signals of fsm-lifecycles: one blinker namespace, each signal documented.
+
+Every signal is sent **after** the commit of what it reports, with the lifecycle's kind
+(``"pipeline"``, ``"job"``...) or ``"reaper"`` as sender and a typed pydantic payload as
+the ``payload`` keyword.  A receiver that raises is logged (logger ``fsm.signals``) and
+changes nothing: the transition it reports is committed already, and the other receivers
+still run.
+
+::
+
+    from signals import transitioned
+
+    @transitioned.connect_via("pipeline")
+    def forward(sender, payload):
+        websocket.broadcast("pipeline.updated", payload.model_dump_json())
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from blinker import Namespace, Signal
+
+from signals.payloads import (
+    EffectPayload,
+    LeasePayload,
+    ReaperErrorPayload,
+    ReaperTickPayload,
+    TransitionPayload,
+)
+
+log = logging.getLogger("fsm.signals")
+
+namespace = Namespace()
+"""The namespace holding every signal of the library."""
+
+transitioned: Signal = namespace.signal(
+    "transitioned", doc="An entity changed state (any actor). Payload: TransitionPayload."
+)
+expired: Signal = namespace.signal(
+    "expired", doc="The reaper expired an entity (event 'expire'). Payload: TransitionPayload."
+)
+reclaimed: Signal = namespace.signal(
+    "reclaimed",
+    doc="The reaper reclaimed a finalizer whose lease went stale; the snapshot carries the new "
+    "owner and token, so finalization can resume. Payload: TransitionPayload.",
+)
+lease_acquired: Signal = namespace.signal(
+    "lease_acquired", doc="A lease was taken (acquire, or a transition that takes it). Payload: LeasePayload."
+)
+lease_lost: Signal = namespace.signal(
+    "lease_lost",
+    doc="A holder tried to renew or use a lease that is no longer current. Payload: LeasePayload.",
+)
+effect_recorded: Signal = namespace.signal(
+    "effect_recorded", doc="A side effect's result was recorded for its key. Payload: EffectPayload."
+)
+reaper_tick: Signal = namespace.signal(
+    "reaper_tick", doc="A reaper tick finished. Sender 'reaper'. Payload: ReaperTickPayload."
+)
+reaper_error: Signal = namespace.signal(
+    "reaper_error", doc="A reaper tick or row failed; the reaper goes on. Payload: ReaperErrorPayload."
+)
+
+
+def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
+    """Deliver to every receiver of ``signal`` for ``sender``; return how many raised.
+
+    ``payload`` is built only when somebody listens, so an unobserved transition pays
+    nothing for it.  Each receiver runs in its own ``try``: one that raises is logged with
+    its stack and the others still run.
+    """
+    if not signal.receivers:
+        return 0
+    built = None
+    failures = 0
+    for receiver in signal.receivers_for(sender):
+        if built is None:
+            built = payload()
+        try:
+            receiver(sender, payload=built)
+        except Exception:
+            failures += 1
+            log.exception("receiver %r of signal %r raised; the transition stands", receiver, signal.name)
+    return failures
+
+
+__all__ = [
+    "EffectPayload",
+    "LeasePayload",
+    "ReaperErrorPayload",
+    "ReaperTickPayload",
+    "TransitionPayload",
+    "effect_recorded",
+    "expired",
+    "lease_acquired",
+    "lease_lost",
+    "namespace",
+    "reaper_error",
+    "reaper_tick",
+    "reclaimed",
+    "send",
+    "transitioned",
+]

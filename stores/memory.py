@@ -1,0 +1,277 @@
+"""An in-process store with the semantics of the SQL stores.
+
+Thread-safe: one lock serialises every write, and each guard is re-checked under that lock
+(the commit point) against the injected clock, exactly where a SQL store re-checks it in
+the ``WHERE`` clause.  Nothing survives the process: use it for tests and embedding.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from datetime import datetime, timedelta
+
+from fsm.clock import Clock, SystemClock
+from fsm.errors import (
+    ConditionFailed,
+    EntityExists,
+    IdempotencyKeyReused,
+    LeaseLost,
+    StaleVersion,
+    UnknownEntity,
+)
+from fsm.records import (
+    HistoryRecord,
+    LeaseChange,
+    LeaseStale,
+    NewEntity,
+    NewerSibling,
+    Snapshot,
+    TransitionWrite,
+)
+
+
+class MemoryStore:
+    """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._rows: dict[str, Snapshot] = {}
+        self._history: dict[str, list[HistoryRecord]] = {}
+        self._keys: dict[tuple[str, str], HistoryRecord] = {}
+        self._by_concurrency_key: dict[tuple[str, str], list[str]] = {}
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _live(self, entity_id: str) -> Snapshot:
+        row = self._rows.get(entity_id)
+        if row is None or row.deleted:
+            raise UnknownEntity(entity_id)
+        return row
+
+    def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
+        row = self._rows.get(entity_id)
+        if row is None or (row.deleted and not include_deleted):
+            raise UnknownEntity(entity_id)
+        return row
+
+    def history(self, entity_id: str) -> list[HistoryRecord]:
+        if entity_id not in self._rows:
+            raise UnknownEntity(entity_id)
+        with self._lock:
+            return list(self._history[entity_id])
+
+    def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
+        return self._keys.get((entity_id, idempotency_key))
+
+    def has_newer_sibling(self, entity_id: str) -> bool:
+        with self._lock:
+            return self._newer_sibling(self._live(entity_id))
+
+    def _newer_sibling(self, row: Snapshot) -> bool:
+        if row.concurrency_key is None:
+            return False
+        for other_id in self._by_concurrency_key.get((row.kind, row.concurrency_key), ()):
+            other = self._rows[other_id]
+            if (
+                other_id != row.id
+                and not other.deleted
+                and other.state == row.state
+                and (other.created_at, other.id) > (row.created_at, row.id)
+            ):
+                return True
+        return False
+
+    # -- writes --------------------------------------------------------------------------
+
+    def create(self, entity: NewEntity) -> Snapshot:
+        with self._lock:
+            if entity.id in self._rows:
+                raise EntityExists(entity.id)
+            now = self.clock.now()
+            row = Snapshot(
+                id=entity.id,
+                kind=entity.kind,
+                state=entity.state,
+                version=0,
+                lease_owner=None,
+                lease_token=0,
+                lease_expires_at=None,
+                state_entered_at=now,
+                created_at=now,
+                updated_at=now,
+                concurrency_key=entity.concurrency_key,
+                data=copy.deepcopy(entity.data),
+            )
+            self._rows[entity.id] = row
+            self._history[entity.id] = []
+            if entity.concurrency_key is not None:
+                self._by_concurrency_key.setdefault((entity.kind, entity.concurrency_key), []).append(entity.id)
+            return row
+
+    def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        entity_id = write.entity_id
+        with self._lock:
+            row = self._live(entity_id)
+            key = write.idempotency_key
+            if key is not None:
+                recorded = self._keys.get((entity_id, key))
+                if recorded is not None:
+                    raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=write.event)
+            if row.version != write.expect_version:
+                raise StaleVersion(entity_id, expected=write.expect_version, found=row.version)
+            if write.expect_token is not None and (
+                row.lease_token != write.expect_token or row.lease_owner != write.expect_owner
+            ):
+                raise LeaseLost(
+                    entity_id, expected_token=write.expect_token, found_token=row.lease_token, owner=write.expect_owner
+                )
+            now = self.clock.now()
+            for condition in write.require:
+                if isinstance(condition, LeaseStale):
+                    held = row.lease_is_stale(now, condition.stale_after)
+                elif isinstance(condition, NewerSibling):
+                    held = self._newer_sibling(row)
+                else:  # pragma: no cover - the union is closed
+                    raise TypeError(f"unknown condition {condition!r}")
+                if not held:
+                    raise ConditionFailed(entity_id, condition=condition.name)
+
+            owner, token, expires = row.lease_owner, row.lease_token, row.lease_expires_at
+            change = write.lease_change
+            if change is LeaseChange.ACQUIRE:
+                owner, token = write.new_owner, token + 1
+                expires = now + write.lease_ttl if write.lease_ttl is not None else None
+            elif change is LeaseChange.CLEAR:
+                owner, expires = None, None
+            attempt = row.attempt + 1 if write.bump_attempt else row.attempt
+            reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
+            version = row.version + 1
+            new = Snapshot(
+                id=entity_id,
+                kind=row.kind,
+                state=write.target,
+                version=version,
+                lease_owner=owner,
+                lease_token=token,
+                lease_expires_at=expires,
+                state_entered_at=now,
+                created_at=row.created_at,
+                updated_at=now,
+                deleted=False,
+                concurrency_key=row.concurrency_key,
+                attempt=attempt,
+                reclaims=reclaims,
+                data=row.data if write.data is None else write.data,
+            )
+            record = HistoryRecord(
+                entity_id=entity_id,
+                seq=version,
+                event=write.event,
+                source=write.source,
+                target=write.target,
+                actor=write.actor,
+                lease_token=token if owner is not None else write.expect_token,
+                reason=write.reason,
+                idempotency_key=key,
+                at=now,
+                data=write.data_patch,
+            )
+            self._rows[entity_id] = new
+            self._history[entity_id].append(record)
+            if key is not None:
+                self._keys[(entity_id, key)] = record
+            return new, record
+
+    @staticmethod
+    def _capped_expiry(row: Snapshot, now: datetime, ttl: timedelta, budget: timedelta | None) -> datetime | None:
+        """``min(now + ttl, state_entered_at + budget)``, or ``None`` when the budget is spent."""
+        expires = now + ttl
+        if budget is not None:
+            deadline = row.state_entered_at + budget
+            if now >= deadline:
+                return None
+            expires = min(expires, deadline)
+        return expires
+
+    def acquire_lease(
+        self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
+    ) -> Snapshot:
+        with self._lock:
+            row = self._live(entity_id)
+            if row.version != expect_version:
+                raise StaleVersion(entity_id, expected=expect_version, found=row.version)
+            now = self.clock.now()
+            if row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at >= now:
+                raise LeaseLost(
+                    entity_id,
+                    expected_token=None,
+                    found_token=row.lease_token,
+                    owner=owner,
+                    detail=f"held by {row.lease_owner} until {row.lease_expires_at.isoformat()}",
+                )
+            expires = self._capped_expiry(row, now, ttl, budget)
+            if expires is None:
+                raise LeaseLost(
+                    entity_id, expected_token=None, found_token=row.lease_token, owner=owner,
+                    detail=f"renewal budget of state {row.state!r} is spent",
+                )
+            new = _with_lease(row, owner, row.lease_token + 1, expires)
+            self._rows[entity_id] = new
+            return new
+
+    def renew_lease(
+        self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
+    ) -> Snapshot:
+        with self._lock:
+            row = self._live(entity_id)
+            now = self.clock.now()
+            if row.lease_owner != owner or row.lease_token != token:
+                raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+            if row.lease_expires_at is None or row.lease_expires_at < now:
+                raise LeaseLost(
+                    entity_id, expected_token=token, found_token=row.lease_token, owner=owner,
+                    detail="the lease expired before the renewal",
+                )
+            expires = self._capped_expiry(row, now, ttl, budget)
+            if expires is None:
+                raise LeaseLost(
+                    entity_id, expected_token=token, found_token=row.lease_token, owner=owner,
+                    detail=f"renewal budget of state {row.state!r} is spent",
+                )
+            new = _with_lease(row, owner, token, max(expires, row.lease_expires_at))
+            self._rows[entity_id] = new
+            return new
+
+    def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
+        with self._lock:
+            row = self._live(entity_id)
+            if row.lease_owner != owner or row.lease_token != token:
+                raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+            new = _with_lease(row, None, token, None)
+            self._rows[entity_id] = new
+            return new
+
+    def soft_delete(self, entity_id: str) -> Snapshot:
+        with self._lock:
+            row = self._live(entity_id)
+            new = _replace(row, deleted=True, updated_at=self.clock.now())
+            self._rows[entity_id] = new
+            return new
+
+
+def _replace(row: Snapshot, **changes: object) -> Snapshot:
+    fields = {name: getattr(row, name) for name in Snapshot.__slots__}
+    fields.update(changes)
+    return Snapshot(**fields)  # type: ignore[arg-type]
+
+
+def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:
+    return _replace(row, lease_owner=owner, lease_token=token, lease_expires_at=expires)
+
+
+__all__ = ["MemoryStore"]
