@@ -144,7 +144,9 @@ class Engine:
         entity_id = entity_id or uuid.uuid4().hex
         clean = self._validate({} if data is None else dict(data), entity_id=None)
         return self.store.create(
-            NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean)
+            NewEntity(
+                id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean
+            )
         )
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
@@ -176,7 +178,7 @@ class Engine:
 
         ``lease`` is the caller's lease for transitions that require holding it.
         ``data`` is a patch merged into the entity's data (top-level keys) and validated
-        against the lifecycle's data model.  ``owner`` is who takes the lease on a
+        against the lifecycle's data model; guards judge the merged data.  ``owner`` is who takes the lease on a
         transition that acquires one (default: this engine's owner id).  Firing again with
         the same ``idempotency_key`` returns the first result and writes nothing.
 
@@ -186,14 +188,24 @@ class Engine:
         """
         if event not in self._events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
-        actor = Actor(actor)
+        if actor.__class__ is not Actor:
+            actor = Actor(actor)
         if idempotency_key is not None:
             replay = self._replay(entity_id, event, idempotency_key)
             if replay is not None:
                 return replay
-        snap = self.get(entity_id)
-        branch = self._choose(snap, event, actor, lease)
-        write = self._write_for(snap, branch, lease, idempotency_key, reason, data, owner)
+        snap = self.store.get(entity_id)
+        if snap.kind != self.kind or snap.state not in self.table.configurations:
+            snap = self.get(entity_id)  # raises the precise error
+        patch: dict[str, Any] | None = None
+        new_data: dict[str, Any] | None = None
+        judged = snap
+        if data is not None:  # guards judge the entity as the event would leave its data
+            patch = dict(data)
+            new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
+            judged = snap._replace(data=new_data)
+        branch = self._choose(judged, event, actor, lease)
+        write = self._write_for(snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         try:
             new, record = self.store.apply(write)
         except IdempotencyKeyReused:
@@ -231,6 +243,8 @@ class Engine:
                 entity_id=snap.id, event=event, state=snap.state, actor=actor.value, detail=detail
             )
         mine = [b for b in branches if b.actor is actor]
+        if mine and not mine[0].guards:
+            return mine[0]  # the common worker case: nothing to evaluate
         if not mine:
             others = sorted({b.actor.value for b in branches})
             raise TransitionNotAllowed(
@@ -250,17 +264,13 @@ class Engine:
         failed: dict[str, list[str]] = {}
         for branch in mine:
             refused = [
-                g.name if expected else f"not {g.name}"
-                for g, expected in branch.guards
-                if g.check(ctx) is not expected
+                g.name if expected else f"not {g.name}" for g, expected in branch.guards if g.check(ctx) is not expected
             ]
             if not refused:
                 return branch
             failed[branch.label] = refused
         if lease is not None and all(r == ["holds_lease"] for r in failed.values()):
-            raise LeaseLost(
-                snap.id, expected_token=lease.token, found_token=snap.lease_token, owner=lease.owner
-            )
+            raise LeaseLost(snap.id, expected_token=lease.token, found_token=snap.lease_token, owner=lease.owner)
         raise GuardRejected(entity_id=snap.id, event=event, state=snap.state, failed=failed)
 
     def _write_for(
@@ -270,71 +280,63 @@ class Engine:
         lease: Lease | None,
         idempotency_key: str | None,
         reason: str | None,
-        data: Mapping[str, Any] | None,
+        new_data: dict[str, Any] | None,
+        patch: dict[str, Any] | None,
         owner: str | None,
     ) -> TransitionWrite:
-        new_data: dict[str, Any] | None = None
-        patch: dict[str, Any] | None = None
-        if data is not None:
-            patch = dict(data)
-            new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
         holds = branch.holds_lease and lease is not None
         require: tuple[Condition, ...] = ()
-        if any(g.condition is not None for g, _ in branch.guards):
+        if branch.rechecked:
             ctx = GuardContext(snapshot=snap, now=self.clock.now(), lease=lease, policy=self.policy)
             require = tuple(g.condition(ctx) for g, expected in branch.guards if expected and g.condition is not None)
-        change = LeaseChange.CLEAR if branch.to_final else branch.lease
+        change = branch.lease_effect
         new_owner: str | None = None
         ttl: timedelta | None = None
         if change is LeaseChange.ACQUIRE:
             new_owner = owner or (lease.owner if lease is not None else self.owner)
             ttl = self.policy.lease_ttl
+        # positional: this runs once per transition and keyword calls cost twice as much
         return TransitionWrite(
-            entity_id=snap.id,
-            event=branch.event,
-            source=snap.state,
-            target=branch.target,
-            actor=branch.actor.value,
-            expect_version=snap.version,
-            expect_owner=lease.owner if holds and lease is not None else None,
-            expect_token=lease.token if holds and lease is not None else None,
-            require=require,
-            lease_change=change,
-            new_owner=new_owner,
-            lease_ttl=ttl,
-            bump_attempt=branch.bump_attempt,
-            bump_reclaims=branch.bump_reclaims,
-            data=new_data,
-            data_patch=patch,
-            reason=reason if reason is not None else branch.reason,
-            idempotency_key=idempotency_key,
+            snap.id,
+            branch.event,
+            snap.state,
+            branch.target,
+            branch.actor_name,
+            snap.version,
+            lease.owner if holds and lease is not None else None,
+            lease.token if holds and lease is not None else None,
+            require,
+            change,
+            new_owner,
+            ttl,
+            branch.bump_attempt,
+            branch.bump_reclaims,
+            new_data,
+            patch,
+            reason if reason is not None else branch.reason,
+            idempotency_key,
         )
 
     def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
+        if not (
+            signals.transitioned.receivers
+            or signals.expired.receivers
+            or signals.reclaimed.receivers
+            or signals.lease_acquired.receivers
+        ):
+            return  # nobody listens: an unobserved transition pays nothing for signals
         kind = self.kind
 
         def transition_payload() -> TransitionPayload:
-            return TransitionPayload(kind=kind, snapshot=snap, record=record)
+            return TransitionPayload.of(kind, snap, record)
 
         signals.send(signals.transitioned, kind, transition_payload)
         if branch.event == "expire":
             signals.send(signals.expired, kind, transition_payload)
         elif branch.event == "reclaim":
             signals.send(signals.reclaimed, kind, transition_payload)
-        if branch.lease is LeaseChange.ACQUIRE and not branch.to_final:
-            signals.send(signals.lease_acquired, kind, lambda: self._lease_payload(snap))
-
-    def _lease_payload(self, snap: Snapshot, detail: str | None = None) -> LeasePayload:
-        lease = snap.lease
-        return LeasePayload(
-            kind=self.kind,
-            entity_id=snap.id,
-            owner=snap.lease_owner,
-            token=snap.lease_token,
-            lease=lease,
-            snapshot=snap,
-            detail=detail,
-        )
+        if branch.lease_effect is LeaseChange.ACQUIRE:
+            signals.send(signals.lease_acquired, kind, lambda: LeasePayload.of(kind, snap))
 
     # -- leases --------------------------------------------------------------------------
 
@@ -347,7 +349,10 @@ class Engine:
         snap = self.get(entity_id)
         if snap.state in self.table.finals:
             raise TransitionNotAllowed(
-                entity_id=entity_id, event="acquire_lease", state=snap.state, actor="worker",
+                entity_id=entity_id,
+                event="acquire_lease",
+                state=snap.state,
+                actor="worker",
                 detail=f"{snap.state!r} is final",
             )
         new = self.store.acquire_lease(
@@ -357,7 +362,7 @@ class Engine:
             budget=self.policy.budget_for(snap.state),
             expect_version=snap.version,
         )
-        signals.send(signals.lease_acquired, self.kind, lambda: self._lease_payload(new))
+        signals.send(signals.lease_acquired, self.kind, lambda: LeasePayload.of(self.kind, new))
         lease = new.lease
         assert lease is not None
         return lease
@@ -378,13 +383,11 @@ class Engine:
                 budget=self.policy.budget_for(snap.state),
             )
         except LeaseLost as err:
+            detail = str(err)
             signals.send(
                 signals.lease_lost,
                 self.kind,
-                lambda: LeasePayload(
-                    kind=self.kind, entity_id=lease.entity_id, owner=lease.owner, token=lease.token,
-                    lease=lease, snapshot=snap, detail=str(err),
-                ),
+                lambda: LeasePayload.of(self.kind, snap, lease=lease, detail=detail),
             )
             raise
         renewed = new.lease

@@ -79,9 +79,7 @@ class GuardRejected(FsmError):
     ``failed`` maps each tried branch (``"source->target"``) to the guards that refused it.
     """
 
-    def __init__(
-        self, *, entity_id: str, event: str, state: str, failed: dict[str, list[str]]
-    ) -> None:
+    def __init__(self, *, entity_id: str, event: str, state: str, failed: dict[str, list[str]]) -> None:
         self.entity_id = entity_id
         self.event = event
         self.state = state
@@ -97,9 +95,7 @@ class StaleVersion(FsmError):
         self.entity_id = entity_id
         self.expected = expected
         self.found = found
-        super().__init__(
-            f"entity {entity_id!r} is at version {found}, the write expected version {expected}"
-        )
+        super().__init__(f"entity {entity_id!r} is at version {found}, the write expected version {expected}")
 
 
 class LeaseLost(FsmError):
@@ -146,8 +142,7 @@ class IdempotencyKeyReused(FsmError):
         self.recorded_event = recorded_event
         self.event = event
         super().__init__(
-            f"idempotency key {key!r} of entity {entity_id!r} was used for {recorded_event!r}, "
-            f"not {event!r}"
+            f"idempotency key {key!r} of entity {entity_id!r} was used for {recorded_event!r}, not {event!r}"
         )
 
 
@@ -159,9 +154,7 @@ class InvalidData(FsmError):
         self.entity_id = entity_id
         self.errors = errors
         where = f"entity {entity_id!r}" if entity_id else "new entity"
-        shown = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5]
-        )
+        shown = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5])
         super().__init__(f"invalid data for {lifecycle} {where}: {shown}")
 
 

@@ -115,9 +115,7 @@ SUPERSEDED = Guard(
 )
 ATTEMPTS_LEFT = Guard("attempts_left", _attempts_left, "attempt < max_attempts")
 RECLAIMS_LEFT = Guard("reclaims_left", _reclaims_left, "reclaims < max_reclaims")
-RECLAIMS_EXHAUSTED = Guard(
-    "reclaims_exhausted", lambda ctx: not _reclaims_left(ctx), "reclaims >= max_reclaims"
-)
+RECLAIMS_EXHAUSTED = Guard("reclaims_exhausted", lambda ctx: not _reclaims_left(ctx), "reclaims >= max_reclaims")
 
 BUILTIN_GUARDS: dict[str, Guard] = {
     g.name: g for g in (HOLDS_LEASE, LEASE_STALE, SUPERSEDED, ATTEMPTS_LEFT, RECLAIMS_LEFT, RECLAIMS_EXHAUSTED)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
-from statemachine import State, StateChart
+from statemachine import StateChart
 from statemachine.exceptions import InvalidDefinition as SmInvalidDefinition
 from statemachine.factory import StateMachineMetaclass
 from statemachine.transition import Transition
@@ -96,9 +96,13 @@ class LifecycleMeta(StateMachineMetaclass):
         cls.guards = {**BUILTIN_GUARDS, **inherited, **{g.name: g for g in own_guards.values()}}
         return cls
 
-    def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:
+    guards: dict[str, Guard]
+    kind: str
+    table: CompiledTable
+
+    def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:  # noqa: N805
         try:
-            super().__init__(name, bases, attrs)
+            super().__init__(name, bases, attrs)  # type: ignore[arg-type]
         except SmInvalidDefinition as err:
             raise InvalidDefinition(f"{name}: {err}") from err
         if not cls.states:
@@ -149,11 +153,11 @@ class _GuardOracle:
         if isinstance(values, GuardContext):
             ctx = values
             return lambda: g.check(ctx)
-        table = values or {}
+        table = values if values is not None else {}
         return lambda: bool(table.get(g.name, False))
 
 
-class Lifecycle(StateChart, metaclass=LifecycleMeta):  # type: ignore[misc]
+class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     """Base of every lifecycle.  Subclass it and declare states and transitions with
     python-statemachine's syntax, wrapping transitions in :func:`worker` or :func:`reaper`.
 

@@ -122,7 +122,9 @@ class JobLifecycle(Lifecycle):
         | reaper(active.finalizing.to(failed, cond=["lease_stale", "reclaims_exhausted"]), reason="expired")
     )
     reclaim = reaper(
-        active.finalizing.to.itself(cond=["lease_stale", "reclaims_left"]),
+        active.finalizing.to.itself(  # type: ignore[no-untyped-call]
+            cond=["lease_stale", "reclaims_left"]
+        ),
         reason="reclaimed",
         lease=LeaseChange.ACQUIRE,
         counts_reclaim=True,

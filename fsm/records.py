@@ -1,9 +1,9 @@
-"""The data model: what a store keeps and what an engine asks it to write.
+r"""The data model: what a store keeps and what an engine asks it to write.
 
 This module imports nothing of the framework's, so ``stores`` and ``signals`` can build on
-it without pulling in lifecycles or the engine.  Records are frozen, slotted dataclasses:
-cheap to build on the hot path, and pydantic validates and serialises them as they are
-(signal payloads embed them).
+it without pulling in lifecycles or the engine.  Stored records (snapshots, leases,
+history rows) are ``NamedTuple``\ s: immutable like a frozen dataclass but built ten times
+faster, which matters on a hot path that builds two of them per transition.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Actor(StrEnum):
@@ -32,8 +32,7 @@ class LeaseChange(StrEnum):
     """Drop owner and expiry (the token stays, so the next acquire still increments it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):
     """A lease held on an entity: the holder's proof, checked by every write it makes.
 
     ``token`` is a fencing token: every takeover increments it, so a write carrying an old
@@ -49,8 +48,7 @@ class Lease:
         return self.expires_at >= now
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """One entity as stored: its leaf state, version, lease and data.
 
     ``state`` is the *leaf* state id (``running``, ``finalizing``...); the lifecycle rebuilds
@@ -71,7 +69,7 @@ class Snapshot:
     concurrency_key: str | None = None
     attempt: int = 0
     reclaims: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = {}
 
     @property
     def lease(self) -> Lease | None:
@@ -88,8 +86,7 @@ class Snapshot:
         return self.updated_at < now - stale_after
 
 
-@dataclass(frozen=True, slots=True)
-class HistoryRecord:
+class HistoryRecord(NamedTuple):
     """One committed transition; ``seq`` equals the entity's version after it (I6)."""
 
     entity_id: str
@@ -139,7 +136,7 @@ class NewerSibling:
 Condition = LeaseStale | NewerSibling
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TransitionWrite:
     """One compare-and-set transition, as the engine hands it to a store.
 

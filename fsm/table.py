@@ -62,10 +62,14 @@ class Branch:
     to_final: bool
     order: int
     """Declaration order of the underlying transition, for stable exports."""
-
-    @property
-    def holds_lease(self) -> bool:
-        return any(g is HOLDS_LEASE and expected for g, expected in self.guards)
+    holds_lease: bool = False
+    """The actor must hold the lease: the write carries the fencing token."""
+    lease_effect: LeaseChange = LeaseChange.KEEP
+    """What the write does to the lease (entering a final state always clears it)."""
+    rechecked: bool = False
+    """Some guard has a store-side condition to re-check at commit."""
+    actor_name: str = "worker"
+    """``actor.value``, precomputed for the hot path."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -197,14 +201,14 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             bump_reclaims=meta.bump_reclaims,
                             to_final=bool(target_leaf.final),
                             order=order[id(t)],
+                            holds_lease=any(g is HOLDS_LEASE and expected for g, expected in gs),
+                            lease_effect=LeaseChange.CLEAR if target_leaf.final else meta.lease,
+                            rechecked=any(expected and g.condition is not None for g, expected in gs),
+                            actor_name=meta.actor.value,
                         )
                     )
-    configurations = {
-        leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves
-    }
-    declared = sorted(
-        (b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source))
-    )
+    configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}
+    declared = sorted((b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source)))
     return CompiledTable(
         name=name,
         initial=_initial_leaf(initial_root).id,

@@ -25,9 +25,12 @@ from blinker import Namespace, Signal
 
 from signals.payloads import (
     EffectPayload,
+    HistoryModel,
+    LeaseModel,
     LeasePayload,
     ReaperErrorPayload,
     ReaperTickPayload,
+    SnapshotModel,
     TransitionPayload,
 )
 
@@ -83,15 +86,20 @@ def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
             receiver(sender, payload=built)
         except Exception:
             failures += 1
-            log.exception("receiver %r of signal %r raised; the transition stands", receiver, signal.name)
+            log.exception(
+                "receiver %r of signal %r raised; what it reports stands", receiver, getattr(signal, "name", "?")
+            )
     return failures
 
 
 __all__ = [
     "EffectPayload",
+    "HistoryModel",
+    "LeaseModel",
     "LeasePayload",
     "ReaperErrorPayload",
     "ReaperTickPayload",
+    "SnapshotModel",
     "TransitionPayload",
     "effect_recorded",
     "expired",

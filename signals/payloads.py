@@ -6,6 +6,7 @@ is: the dashboard of seeds/000 gets the pipeline with its steps in one message.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -17,13 +18,74 @@ class _Payload(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class SnapshotModel(_Payload):
+    """The entity as stored (every column of :class:`fsm.records.Snapshot`)."""
+
+    id: str
+    kind: str
+    state: str
+    version: int
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: datetime | None
+    state_entered_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    deleted: bool
+    concurrency_key: str | None
+    attempt: int
+    reclaims: int
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> SnapshotModel:
+        return cls.model_validate(snapshot._asdict())
+
+
+class HistoryModel(_Payload):
+    """One history row (every column of :class:`fsm.records.HistoryRecord`)."""
+
+    entity_id: str
+    seq: int
+    event: str
+    source: str
+    target: str
+    actor: str
+    lease_token: int | None
+    reason: str | None
+    idempotency_key: str | None
+    at: datetime
+    data: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, record: HistoryRecord) -> HistoryModel:
+        return cls.model_validate(record._asdict())
+
+
+class LeaseModel(_Payload):
+    """A lease: who holds the entity, with which fencing token, until when."""
+
+    entity_id: str
+    owner: str
+    token: int
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, lease: Lease | None) -> LeaseModel | None:
+        return None if lease is None else cls.model_validate(lease._asdict())
+
+
 class TransitionPayload(_Payload):
     """Sent with ``transitioned``, ``expired`` and ``reclaimed``: the entity after the
     transition and the history row that recorded it."""
 
     kind: str
-    snapshot: Snapshot
-    record: HistoryRecord
+    snapshot: SnapshotModel
+    record: HistoryModel
+
+    @classmethod
+    def of(cls, kind: str, snapshot: Snapshot, record: HistoryRecord) -> TransitionPayload:
+        return cls(kind=kind, snapshot=SnapshotModel.of(snapshot), record=HistoryModel.of(record))
 
 
 class LeasePayload(_Payload):
@@ -33,9 +95,25 @@ class LeasePayload(_Payload):
     entity_id: str
     owner: str | None
     token: int | None
-    lease: Lease | None
-    snapshot: Snapshot | None = None
+    lease: LeaseModel | None
+    snapshot: SnapshotModel | None = None
     detail: str | None = None
+
+    @classmethod
+    def of(
+        cls, kind: str, snapshot: Snapshot, *, lease: Lease | None = None, detail: str | None = None
+    ) -> LeasePayload:
+        """For ``lease``'s holder (default: the snapshot's current lease)."""
+        held = lease if lease is not None else snapshot.lease
+        return cls(
+            kind=kind,
+            entity_id=snapshot.id,
+            owner=held.owner if held is not None else None,
+            token=held.token if held is not None else snapshot.lease_token,
+            lease=LeaseModel.of(held),
+            snapshot=SnapshotModel.of(snapshot),
+            detail=detail,
+        )
 
 
 class EffectPayload(_Payload):
@@ -64,8 +142,11 @@ class ReaperErrorPayload(_Payload):
 
 __all__ = [
     "EffectPayload",
+    "HistoryModel",
+    "LeaseModel",
     "LeasePayload",
     "ReaperErrorPayload",
     "ReaperTickPayload",
+    "SnapshotModel",
     "TransitionPayload",
 ]

@@ -116,7 +116,9 @@ class MemoryStore:
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         entity_id = write.entity_id
         with self._lock:
-            row = self._live(entity_id)
+            row = self._rows.get(entity_id)
+            if row is None or row.deleted:
+                raise UnknownEntity(entity_id)
             key = write.idempotency_key
             if key is not None:
                 recorded = self._keys.get((entity_id, key))
@@ -151,35 +153,36 @@ class MemoryStore:
             attempt = row.attempt + 1 if write.bump_attempt else row.attempt
             reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
             version = row.version + 1
+            # positional construction: the hot path of every in-memory transition
             new = Snapshot(
-                id=entity_id,
-                kind=row.kind,
-                state=write.target,
-                version=version,
-                lease_owner=owner,
-                lease_token=token,
-                lease_expires_at=expires,
-                state_entered_at=now,
-                created_at=row.created_at,
-                updated_at=now,
-                deleted=False,
-                concurrency_key=row.concurrency_key,
-                attempt=attempt,
-                reclaims=reclaims,
-                data=row.data if write.data is None else write.data,
+                entity_id,
+                row.kind,
+                write.target,
+                version,
+                owner,
+                token,
+                expires,
+                now,
+                row.created_at,
+                now,
+                False,
+                row.concurrency_key,
+                attempt,
+                reclaims,
+                row.data if write.data is None else write.data,
             )
             record = HistoryRecord(
-                entity_id=entity_id,
-                seq=version,
-                event=write.event,
-                source=write.source,
-                target=write.target,
-                actor=write.actor,
-                lease_token=token if owner is not None else write.expect_token,
-                reason=write.reason,
-                idempotency_key=key,
-                at=now,
-                data=write.data_patch,
+                entity_id,
+                version,
+                write.event,
+                write.source,
+                write.target,
+                write.actor,
+                token,
+                write.reason,
+                key,
+                now,
+                write.data_patch,
             )
             self._rows[entity_id] = new
             self._history[entity_id].append(record)
@@ -217,7 +220,10 @@ class MemoryStore:
             expires = self._capped_expiry(row, now, ttl, budget)
             if expires is None:
                 raise LeaseLost(
-                    entity_id, expected_token=None, found_token=row.lease_token, owner=owner,
+                    entity_id,
+                    expected_token=None,
+                    found_token=row.lease_token,
+                    owner=owner,
                     detail=f"renewal budget of state {row.state!r} is spent",
                 )
             new = _with_lease(row, owner, row.lease_token + 1, expires)
@@ -234,13 +240,19 @@ class MemoryStore:
                 raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
             if row.lease_expires_at is None or row.lease_expires_at < now:
                 raise LeaseLost(
-                    entity_id, expected_token=token, found_token=row.lease_token, owner=owner,
+                    entity_id,
+                    expected_token=token,
+                    found_token=row.lease_token,
+                    owner=owner,
                     detail="the lease expired before the renewal",
                 )
             expires = self._capped_expiry(row, now, ttl, budget)
             if expires is None:
                 raise LeaseLost(
-                    entity_id, expected_token=token, found_token=row.lease_token, owner=owner,
+                    entity_id,
+                    expected_token=token,
+                    found_token=row.lease_token,
+                    owner=owner,
                     detail=f"renewal budget of state {row.state!r} is spent",
                 )
             new = _with_lease(row, owner, token, max(expires, row.lease_expires_at))
@@ -259,19 +271,13 @@ class MemoryStore:
     def soft_delete(self, entity_id: str) -> Snapshot:
         with self._lock:
             row = self._live(entity_id)
-            new = _replace(row, deleted=True, updated_at=self.clock.now())
+            new = row._replace(deleted=True, updated_at=self.clock.now())
             self._rows[entity_id] = new
             return new
 
 
-def _replace(row: Snapshot, **changes: object) -> Snapshot:
-    fields = {name: getattr(row, name) for name in Snapshot.__slots__}
-    fields.update(changes)
-    return Snapshot(**fields)  # type: ignore[arg-type]
-
-
 def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:
-    return _replace(row, lease_owner=owner, lease_token=token, lease_expires_at=expires)
+    return row._replace(lease_owner=owner, lease_token=token, lease_expires_at=expires)
 
 
 __all__ = ["MemoryStore"]

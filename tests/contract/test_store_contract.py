@@ -1,0 +1,285 @@
+"""The store contract: one suite, run against every adapter through ``any_store``.
+
+Each test states one behaviour of :class:`stores.Store`; an adapter joins by adding its
+factory to ``STORE_FACTORIES`` in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, timedelta
+
+import pytest
+
+from fsm import (
+    ConditionFailed,
+    EntityExists,
+    IdempotencyKeyReused,
+    LeaseLost,
+    ManualClock,
+    StaleVersion,
+    UnknownEntity,
+)
+from fsm.records import LeaseChange, LeaseStale, NewEntity, NewerSibling, Snapshot, TransitionWrite
+from stores import Store
+
+STALE_AFTER = timedelta(minutes=60)
+TTL = timedelta(minutes=2)
+
+
+def new(store: Store, entity_id: str = "e1", key: str | None = None, data: dict[str, object] | None = None) -> Snapshot:
+    return store.create(NewEntity(id=entity_id, kind="job", state="queued", concurrency_key=key, data=data or {}))
+
+
+def step(snap: Snapshot, event: str, target: str, **kwargs: object) -> TransitionWrite:
+    return TransitionWrite(
+        entity_id=snap.id,
+        event=event,
+        source=snap.state,
+        target=target,
+        actor=str(kwargs.pop("actor", "worker")),
+        expect_version=int(kwargs.pop("expect_version", snap.version)),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def acquire(store: Store, snap: Snapshot, owner: str = "w1") -> Snapshot:
+    new_snap, _ = store.apply(
+        step(
+            snap,
+            "start",
+            "running",
+            lease_change=LeaseChange.ACQUIRE,
+            new_owner=owner,
+            lease_ttl=TTL,
+            bump_attempt=True,
+        )
+    )
+    return new_snap
+
+
+# -- create / get / history --------------------------------------------------------------
+
+
+def test_create_starts_at_version_0_without_a_lease(any_store: Store, clock: ManualClock) -> None:
+    snap = new(any_store, data={"x": [1, "é", {"y": None}]})
+    assert (snap.version, snap.lease_owner, snap.lease_token, snap.lease_expires_at) == (0, None, 0, None)
+    assert snap.created_at == snap.updated_at == snap.state_entered_at == clock.now()
+    assert snap.created_at.tzinfo is not None and snap.created_at.utcoffset() == timedelta(0)
+    assert any_store.get("e1") == snap
+    assert snap.data == {"x": [1, "é", {"y": None}]}
+
+
+def test_create_twice_is_refused(any_store: Store) -> None:
+    new(any_store)
+    with pytest.raises(EntityExists):
+        new(any_store)
+
+
+def test_get_and_history_of_an_unknown_id_raise_unknown_entity(any_store: Store) -> None:
+    with pytest.raises(UnknownEntity):
+        any_store.get("missing")
+    with pytest.raises(UnknownEntity):
+        any_store.history("missing")
+
+
+def test_apply_writes_row_and_history_together(any_store: Store, clock: ManualClock) -> None:
+    snap = new(any_store)
+    clock.advance(seconds=5)
+    after, record = any_store.apply(
+        step(snap, "start", "running", data={"a": 1}, data_patch={"a": 1}, reason="go", idempotency_key="k1")
+    )
+    assert (after.state, after.version, after.data, after.updated_at) == ("running", 1, {"a": 1}, clock.now())
+    assert after.state_entered_at == clock.now() and after.created_at == snap.created_at
+    assert record.seq == 1 and (record.event, record.source, record.target) == ("start", "queued", "running")
+    assert (record.reason, record.idempotency_key, record.data, record.at) == ("go", "k1", {"a": 1}, clock.now())
+    assert any_store.get("e1") == after
+    assert any_store.history("e1") == [record]
+    assert any_store.find_transition("e1", "k1") == record
+    assert any_store.find_transition("e1", "other") is None
+
+
+def test_apply_keeps_data_when_none_is_given(any_store: Store) -> None:
+    snap = new(any_store, data={"keep": True})
+    after, record = any_store.apply(step(snap, "start", "running"))
+    assert after.data == {"keep": True} and record.data is None
+
+
+# -- compare-and-set ---------------------------------------------------------------------
+
+
+def test_apply_with_an_old_version_raises_stale_version_and_writes_nothing(any_store: Store) -> None:
+    snap = new(any_store)
+    any_store.apply(step(snap, "start", "running"))
+    with pytest.raises(StaleVersion) as info:
+        any_store.apply(step(snap, "start", "running"))
+    assert (info.value.expected, info.value.found) == (0, 1)
+    assert len(any_store.history("e1")) == 1
+
+
+def test_apply_with_another_token_or_owner_raises_lease_lost(any_store: Store) -> None:
+    held = acquire(any_store, new(any_store))
+    for owner, token in [("w1", 0), ("w2", 1)]:
+        with pytest.raises(LeaseLost):
+            any_store.apply(step(held, "exited", "finalizing", expect_owner=owner, expect_token=token))
+    after, _ = any_store.apply(step(held, "exited", "finalizing", expect_owner="w1", expect_token=1))
+    assert after.state == "finalizing" and after.lease_token == 1 and after.lease_owner == "w1"
+
+
+def test_acquire_in_a_transition_bumps_token_and_sets_expiry(any_store: Store, clock: ManualClock) -> None:
+    held = acquire(any_store, new(any_store))
+    assert (held.lease_owner, held.lease_token, held.attempt, held.reclaims) == ("w1", 1, 1, 0)
+    assert held.lease_expires_at == clock.now() + TTL
+    assert any_store.history("e1")[-1].lease_token == 1
+
+
+def test_clear_drops_owner_and_expiry_but_keeps_the_token(any_store: Store) -> None:
+    held = acquire(any_store, new(any_store))
+    after, _ = any_store.apply(step(held, "expire", "queued", actor="reaper", lease_change=LeaseChange.CLEAR))
+    assert (after.lease_owner, after.lease_expires_at, after.lease_token) == (None, None, 1)
+
+
+def test_bump_reclaims_counts_and_a_new_attempt_resets_them(any_store: Store, clock: ManualClock) -> None:
+    held = acquire(any_store, new(any_store))
+    clock.advance(TTL + timedelta(seconds=1))
+    after, _ = any_store.apply(
+        step(
+            held,
+            "reclaim",
+            "running",
+            actor="reaper",
+            lease_change=LeaseChange.ACQUIRE,
+            new_owner="r",
+            lease_ttl=TTL,
+            bump_reclaims=True,
+        )
+    )
+    assert (after.reclaims, after.lease_token, after.lease_owner) == (1, 2, "r")
+
+
+def test_lease_stale_condition_refuses_a_fresh_lease(any_store: Store, clock: ManualClock) -> None:
+    held = acquire(any_store, new(any_store))
+    clock.advance(TTL)  # expires_at == now: fresh
+    with pytest.raises(ConditionFailed) as info:
+        any_store.apply(step(held, "expire", "failed", actor="reaper", require=(LeaseStale(STALE_AFTER),)))
+    assert info.value.condition == "lease_stale"
+    clock.advance(seconds=1)
+    after, _ = any_store.apply(step(held, "expire", "failed", actor="reaper", require=(LeaseStale(STALE_AFTER),)))
+    assert after.state == "failed"
+
+
+def test_lease_stale_condition_on_a_null_lease_uses_updated_at(any_store: Store, clock: ManualClock) -> None:
+    snap = new(any_store)
+    running, _ = any_store.apply(step(snap, "start", "running"))
+    clock.advance(STALE_AFTER)
+    with pytest.raises(ConditionFailed):
+        any_store.apply(step(running, "expire", "failed", actor="reaper", require=(LeaseStale(STALE_AFTER),)))
+    clock.advance(seconds=1)
+    after, _ = any_store.apply(step(running, "expire", "failed", actor="reaper", require=(LeaseStale(STALE_AFTER),)))
+    assert after.state == "failed"
+
+
+def test_newer_sibling_condition(any_store: Store, clock: ManualClock) -> None:
+    old = any_store.apply(step(new(any_store, "old", key="main"), "start", "running"))[0]
+    with pytest.raises(ConditionFailed):
+        any_store.apply(step(old, "supersede", "failed", actor="reaper", require=(NewerSibling(),)))
+    clock.advance(seconds=1)
+    newer = any_store.apply(step(new(any_store, "new", key="main"), "start", "running"))[0]
+    any_store.apply(step(new(any_store, "other", key="feature"), "start", "running"))
+    assert any_store.has_newer_sibling("old") and not any_store.has_newer_sibling("new")
+    assert not any_store.has_newer_sibling("other")
+    with pytest.raises(ConditionFailed):
+        any_store.apply(step(newer, "supersede", "failed", actor="reaper", require=(NewerSibling(),)))
+    assert (
+        any_store.apply(step(old, "supersede", "failed", actor="reaper", require=(NewerSibling(),)))[0].state
+        == "failed"
+    )
+
+
+def test_an_idempotency_key_is_unique_per_entity(any_store: Store) -> None:
+    snap = new(any_store)
+    after, _ = any_store.apply(step(snap, "start", "running", idempotency_key="k"))
+    with pytest.raises(IdempotencyKeyReused):
+        any_store.apply(step(after, "exited", "finalizing", idempotency_key="k"))
+    other = new(any_store, "e2")
+    any_store.apply(step(other, "start", "running", idempotency_key="k"))
+    assert len(any_store.history("e1")) == 1
+
+
+# -- leases outside transitions ------------------------------------------------------------
+
+
+def test_acquire_lease_on_a_free_lease(any_store: Store, clock: ManualClock) -> None:
+    snap = new(any_store)
+    held = any_store.acquire_lease("e1", owner="w1", ttl=TTL, budget=None, expect_version=0)
+    assert (held.lease_owner, held.lease_token, held.version) == ("w1", 1, 0)
+    assert held.lease_expires_at == clock.now() + TTL
+    assert any_store.history("e1") == [] and snap.version == held.version
+
+
+def test_acquire_lease_refuses_a_live_lease_and_a_moved_version(any_store: Store, clock: ManualClock) -> None:
+    new(any_store)
+    any_store.acquire_lease("e1", owner="w1", ttl=TTL, budget=None, expect_version=0)
+    with pytest.raises(LeaseLost):
+        any_store.acquire_lease("e1", owner="w2", ttl=TTL, budget=None, expect_version=0)
+    with pytest.raises(StaleVersion):
+        any_store.acquire_lease("e1", owner="w2", ttl=TTL, budget=None, expect_version=7)
+    clock.advance(TTL + timedelta(seconds=1))
+    taken = any_store.acquire_lease("e1", owner="w2", ttl=TTL, budget=None, expect_version=0)
+    assert (taken.lease_owner, taken.lease_token) == ("w2", 2)
+
+
+def test_renew_moves_only_the_expiry(any_store: Store, clock: ManualClock) -> None:
+    held = acquire(any_store, new(any_store))
+    clock.advance(seconds=30)
+    renewed = any_store.renew_lease("e1", owner="w1", token=1, ttl=TTL, budget=None)
+    assert renewed.lease_expires_at == clock.now() + TTL
+    assert renewed._replace(lease_expires_at=None) == held._replace(lease_expires_at=None)
+
+
+def test_renew_refuses_a_wrong_holder_an_expired_lease_and_a_spent_budget(any_store: Store, clock: ManualClock) -> None:
+    acquire(any_store, new(any_store))
+    with pytest.raises(LeaseLost):
+        any_store.renew_lease("e1", owner="w2", token=1, ttl=TTL, budget=None)
+    with pytest.raises(LeaseLost):
+        any_store.renew_lease("e1", owner="w1", token=0, ttl=TTL, budget=None)
+    capped = any_store.renew_lease("e1", owner="w1", token=1, ttl=TTL, budget=timedelta(minutes=3))
+    assert capped.lease_expires_at == capped.state_entered_at + TTL
+    clock.advance(TTL)
+    capped = any_store.renew_lease("e1", owner="w1", token=1, ttl=TTL, budget=timedelta(minutes=3))
+    assert capped.lease_expires_at == capped.state_entered_at + timedelta(minutes=3)
+    clock.advance(timedelta(minutes=1))
+    with pytest.raises(LeaseLost, match="budget"):
+        any_store.renew_lease("e1", owner="w1", token=1, ttl=TTL, budget=timedelta(minutes=3))
+    clock.advance(seconds=1)
+    with pytest.raises(LeaseLost, match="expired"):
+        any_store.renew_lease("e1", owner="w1", token=1, ttl=TTL, budget=None)
+
+
+def test_release_clears_the_lease_for_its_holder_only(any_store: Store) -> None:
+    acquire(any_store, new(any_store))
+    with pytest.raises(LeaseLost):
+        any_store.release_lease("e1", owner="w2", token=1)
+    released = any_store.release_lease("e1", owner="w1", token=1)
+    assert (released.lease_owner, released.lease_expires_at, released.lease_token) == (None, None, 1)
+
+
+# -- soft delete -----------------------------------------------------------------------------
+
+
+def test_soft_deleted_entities_are_hidden_and_never_moved(any_store: Store) -> None:
+    snap = new(any_store)
+    any_store.soft_delete("e1")
+    with pytest.raises(UnknownEntity):
+        any_store.get("e1")
+    assert any_store.get("e1", include_deleted=True).deleted
+    with pytest.raises(UnknownEntity):
+        any_store.apply(step(snap, "start", "running"))
+    with pytest.raises(UnknownEntity):
+        any_store.soft_delete("e1")
+    with pytest.raises(EntityExists):
+        new(any_store)
+
+
+def test_store_now_is_aware_utc(any_store: Store) -> None:
+    assert any_store.now().tzinfo is not None
+    assert any_store.now().astimezone(UTC).utcoffset() == timedelta(0)

@@ -1,0 +1,195 @@
+"""Declaring lifecycles: the rules checked at class creation, the compiled table, restore."""
+
+from __future__ import annotations
+
+import pytest
+from statemachine import State
+
+from fsm import Engine, GuardContext, InvalidDefinition, JobLifecycle, Lifecycle, ManualClock, guard, reaper, worker
+from fsm.records import Actor, LeaseChange
+from stores import MemoryStore
+
+
+def test_reaper_transition_leaving_finalizing_without_lease_stale_is_refused_naming_it() -> None:
+    with pytest.raises(
+        InvalidDefinition, match=r"reaper transition 'expire' from 'finalizing' to 'failed'.*lease_stale"
+    ):
+
+        class Bad(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            failed = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            expire = reaper(active.finalizing.to(failed, cond="attempts_left"))
+
+
+def test_reaper_transition_declared_on_the_compound_parent_also_counts_as_leaving_finalizing() -> None:
+    with pytest.raises(InvalidDefinition, match=r"'expire' from 'finalizing'.*declared on 'active'"):
+
+        class Bad(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            failed = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            expire = reaper(active.to(failed))
+
+
+def test_finalizing_at_top_level_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="sub-state of a compound active state"):
+
+        class Flat(Lifecycle):
+            running = State(initial=True)
+            finalizing = State()
+            done = State(final=True)
+            finish = worker(running.to(finalizing))
+            succeed = worker(finalizing.to(done))
+
+
+def test_a_lifecycle_without_finalizing_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="explicit 'finalizing' state"):
+
+        class NoFinalizer(Lifecycle):
+            queued = State(initial=True)
+            done = State(final=True)
+            go = worker(queued.to(done))
+
+
+def test_unknown_guard_name_is_refused_naming_the_transition() -> None:
+    with pytest.raises(InvalidDefinition, match=r"transition 'finish'.*unknown guard 'tests_green'"):
+
+        class Typo(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing, cond="tests_green"))
+            succeed = worker(active.finalizing.to(done))
+
+
+def test_guard_expressions_with_or_are_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="not supported"):
+
+        class Expr(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing, cond="holds_lease or lease_stale"))
+            succeed = worker(active.finalizing.to(done))
+
+
+def test_python_statemachine_definition_errors_surface_as_our_invalid_definition() -> None:
+    with pytest.raises(InvalidDefinition, match="Trap"):
+
+        class Trap(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            stuck = State()
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            succeed = worker(active.finalizing.to(done))
+            jam = worker(active.running.to(stuck))
+
+
+class Deploy(Lifecycle):
+    """A user-declared lifecycle with its own guard."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    deployed = State(final=True)
+    failed = State(final=True)
+
+    start = worker(queued.to(active), lease=LeaseChange.ACQUIRE)
+    promote = worker(active.running.to(active.finalizing, cond=["holds_lease", "tests_green"]))
+    done = worker(active.finalizing.to(deployed, cond="holds_lease"))
+    abort = worker(active.to(failed))
+    expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
+
+    @guard
+    def tests_green(ctx: GuardContext) -> bool:
+        "every test step passed"
+        return bool(ctx.data.get("tests_passed"))
+
+
+def test_user_lifecycle_gets_kind_guards_and_a_compiled_table() -> None:
+    assert Deploy.kind == "deploy"
+    assert "tests_green" in Deploy.guards and Deploy.guards["tests_green"].description == "every test step passed"
+    assert not hasattr(Deploy, "tests_green") or not callable(Deploy.tests_green)
+    branches = Deploy.table.branches_for("finalizing", "abort")
+    assert [(b.source, b.target, b.declared_on) for b in branches] == [("finalizing", "failed", "active")]
+    assert Deploy.table.configurations["finalizing"] == ("active", "finalizing")
+    assert Deploy.table.initial == "queued"
+    assert Deploy.table.finals == {"deployed", "failed"}
+
+
+def test_user_guard_decides_the_transition_through_the_engine(clock: ManualClock) -> None:
+    engine = Engine(Deploy, MemoryStore(clock), clock=clock)
+    engine.create("d1")
+    lease = engine.fire("d1", "start").lease
+    from fsm import GuardRejected
+
+    with pytest.raises(GuardRejected, match="tests_green"):
+        engine.fire("d1", "promote", lease=lease)
+    result = engine.fire("d1", "promote", lease=lease, data={"tests_passed": True})
+    assert result.state == "finalizing"
+
+
+def test_restore_from_a_leaf_rebuilds_the_compound_configuration() -> None:
+    sm = JobLifecycle.restore("finalizing")
+    assert set(sm.configuration_values) == {"active", "finalizing"}
+
+
+def test_transition_declared_on_the_parent_works_after_restore_from_finalizing(clock: ManualClock) -> None:
+    sm = Deploy.restore("finalizing")
+    sm.send("abort")
+    assert set(sm.configuration_values) == {"failed"}
+    engine = Engine(Deploy, MemoryStore(clock), clock=clock)
+    engine.create("d2")
+    lease = engine.fire("d2", "start").lease
+    engine.fire("d2", "promote", lease=lease, data={"tests_passed": True})
+    # a fresh engine over the same store: only the leaf 'finalizing' was persisted
+    again = Engine(Deploy, engine.store, clock=clock)
+    assert again.configuration("d2") == ("active", "finalizing")
+    assert again.fire("d2", "abort").state == "failed"
+
+
+def test_restore_of_an_unknown_leaf_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="no leaf state 'nope'"):
+        JobLifecycle.restore("nope")
+
+
+def test_worker_and_reaper_helpers_record_actor_reason_and_lease_effect() -> None:
+    (reclaim,) = JobLifecycle.table.branches_for("finalizing", "reclaim")
+    assert reclaim.actor is Actor.REAPER and reclaim.reason == "reclaimed"
+    assert reclaim.lease_effect is LeaseChange.ACQUIRE and reclaim.bump_reclaims
+    (start,) = JobLifecycle.table.branches_for("queued", "start")
+    assert start.actor is Actor.WORKER and start.bump_attempt and start.lease_effect is LeaseChange.ACQUIRE
+    (complete,) = JobLifecycle.table.branches_for("finalizing", "complete")
+    assert complete.lease_effect is LeaseChange.CLEAR  # entering a final state drops the lease

@@ -1,0 +1,88 @@
+"""The public API, pinned: a name added or removed is a decision, not an accident."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import fsm
+import signals
+import stores
+
+FSM_API = {
+    "Actor",
+    "Branch",
+    "Clock",
+    "CompiledTable",
+    "ConditionFailed",
+    "ConfigError",
+    "Engine",
+    "EntityExists",
+    "FireResult",
+    "FsmError",
+    "Guard",
+    "GuardContext",
+    "GuardRejected",
+    "HistoryRecord",
+    "IdempotencyKeyReused",
+    "InvalidData",
+    "InvalidDefinition",
+    "JobData",
+    "JobLifecycle",
+    "Lease",
+    "LeaseChange",
+    "LeaseLost",
+    "Lifecycle",
+    "MalformedRow",
+    "ManualClock",
+    "PipelineData",
+    "PipelineLifecycle",
+    "Policy",
+    "Snapshot",
+    "StaleVersion",
+    "State",
+    "StoreUnavailable",
+    "SystemClock",
+    "TransitionNotAllowed",
+    "UnknownEntity",
+    "UnknownEvent",
+    "guard",
+    "new_owner_id",
+    "reaper",
+    "worker",
+}
+
+
+def test_fsm_exports_exactly_the_pinned_names_and_each_resolves() -> None:
+    assert set(fsm.__all__) == FSM_API
+    for name in fsm.__all__:
+        assert getattr(fsm, name) is not None, name
+
+
+def test_stores_and_signals_export_their_pinned_names() -> None:
+    assert set(stores.__all__) >= {"Store", "MemoryStore"}
+    assert {
+        "transitioned",
+        "expired",
+        "reclaimed",
+        "lease_acquired",
+        "lease_lost",
+        "effect_recorded",
+        "reaper_tick",
+        "reaper_error",
+        "namespace",
+        "TransitionPayload",
+    } <= set(signals.__all__)
+
+
+def test_every_error_derives_from_fsm_error() -> None:
+    from fsm import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.FsmError)
+
+
+def test_importing_stores_first_does_not_pull_in_the_engine() -> None:
+    code = "import stores, sys; bad = [m for m in ('fsm.engine', 'fsm.lifecycle') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
