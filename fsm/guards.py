@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from fsm.policy import Policy
-from fsm.records import Condition, Lease, LeaseStale, NewerSibling, Snapshot
+from fsm.records import Condition, CounterAtLeast, CounterBelow, Lease, LeaseStale, NewerSibling, Snapshot
 
 
 @dataclass(slots=True)
@@ -113,9 +113,24 @@ SUPERSEDED = Guard(
     "a newer entity with the same concurrency key is in the same state",
     condition=lambda ctx: NewerSibling(),
 )
-ATTEMPTS_LEFT = Guard("attempts_left", _attempts_left, "attempt < max_attempts")
-RECLAIMS_LEFT = Guard("reclaims_left", _reclaims_left, "reclaims < max_reclaims")
-RECLAIMS_EXHAUSTED = Guard("reclaims_exhausted", lambda ctx: not _reclaims_left(ctx), "reclaims >= max_reclaims")
+ATTEMPTS_LEFT = Guard(
+    "attempts_left",
+    _attempts_left,
+    "attempt < max_attempts",
+    condition=lambda ctx: CounterBelow("attempt", ctx.policy.max_attempts),
+)
+RECLAIMS_LEFT = Guard(
+    "reclaims_left",
+    _reclaims_left,
+    "reclaims < max_reclaims",
+    condition=lambda ctx: CounterBelow("reclaims", ctx.policy.max_reclaims),
+)
+RECLAIMS_EXHAUSTED = Guard(
+    "reclaims_exhausted",
+    lambda ctx: not _reclaims_left(ctx),
+    "reclaims >= max_reclaims",
+    condition=lambda ctx: CounterAtLeast("reclaims", ctx.policy.max_reclaims),
+)
 
 BUILTIN_GUARDS: dict[str, Guard] = {
     g.name: g for g in (HOLDS_LEASE, LEASE_STALE, SUPERSEDED, ATTEMPTS_LEFT, RECLAIMS_LEFT, RECLAIMS_EXHAUSTED)

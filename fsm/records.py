@@ -133,7 +133,26 @@ class NewerSibling:
     name: str = "superseded"
 
 
-Condition = LeaseStale | NewerSibling
+@dataclass(frozen=True, slots=True)
+class CounterBelow:
+    """Holds when the row's ``counter`` (``attempt`` or ``reclaims``) is below ``limit``."""
+
+    counter: str
+    limit: int
+    name: str = "counter_below"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterAtLeast:
+    """Holds when the row's ``counter`` (``attempt`` or ``reclaims``) is at least ``limit``."""
+
+    counter: str
+    limit: int
+    name: str = "counter_at_least"
+
+
+Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast
+COUNTERS = ("attempt", "reclaims")
 
 
 @dataclass(slots=True)
@@ -168,9 +187,52 @@ class TransitionWrite:
     idempotency_key: str | None = None
 
 
+@dataclass(slots=True)
+class BatchWrite:
+    """One transition applied to many entities at once (the reaper's set-based move).
+
+    There is no expected version: the store re-checks, per row and inside the statement,
+    that the row is live, of ``kind``, in ``source``, and meets every ``require``
+    condition; rows that no longer qualify are left alone (lost races).  Each moved row
+    gets version + 1 and its history row in the same commit.
+    """
+
+    ids: tuple[str, ...]
+    kind: str
+    event: str
+    source: str
+    target: str
+    actor: str
+    require: tuple[Condition, ...] = ()
+    lease_change: LeaseChange = LeaseChange.KEEP
+    new_owner: str | None = None
+    lease_ttl: timedelta | None = None
+    bump_attempt: bool = False
+    bump_reclaims: bool = False
+    reason: str | None = None
+
+
+def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_sibling: bool | None = None) -> bool:
+    """Evaluate a condition on a row in Python (the memory store's commit point).
+
+    ``newer_sibling`` is needed only for :class:`NewerSibling`.
+    """
+    if isinstance(condition, LeaseStale):
+        return row.lease_is_stale(now, condition.stale_after)
+    if isinstance(condition, NewerSibling):
+        return bool(newer_sibling)
+    if isinstance(condition, CounterBelow):
+        return int(getattr(row, condition.counter)) < condition.limit
+    return int(getattr(row, condition.counter)) >= condition.limit
+
+
 __all__ = [
+    "COUNTERS",
     "Actor",
+    "BatchWrite",
     "Condition",
+    "CounterAtLeast",
+    "CounterBelow",
     "HistoryRecord",
     "Lease",
     "LeaseChange",
@@ -179,4 +241,5 @@ __all__ = [
     "NewerSibling",
     "Snapshot",
     "TransitionWrite",
+    "condition_holds",
 ]

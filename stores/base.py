@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from fsm.records import HistoryRecord, NewEntity, Snapshot, TransitionWrite
+from fsm.records import BatchWrite, Condition, HistoryRecord, NewEntity, Snapshot, TransitionWrite
 
 
 @runtime_checkable
@@ -108,6 +108,31 @@ class Store(Protocol):
     def has_newer_sibling(self, entity_id: str) -> bool:
         """Whether a live entity of the same kind and concurrency key, in the same state,
         was created after this one.  Not found -> ``UnknownEntity``."""
+        ...
+
+    # -- the reaper's set-based reads and writes ---------------------------------------------
+
+    def candidates(
+        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
+    ) -> list[Snapshot]:
+        """Live entities of ``kind`` in ``state`` meeting every condition (store clock),
+        ordered by id, with id > ``after_id`` (keyset paging), at most ``limit``.
+
+        Read-only; never raises for a missing row.  SQL stores answer from indexes on
+        ``(kind, state, lease_expires_at)`` and ``(kind, state, updated_at)``.
+        """
+        ...
+
+    def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        """Move every entity of ``batch.ids`` that still qualifies, in one transaction.
+
+        A row qualifies when it is live, of ``batch.kind``, in ``batch.source`` and meets
+        every condition at the commit point; others are skipped silently (the caller counts
+        them as lost races).  PostgreSQL claims the rows with ``FOR UPDATE SKIP LOCKED``,
+        so a row another reaper is moving right now is skipped, not waited for.  Each moved
+        row gets version + 1 and a history row (``seq`` = new version) in that transaction.
+        Returns the moved rows with their history rows, in ``batch.ids`` order.
+        """
         ...
 
 

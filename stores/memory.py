@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 from fsm.clock import Clock, SystemClock
 from fsm.errors import (
@@ -21,13 +22,15 @@ from fsm.errors import (
     UnknownEntity,
 )
 from fsm.records import (
+    BatchWrite,
+    Condition,
     HistoryRecord,
     LeaseChange,
-    LeaseStale,
     NewEntity,
     NewerSibling,
     Snapshot,
     TransitionWrite,
+    condition_holds,
 )
 
 
@@ -134,61 +137,87 @@ class MemoryStore:
                 )
             now = self.clock.now()
             for condition in write.require:
-                if isinstance(condition, LeaseStale):
-                    held = row.lease_is_stale(now, condition.stale_after)
-                elif isinstance(condition, NewerSibling):
-                    held = self._newer_sibling(row)
-                else:  # pragma: no cover - the union is closed
-                    raise TypeError(f"unknown condition {condition!r}")
-                if not held:
+                if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
+            return self._move(row, write, now, write.data, write.data_patch, key)
 
-            owner, token, expires = row.lease_owner, row.lease_token, row.lease_expires_at
-            change = write.lease_change
-            if change is LeaseChange.ACQUIRE:
-                owner, token = write.new_owner, token + 1
-                expires = now + write.lease_ttl if write.lease_ttl is not None else None
-            elif change is LeaseChange.CLEAR:
-                owner, expires = None, None
-            attempt = row.attempt + 1 if write.bump_attempt else row.attempt
-            reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
-            version = row.version + 1
-            # positional construction: the hot path of every in-memory transition
-            new = Snapshot(
-                entity_id,
-                row.kind,
-                write.target,
-                version,
-                owner,
-                token,
-                expires,
-                now,
-                row.created_at,
-                now,
-                False,
-                row.concurrency_key,
-                attempt,
-                reclaims,
-                row.data if write.data is None else write.data,
+    def _holds(self, condition: Condition, row: Snapshot, now: datetime) -> bool:
+        sibling = self._newer_sibling(row) if isinstance(condition, NewerSibling) else None
+        return condition_holds(condition, row, now, sibling)
+
+    def _move(
+        self,
+        row: Snapshot,
+        write: TransitionWrite | BatchWrite,
+        now: datetime,
+        data: dict[str, Any] | None,
+        patch: dict[str, Any] | None,
+        key: str | None,
+    ) -> tuple[Snapshot, HistoryRecord]:
+        """Write the moved row and its history row (the caller holds the lock)."""
+        entity_id = row.id
+        owner, token, expires = row.lease_owner, row.lease_token, row.lease_expires_at
+        change = write.lease_change
+        if change is LeaseChange.ACQUIRE:
+            owner, token = write.new_owner, token + 1
+            expires = now + write.lease_ttl if write.lease_ttl is not None else None
+        elif change is LeaseChange.CLEAR:
+            owner, expires = None, None
+        attempt = row.attempt + 1 if write.bump_attempt else row.attempt
+        reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
+        version = row.version + 1
+        # positional construction: the hot path of every in-memory transition
+        new = Snapshot(
+            entity_id, row.kind, write.target, version, owner, token, expires, now, row.created_at, now,
+            False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
+        )  # fmt: skip
+        record = HistoryRecord(
+            entity_id, version, write.event, row.state, write.target, write.actor, token,
+            write.reason, key, now, patch,
+        )  # fmt: skip
+        self._rows[entity_id] = new
+        self._history[entity_id].append(record)
+        if key is not None:
+            self._keys[(entity_id, key)] = record
+        return new, record
+
+    # -- the reaper's set-based reads and writes ---------------------------------------------
+
+    def candidates(
+        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
+    ) -> list[Snapshot]:
+        with self._lock:
+            now = self.clock.now()
+            found = sorted(
+                (
+                    row
+                    for row in self._rows.values()
+                    if row.kind == kind
+                    and row.state == state
+                    and not row.deleted
+                    and (after_id is None or row.id > after_id)
+                    and all(self._holds(c, row, now) for c in require)
+                ),
+                key=lambda r: r.id,
             )
-            record = HistoryRecord(
-                entity_id,
-                version,
-                write.event,
-                write.source,
-                write.target,
-                write.actor,
-                token,
-                write.reason,
-                key,
-                now,
-                write.data_patch,
-            )
-            self._rows[entity_id] = new
-            self._history[entity_id].append(record)
-            if key is not None:
-                self._keys[(entity_id, key)] = record
-            return new, record
+            return found[:limit]
+
+    def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        moved: list[tuple[Snapshot, HistoryRecord]] = []
+        with self._lock:
+            now = self.clock.now()
+            for entity_id in batch.ids:
+                row = self._rows.get(entity_id)
+                if (
+                    row is None
+                    or row.deleted
+                    or row.kind != batch.kind
+                    or row.state != batch.source
+                    or not all(self._holds(c, row, now) for c in batch.require)
+                ):
+                    continue  # a lost race: somebody moved, renewed or deleted it first
+                moved.append(self._move(row, batch, now, None, None, None))
+        return moved
 
     @staticmethod
     def _capped_expiry(row: Snapshot, now: datetime, ttl: timedelta, budget: timedelta | None) -> datetime | None:

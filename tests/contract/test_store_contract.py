@@ -19,7 +19,17 @@ from fsm import (
     StaleVersion,
     UnknownEntity,
 )
-from fsm.records import LeaseChange, LeaseStale, NewEntity, NewerSibling, Snapshot, TransitionWrite
+from fsm.records import (
+    BatchWrite,
+    CounterAtLeast,
+    CounterBelow,
+    LeaseChange,
+    LeaseStale,
+    NewEntity,
+    NewerSibling,
+    Snapshot,
+    TransitionWrite,
+)
 from stores import Store
 
 STALE_AFTER = timedelta(minutes=60)
@@ -283,3 +293,99 @@ def test_soft_deleted_entities_are_hidden_and_never_moved(any_store: Store) -> N
 def test_store_now_is_aware_utc(any_store: Store) -> None:
     assert any_store.now().tzinfo is not None
     assert any_store.now().astimezone(UTC).utcoffset() == timedelta(0)
+
+
+# -- the reaper's set-based reads and writes -----------------------------------------------
+
+
+def _running(store: Store, clock: ManualClock, ids: list[str], key: str | None = None) -> None:
+    for i in ids:
+        store.apply(step(new(store, i, key=key), "start", "running"))
+        clock.advance(seconds=1)
+
+
+def test_candidates_are_the_stale_rows_in_id_order_with_keyset_paging(any_store: Store, clock: ManualClock) -> None:
+    _running(any_store, clock, ["c", "a", "d", "b"])
+    clock.advance(STALE_AFTER - timedelta(seconds=1))  # c, a, d are past stale_after; b is not
+    stale = (LeaseStale(STALE_AFTER),)
+    assert [s.id for s in any_store.candidates("job", "running", stale, limit=10)] == ["a", "c", "d"]
+    assert [s.id for s in any_store.candidates("job", "running", stale, limit=2)] == ["a", "c"]
+    assert [s.id for s in any_store.candidates("job", "running", stale, limit=2, after_id="c")] == ["d"]
+    assert any_store.candidates("job", "queued", stale, limit=10) == []
+    assert any_store.candidates("pipeline", "running", stale, limit=10) == []
+
+
+def test_candidates_skip_soft_deleted_rows(any_store: Store, clock: ManualClock) -> None:
+    _running(any_store, clock, ["a", "b"])
+    any_store.soft_delete("a")
+    clock.advance(STALE_AFTER * 2)
+    assert [s.id for s in any_store.candidates("job", "running", (LeaseStale(STALE_AFTER),), limit=10)] == ["b"]
+
+
+def test_candidates_with_counter_conditions(any_store: Store, clock: ManualClock) -> None:
+    a = acquire(any_store, new(any_store, "a"))
+    acquire(any_store, new(any_store, "b"))
+    any_store.apply(step(a, "expire", "queued", actor="reaper", lease_change=LeaseChange.CLEAR))
+    acquire(any_store, any_store.get("a"))  # a: attempt 2, b: attempt 1
+    below = (CounterBelow("attempt", 2),)
+    at_least = (CounterAtLeast("attempt", 2),)
+    assert [s.id for s in any_store.candidates("job", "running", below, limit=10)] == ["b"]
+    assert [s.id for s in any_store.candidates("job", "running", at_least, limit=10)] == ["a"]
+
+
+def test_candidates_with_a_newer_sibling(any_store: Store, clock: ManualClock) -> None:
+    _running(any_store, clock, ["p1", "p2", "p3"], key="main")
+    _running(any_store, clock, ["q1"], key="other")
+    got = any_store.candidates("job", "running", (NewerSibling(),), limit=10)
+    assert [s.id for s in got] == ["p1", "p2"]
+
+
+def test_apply_batch_moves_qualifying_rows_and_skips_the_rest(any_store: Store, clock: ManualClock) -> None:
+    _running(any_store, clock, ["a", "b", "c"])
+    held = acquire(any_store, new(any_store, "d"))  # fresh lease: never stale
+    any_store.renew_lease("d", owner="w1", token=held.lease_token, ttl=STALE_AFTER * 2, budget=None)
+    any_store.soft_delete("c")
+    clock.advance(STALE_AFTER)
+    batch = BatchWrite(
+        ids=("a", "b", "c", "d", "missing"),
+        kind="job",
+        event="expire",
+        source="running",
+        target="failed",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER),),
+        lease_change=LeaseChange.CLEAR,
+        reason="expired",
+    )
+    moved = any_store.apply_batch(batch)
+    assert [s.id for s, _ in moved] == ["a", "b"]
+    for snap, record in moved:
+        assert (snap.state, snap.version, snap.updated_at) == ("failed", 2, clock.now())
+        assert (record.seq, record.event, record.source, record.target) == (2, "expire", "running", "failed")
+        assert (record.actor, record.reason, record.at) == ("reaper", "expired", clock.now())
+        assert any_store.history(snap.id)[-1] == record and any_store.get(snap.id) == snap
+    assert any_store.get("d").state == "running"
+    assert any_store.get("c", include_deleted=True).state == "running"
+    assert any_store.apply_batch(batch) == []  # already moved: nothing qualifies twice
+
+
+def test_apply_batch_can_reclaim_with_a_new_owner(any_store: Store, clock: ManualClock) -> None:
+    acquire(any_store, new(any_store, "a"))
+    clock.advance(TTL + timedelta(seconds=1))
+    batch = BatchWrite(
+        ids=("a",),
+        kind="job",
+        event="reclaim",
+        source="running",
+        target="running",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER), CounterBelow("reclaims", 1)),
+        lease_change=LeaseChange.ACQUIRE,
+        new_owner="reaper-1",
+        lease_ttl=TTL,
+        bump_reclaims=True,
+        reason="reclaimed",
+    )
+    ((snap, record),) = any_store.apply_batch(batch)
+    assert (snap.lease_owner, snap.lease_token, snap.reclaims) == ("reaper-1", 2, 1)
+    assert snap.lease_expires_at == clock.now() + TTL and record.lease_token == 2
