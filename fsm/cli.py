@@ -1,0 +1,57 @@
+"""The ``fsm`` command line.
+
+Subcommands register themselves here; each one's handler returns the exit code.
+
+- ``fsm demo``: the main job, replaying the seeds' scenarios on a store (SQLite by default);
+- ``fsm reaper``: run the reaper once or on a schedule;
+- ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaper_cli")
+"""Modules exposing ``register(subparsers)``; a module not built yet is skipped."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsm", description="Explicit lifecycles that a reaper cannot break (fsm-lifecycles)."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and name.startswith(err.name):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler: Handler | None = getattr(args, "func", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
