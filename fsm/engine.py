@@ -43,7 +43,7 @@ from fsm.records import (
     Snapshot,
     TransitionWrite,
 )
-from fsm.table import Branch
+from fsm.table import Branch, branch_conditions
 from signals import LeasePayload, TransitionPayload
 from stores.base import Store
 
@@ -287,8 +287,7 @@ class Engine:
         holds = branch.holds_lease and lease is not None
         require: tuple[Condition, ...] = ()
         if branch.rechecked:
-            ctx = GuardContext(snapshot=snap, now=self.clock.now(), lease=lease, policy=self.policy)
-            require = tuple(g.condition(ctx) for g, expected in branch.guards if expected and g.condition is not None)
+            require = branch_conditions(branch, self.policy)
         change = branch.lease_effect
         new_owner: str | None = None
         ttl: timedelta | None = None

@@ -35,7 +35,8 @@ class GuardContext:
 
 
 GuardCheck = Callable[[GuardContext], bool]
-ConditionFactory = Callable[[GuardContext], Condition]
+ConditionFactory = Callable[[Policy], Condition]
+"""Builds the store-side re-check of a guard from the lifecycle's policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,31 +106,31 @@ LEASE_STALE = Guard(
     "lease_stale",
     _lease_stale,
     "the lease expired, or there is none and the entity is idle for stale_after",
-    condition=lambda ctx: LeaseStale(ctx.policy.stale_after),
+    condition=lambda policy: LeaseStale(policy.stale_after),
 )
 SUPERSEDED = Guard(
     "superseded",
     _superseded,
     "a newer entity with the same concurrency key is in the same state",
-    condition=lambda ctx: NewerSibling(),
+    condition=lambda policy: NewerSibling(),
 )
 ATTEMPTS_LEFT = Guard(
     "attempts_left",
     _attempts_left,
     "attempt < max_attempts",
-    condition=lambda ctx: CounterBelow("attempt", ctx.policy.max_attempts),
+    condition=lambda policy: CounterBelow("attempt", policy.max_attempts),
 )
 RECLAIMS_LEFT = Guard(
     "reclaims_left",
     _reclaims_left,
     "reclaims < max_reclaims",
-    condition=lambda ctx: CounterBelow("reclaims", ctx.policy.max_reclaims),
+    condition=lambda policy: CounterBelow("reclaims", policy.max_reclaims),
 )
 RECLAIMS_EXHAUSTED = Guard(
     "reclaims_exhausted",
     lambda ctx: not _reclaims_left(ctx),
     "reclaims >= max_reclaims",
-    condition=lambda ctx: CounterAtLeast("reclaims", ctx.policy.max_reclaims),
+    condition=lambda policy: CounterAtLeast("reclaims", policy.max_reclaims),
 )
 
 BUILTIN_GUARDS: dict[str, Guard] = {

@@ -18,7 +18,8 @@ from statemachine.transition import Transition
 
 from fsm.errors import InvalidDefinition
 from fsm.guards import HOLDS_LEASE, Guard
-from fsm.records import Actor, LeaseChange
+from fsm.policy import Policy
+from fsm.records import Actor, Condition, LeaseChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,11 @@ class CompiledTable:
             if (actor is None or branch.actor is actor) and passes(branch):
                 return branch
         return None
+
+
+def branch_conditions(branch: Branch, policy: Policy) -> tuple[Condition, ...]:
+    """The store-side conditions of a branch's guards (those that expect True and have one)."""
+    return tuple(g.condition(policy) for g, expected in branch.guards if expected and g.condition is not None)
 
 
 def _initial_leaf(state: State) -> State:
@@ -221,4 +227,4 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     )
 
 
-__all__ = ["Branch", "CompiledTable", "TransitionMeta", "compile_table", "meta_of"]
+__all__ = ["Branch", "CompiledTable", "TransitionMeta", "branch_conditions", "compile_table", "meta_of"]

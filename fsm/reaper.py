@@ -1,0 +1,481 @@
+"""The reaper: expires what is dead, never what is alive.
+
+Shaped like River's job rescuer: a validated config with named defaults, ``run_once()``
+as the unit of work and of test, candidates in keyset batches, log and continue.
+
+For each lifecycle it derives its *rules* from the compiled table: every reaper branch
+(``expire``, ``supersede``, ``reclaim``...), with the store conditions of its guards.  A
+rule whose guards all have store conditions runs set-based: the database finds the
+candidates (indexed predicates, keyset pages) and moves a page in one statement that
+re-checks every condition per row, so a renewal or a completion that lands between the
+read and the write wins and is counted as a lost race.  A rule with a guard only Python
+can evaluate runs row by row through the engine, with the same compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import signals
+from fsm.clock import Clock, new_owner_id
+from fsm.engine import Engine
+from fsm.errors import ConfigError, FsmError, MalformedRow
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.records import (
+    Actor,
+    BatchWrite,
+    Condition,
+    CounterAtLeast,
+    CounterBelow,
+    HistoryRecord,
+    LeaseChange,
+    Snapshot,
+)
+from fsm.table import Branch, branch_conditions
+from signals import ReaperErrorPayload, ReaperTickPayload, TransitionPayload
+from stores.base import Store
+
+log = logging.getLogger("fsm.reaper")
+
+DEFAULT_INTERVAL = timedelta(minutes=5)
+DEFAULT_BATCH_SIZE = 500
+
+
+class ReaperConfig(BaseModel):
+    """How often and how much the reaper sweeps.  ``enabled=False`` is the kill switch: a
+    tick then reads and writes nothing."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval: timedelta = Field(DEFAULT_INTERVAL, description="time between two ticks")
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, description="candidates per keyset page")
+    enabled: bool = Field(True, description="kill switch: off means a tick touches nothing")
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta():
+            raise ValueError("interval must be a positive duration")
+        return value
+
+
+class ReapPolicy(BaseModel):
+    """One lifecycle's timing as the reaper sees it: the lifecycle's :class:`Policy` plus
+    ``max_active``, the longest an entity may stay in one active state.
+
+    The backstop rule is checked here: a live-but-hung holder keeps its lease at most
+    renewal budget + lease TTL after entering a state, so ``max_active`` must exceed that
+    sum for every active state, or the promise cannot hold and the config is refused.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    lifecycle: type[Lifecycle]
+    policy: Policy
+    max_active: timedelta | None = None
+
+    def check_backstop(self) -> list[str]:
+        if self.max_active is None:
+            return []
+        problems = []
+        table = self.lifecycle.table
+        leased = {b.source for b in table.declared if b.holds_lease}
+        leased |= {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
+        for state in sorted(leased - self.lifecycle.table.finals):
+            budget = self.policy.budget_for(state)
+            if budget is None:
+                problems.append(
+                    f"{self.lifecycle.kind}: state {state!r} has no renewal budget, so a hung holder could keep "
+                    f"its lease forever and max_active={self.max_active} cannot hold"
+                )
+            elif self.max_active <= budget + self.policy.lease_ttl:
+                problems.append(
+                    f"{self.lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
+                    f"{state!r} ({budget}) + lease_ttl ({self.policy.lease_ttl}) = {budget + self.policy.lease_ttl}"
+                )
+        return problems
+
+
+@dataclass
+class ReapResult:
+    """What one tick did.  ``moved`` counts per ``kind.event`` (``"job.reclaim"``)."""
+
+    moved: Counter[str] = field(default_factory=Counter)
+    lost_races: int = 0
+    bad_rows: int = 0
+    errors: int = 0
+    duration_s: float = 0.0
+    dry_run: bool = False
+    enabled: bool = True
+    would_move: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
+
+    @property
+    def total_moved(self) -> int:
+        return sum(self.moved.values())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            **{f"moved.{k}": v for k, v in sorted(self.moved.items())},
+            "lost_races": self.lost_races,
+            "bad_rows": self.bad_rows,
+            "errors": self.errors,
+            "would_move": len(self.would_move),
+        }
+
+    def summary(self) -> str:
+        moved = ", ".join(f"{k}={v}" for k, v in sorted(self.moved.items())) or "nothing"
+        head = "dry run, would move" if self.dry_run else "moved"
+        if self.dry_run:
+            moved = str(len(self.would_move))
+        if not self.enabled:
+            return "reaper disabled: touched nothing"
+        return (
+            f"{head} {moved}; lost races {self.lost_races}; bad rows {self.bad_rows}; "
+            f"errors {self.errors}; {self.duration_s * 1000:.1f} ms"
+        )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One reaper branch, ready to run: where from, what to fire, what the store checks."""
+
+    engine: Engine
+    branch: Branch
+    require: tuple[Condition, ...]
+    set_based: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine.kind}.{self.branch.event}"
+
+
+def _negate(condition: Condition) -> Condition | None:
+    """The store condition meaning "not ``condition``", where one exists."""
+    if isinstance(condition, CounterBelow):
+        return CounterAtLeast(condition.counter, condition.limit)
+    if isinstance(condition, CounterAtLeast):
+        return CounterBelow(condition.counter, condition.limit)
+    return None
+
+
+def plan_rules(engine: Engine) -> list[Rule]:
+    """The reaper rules of one lifecycle, in the order the statechart would try them.
+
+    A later branch of the same (state, event) only applies to rows the earlier branches
+    refused: the rule adds the negation of what distinguishes the earlier branch (e.g.
+    Job ``expire`` running->failed gets ``attempt >= max_attempts``).  When that cannot be
+    expressed as a store condition, the rule runs row by row through the engine.
+    """
+    rules: list[Rule] = []
+    table = engine.table
+    for leaf in table.leaves:
+        for event in table.events:
+            earlier: list[tuple[Condition, ...]] = []
+            for branch in table.branches_for(leaf, event):
+                if branch.actor is not Actor.REAPER:
+                    continue
+                own = branch_conditions(branch, engine.policy)
+                set_based = all(g.condition is not None for g, expected in branch.guards if expected) and all(
+                    expected for _, expected in branch.guards
+                )
+                extra: list[Condition] = []
+                for previous in earlier:
+                    distinct = [c for c in previous if c not in own]
+                    negated = _negate(distinct[0]) if len(distinct) == 1 else None
+                    if negated is None:
+                        set_based = False
+                    else:
+                        extra.append(negated)
+                earlier.append(own)
+                rules.append(Rule(engine, branch, own + tuple(extra), set_based))
+    return rules
+
+
+class Reaper:
+    """Fails or reclaims entities whose holder is gone; never touches a fresh lease (I1).
+
+    ``policies`` maps each lifecycle to reap to its policy (``None``: the lifecycle's own
+    default) or is a list of lifecycles; values may be :class:`ReapPolicy` to add
+    ``max_active``.  ``run_once()`` is one tick; ``start()``/``stop()`` run ticks on a
+    thread every ``config.interval``.  A tick never raises (I9).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        policies: Mapping[type[Lifecycle], Policy | ReapPolicy | None] | Iterable[type[Lifecycle]],
+        config: ReaperConfig | Mapping[str, object] | None = None,
+        *,
+        clock: Clock | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = _validated_config(config)
+        self.owner = owner or new_owner_id("reaper:")
+        items = policies.items() if isinstance(policies, Mapping) else ((lc, None) for lc in policies)
+        reap_policies: list[ReapPolicy] = []
+        problems: list[str] = []
+        for lifecycle, given in items:
+            if not (isinstance(lifecycle, type) and issubclass(lifecycle, Lifecycle) and hasattr(lifecycle, "table")):
+                problems.append(f"{lifecycle!r} is not a Lifecycle class")
+                continue
+            if isinstance(given, ReapPolicy):
+                rp = given
+            else:
+                rp = ReapPolicy(lifecycle=lifecycle, policy=given or lifecycle.policy)
+            problems += rp.check_backstop()
+            reap_policies.append(rp)
+        if not reap_policies and not problems:
+            problems.append("the reaper needs at least one lifecycle")
+        if problems:
+            raise ConfigError("invalid reaper config: " + "; ".join(problems), problems=problems)
+        self.policies = reap_policies
+        self.engines = [
+            Engine(rp.lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
+        ]
+        self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.ticks = 0
+
+    # -- one tick ------------------------------------------------------------------------
+
+    def run_once(self, *, dry_run: bool = False) -> ReapResult:
+        """Run one tick: every rule, in keyset pages.  Never raises."""
+        result = ReapResult(dry_run=dry_run, enabled=self.config.enabled)
+        started = time.perf_counter()
+        if self.config.enabled:
+            try:
+                for rule in self.rules:
+                    self._run_rule(rule, result, dry_run)
+            except Exception as err:  # the store failed mid-tick: log, and the next tick runs as scheduled
+                result.errors += 1
+                log.exception("reaper tick failed")
+                self._signal_error(err, None)
+        result.duration_s = time.perf_counter() - started
+        self.ticks += 1
+        counts = result.counts()
+        signals.send(
+            signals.reaper_tick,
+            "reaper",
+            lambda: ReaperTickPayload(counts=counts, duration_s=result.duration_s, dry_run=dry_run),
+        )
+        return result
+
+    def _run_rule(self, rule: Rule, result: ReapResult, dry_run: bool) -> None:
+        after: str | None = None
+        batch = self.config.batch_size
+        branch = rule.branch
+        while True:
+            page = self._page(rule, after, batch, result)
+            if not page:
+                return
+            after = page[-1].id
+            if dry_run:
+                result.would_move += [(rule.engine.kind, s.id, branch.event, branch.target) for s in page]
+            elif rule.set_based:
+                self._move_page(rule, page, result)
+            else:
+                for snap in page:
+                    self._move_one(rule, snap, result)
+            if len(page) < batch:
+                return
+
+    def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> list[Snapshot]:
+        kind, source = rule.engine.kind, rule.branch.source
+        try:
+            return self.store.candidates(kind, source, rule.require, limit=limit, after_id=after)
+        except MalformedRow as bad:
+            # a row that cannot be decoded: probe one row at a time to step over it
+            found: list[Snapshot] = []
+            cursor = after
+            while len(found) < limit:
+                try:
+                    one = self.store.candidates(kind, source, rule.require, limit=1, after_id=cursor)
+                except MalformedRow as err:
+                    self._bad_row(err.entity_id, err, result)
+                    cursor = err.entity_id
+                    continue
+                if not one:
+                    break
+                found.append(one[0])
+                cursor = one[0].id
+            del bad
+            return found
+
+    def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
+        branch = rule.branch
+        write = BatchWrite(
+            ids=tuple(s.id for s in page),
+            kind=rule.engine.kind,
+            event=branch.event,
+            source=branch.source,
+            target=branch.target,
+            actor=Actor.REAPER.value,
+            require=rule.require,
+            lease_change=branch.lease_effect,
+            new_owner=self.owner if branch.lease_effect is LeaseChange.ACQUIRE else None,
+            lease_ttl=rule.engine.policy.lease_ttl if branch.lease_effect is LeaseChange.ACQUIRE else None,
+            bump_attempt=branch.bump_attempt,
+            bump_reclaims=branch.bump_reclaims,
+            reason=branch.reason,
+        )
+        try:
+            moved = self.store.apply_batch(write)
+        except (MalformedRow, FsmError, ValueError, TypeError):
+            # one bad row spoils a set-based page: redo it row by row and skip the bad one
+            log.warning("%s: a page of %d failed; retrying row by row", rule.name, len(page), exc_info=True)
+            for snap in page:
+                self._move_one(rule, snap, result)
+            return
+        result.lost_races += len(page) - len(moved)
+        for snap, record in moved:
+            self._moved(rule, snap, record, result)
+
+    def _move_one(self, rule: Rule, snap: Snapshot, result: ReapResult) -> None:
+        branch = rule.branch
+        try:
+            if rule.set_based:
+                one = BatchWrite(
+                    ids=(snap.id,),
+                    kind=rule.engine.kind,
+                    event=branch.event,
+                    source=branch.source,
+                    target=branch.target,
+                    actor=Actor.REAPER.value,
+                    require=rule.require,
+                    lease_change=branch.lease_effect,
+                    new_owner=self.owner if branch.lease_effect is LeaseChange.ACQUIRE else None,
+                    lease_ttl=rule.engine.policy.lease_ttl if branch.lease_effect is LeaseChange.ACQUIRE else None,
+                    bump_attempt=branch.bump_attempt,
+                    bump_reclaims=branch.bump_reclaims,
+                    reason=branch.reason,
+                )
+                moved = self.store.apply_batch(one)
+                if not moved:
+                    result.lost_races += 1
+                for new, record in moved:
+                    self._moved(rule, new, record, result)
+                return
+            fired = rule.engine.fire(snap.id, branch.event, actor=Actor.REAPER)
+        except MalformedRow as err:
+            self._bad_row(snap.id, err, result)
+            return
+        except FsmError:
+            result.lost_races += 1  # moved, renewed, completed or deleted since the read
+            return
+        except Exception as err:
+            self._bad_row(snap.id, err, result)
+            return
+        if fired.record.event != branch.event or fired.snapshot.state != branch.target:
+            result.lost_races += 1  # another branch of the event applied: counted, not ours
+            return
+        result.moved[rule.name] += 1
+        self._log_move(rule, fired.snapshot, fired.record)
+
+    def _moved(self, rule: Rule, snap: Snapshot, record: HistoryRecord, result: ReapResult) -> None:
+        result.moved[rule.name] += 1
+        self._log_move(rule, snap, record)
+        kind = rule.engine.kind
+
+        def payload() -> TransitionPayload:
+            return TransitionPayload.of(kind, snap, record)
+
+        signals.send(signals.transitioned, kind, payload)
+        if record.event == "expire":
+            signals.send(signals.expired, kind, payload)
+        elif record.event == "reclaim":
+            signals.send(signals.reclaimed, kind, payload)
+        if rule.branch.lease_effect is LeaseChange.ACQUIRE:
+            signals.send(signals.lease_acquired, kind, lambda: signals.LeasePayload.of(kind, snap))
+
+    @staticmethod
+    def _log_move(rule: Rule, snap: Snapshot, record: HistoryRecord) -> None:
+        log.info(
+            "%s %s: %s -> %s (%s) [reason=%s, version=%d, token=%d]",
+            rule.engine.kind,
+            snap.id,
+            record.source,
+            record.target,
+            record.event,
+            record.reason,
+            snap.version,
+            snap.lease_token,
+        )
+
+    def _bad_row(self, entity_id: str, err: BaseException, result: ReapResult) -> None:
+        result.bad_rows += 1
+        log.error("skipping entity %s: %s", entity_id, err, exc_info=err)
+        self._signal_error(err, entity_id)
+
+    @staticmethod
+    def _signal_error(err: BaseException, entity_id: str | None) -> None:
+        try:
+            signals.send(
+                signals.reaper_error, "reaper", lambda: ReaperErrorPayload(error=repr(err), entity_id=entity_id)
+            )
+        except Exception:  # pragma: no cover - signals.send already isolates receivers
+            log.exception("reaper_error signal failed")
+
+    # -- on a schedule -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run ticks every ``config.interval`` on a daemon thread; a second start is a no-op."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="fsm-reaper", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the schedule promptly (a tick in progress finishes); a second stop is a no-op."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        interval = self.config.interval.total_seconds()
+        while not self._stop.is_set():
+            result = self.run_once()
+            log.info("reaper tick: %s", result.summary())
+            self._stop.wait(interval)
+
+
+def _validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:
+    if isinstance(config, ReaperConfig):
+        return config
+    try:
+        return ReaperConfig.model_validate(dict(config or {}))
+    except ValidationError as err:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("invalid reaper config: " + "; ".join(problems), problems=problems) from None
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_INTERVAL",
+    "ReapPolicy",
+    "ReapResult",
+    "Reaper",
+    "ReaperConfig",
+    "Rule",
+    "plan_rules",
+]
