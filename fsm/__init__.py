@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
+    from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
     from fsm.table import Branch, CompiledTable
 
 _LAZY = {
@@ -55,6 +56,10 @@ _LAZY = {
     "JobLifecycle": "fsm.lifecycles",
     "PipelineData": "fsm.lifecycles",
     "PipelineLifecycle": "fsm.lifecycles",
+    "Reaper": "fsm.reaping",
+    "ReaperConfig": "fsm.reaping",
+    "ReapPolicy": "fsm.reaping",
+    "ReapResult": "fsm.reaping",
     "Branch": "fsm.table",
     "CompiledTable": "fsm.table",
 }
@@ -102,6 +107,10 @@ __all__ = [
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "ReapPolicy",
+    "ReapResult",
+    "Reaper",
+    "ReaperConfig",
     "Snapshot",
     "StaleVersion",
     "State",

@@ -38,6 +38,10 @@ FSM_API = {
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "ReapPolicy",
+    "ReapResult",
+    "Reaper",
+    "ReaperConfig",
     "Snapshot",
     "StaleVersion",
     "State",
@@ -86,3 +90,9 @@ def test_importing_stores_first_does_not_pull_in_the_engine() -> None:
     code = "import stores, sys; bad = [m for m in ('fsm.engine', 'fsm.lifecycle') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_worker_and_reaper_helpers_are_not_shadowed_by_submodules() -> None:
+    import fsm.reaping  # importing every submodule must keep the helpers intact
+
+    assert callable(fsm.reaper) and callable(fsm.worker)

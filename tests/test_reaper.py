@@ -17,7 +17,7 @@ import pytest
 import signals
 from fsm import ConfigError, Engine, JobLifecycle, MalformedRow, ManualClock, PipelineLifecycle
 from fsm.policy import Policy
-from fsm.reaper import Reaper, ReaperConfig, ReapPolicy
+from fsm.reaping import Reaper, ReaperConfig, ReapPolicy
 from fsm.records import Lease
 from stores import Store
 
@@ -129,7 +129,7 @@ def test_AC5_a_failing_store_is_logged_and_the_reaper_keeps_running(
     clock.advance(timedelta(hours=2))
     broken = BrokenStore(any_store)
     reaper = Reaper(broken, [PipelineLifecycle], clock=clock)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="fsm.reaper"):
+    with caplog.at_level(logging.INFO, logger="fsm.reaping"):
         first = reaper.run_once()  # must not raise
     assert first.errors == 1 and first.total_moved == 0
     failed_tick = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -353,7 +353,7 @@ def test_a_bad_row_among_good_ones_is_logged_and_skipped(
         pipeline(any_store, clock, f"p{i}")
     clock.advance(timedelta(hours=2))
     reaper = Reaper(OneBadRowStore(any_store, "p2"), [PipelineLifecycle], clock=clock)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="fsm.reaper"):
+    with caplog.at_level(logging.INFO, logger="fsm.reaping"):
         result = reaper.run_once()
     assert result.bad_rows == 1 and result.moved == {"pipeline.expire": 4}
     assert any_store.get("p2").state == "running"

@@ -44,7 +44,7 @@ from fsm.table import Branch, branch_conditions
 from signals import ReaperErrorPayload, ReaperTickPayload, TransitionPayload
 from stores.base import Store
 
-log = logging.getLogger("fsm.reaper")
+log = logging.getLogger("fsm.reaping")
 
 DEFAULT_INTERVAL = timedelta(minutes=5)
 DEFAULT_BATCH_SIZE = 500

@@ -1,0 +1,104 @@
+"""``fsm reaper``: run the reaper against a store from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+from fsm.errors import ConfigError, FsmError, StoreUnavailable
+from fsm.lifecycle import Lifecycle
+from fsm.lifecycles import JobLifecycle, PipelineLifecycle
+from fsm.reaping import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, Reaper, ReaperConfig, ReapResult
+
+log = logging.getLogger("fsm.reaping")
+
+
+def load_lifecycle(spec: str) -> type[Lifecycle]:
+    """``MODULE:Class`` -> the Lifecycle class, with a clear error when it is not one."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"expected MODULE:Class, got {spec!r}")
+    try:
+        value: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot load {spec!r}: {err}") from err
+    if not (isinstance(value, type) and issubclass(value, Lifecycle) and hasattr(value, "table")):
+        raise ConfigError(f"{spec!r} is not a Lifecycle class")
+    return value
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "reaper",
+        help="fail or reclaim entities whose holder is gone",
+        description="Run the reaper: expire what is dead, never what is alive.",
+    )
+    parser.add_argument("--db", default="sqlite:///fsm.db", help="store URL (default: %(default)s)")
+    parser.add_argument("--once", action="store_true", help="run one tick and exit")
+    parser.add_argument(
+        "--interval", type=float, default=DEFAULT_INTERVAL.total_seconds(), help="seconds between ticks (default 300)"
+    )
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="candidates per page")
+    parser.add_argument("--dry-run", action="store_true", help="print what a tick would move; move nothing")
+    parser.add_argument(
+        "--lifecycle",
+        action="append",
+        metavar="MODULE:Class",
+        help="lifecycle to reap (repeatable; default: the built-in pipeline and job)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _print_tick(result: ReapResult) -> None:
+    for kind, entity_id, event, target in result.would_move:
+        print(f"would {event} {kind} {entity_id} -> {target}", flush=True)
+    print(f"tick: {result.summary()}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stores import open_store
+
+    try:
+        lifecycles = (
+            [load_lifecycle(s) for s in args.lifecycle]
+            if args.lifecycle
+            else [
+                PipelineLifecycle,
+                JobLifecycle,
+            ]
+        )
+        config = ReaperConfig(interval=timedelta(seconds=args.interval), batch_size=args.batch_size)
+        store = open_store(args.db)
+        reaper = Reaper(store, lifecycles, config)
+    except (ConfigError, StoreUnavailable) as err:
+        print(f"fsm reaper: {err}")
+        return 2
+    except (FsmError, ValueError) as err:
+        print(f"fsm reaper: invalid settings: {err}")
+        return 2
+    kinds = ", ".join(lc.kind for lc in lifecycles)
+    print(f"reaper {reaper.owner} on {args.db} for {kinds} ({'dry run' if args.dry_run else 'live'})", flush=True)
+    if args.once:
+        result = reaper.run_once(dry_run=args.dry_run)
+        _print_tick(result)
+        return 1 if result.errors else 0
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while not stop.is_set():
+        _print_tick(reaper.run_once(dry_run=args.dry_run))
+        stop.wait(args.interval)
+    print("reaper stopped", flush=True)
+    return 0
+
+
+__all__ = ["load_lifecycle", "register", "run"]

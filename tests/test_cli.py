@@ -1,0 +1,40 @@
+"""The command line: ``fsm demo`` (the main job) and ``fsm reaper``."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm.cli import main
+
+
+def test_demo_replays_both_seeds_on_a_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--db", "memory://"]) == 0
+    out = capsys.readouterr().out
+    assert "lost-webhook: failed (reason: expired)" in out
+    assert "main-old: failed (reason: duplicate)" in out and "main-new: running" in out
+    assert "never expired nor reclaimed" in out
+    assert "late write is refused" in out
+    assert "start -> exited -> reclaim -> complete" in out
+
+
+def test_reaper_once_prints_a_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reaper", "--db", "memory://", "--once"]) == 0
+    assert "tick: moved nothing" in capsys.readouterr().out
+
+
+def test_reaper_dry_run_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reaper", "--db", "memory://", "--once", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(dry run)" in out and "dry run, would move 0" in out
+
+
+def test_reaper_refuses_a_bad_lifecycle_and_a_bad_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reaper", "--db", "memory://", "--once", "--lifecycle", "fsm.lifecycles:Nope"]) == 2
+    assert "cannot load" in capsys.readouterr().out
+    assert main(["reaper", "--db", "memory://", "--once", "--interval", "0"]) == 2
+    assert "interval" in capsys.readouterr().out
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
