@@ -1,0 +1,178 @@
+"""``fsm diagram``: export a lifecycle, check exported diagrams, rewrite a directory.
+
+::
+
+    fsm diagram fsm.lifecycles:JobLifecycle                      # Mermaid on stdout
+    fsm diagram fsm.lifecycles:JobLifecycle --format dot         # DOT on stdout
+    fsm diagram myapp.flows:Deploy --out deploy.svg              # format from the suffix
+    fsm diagram fsm.lifecycles:JobLifecycle --db sqlite:///fsm.db --id job-42 --format svg --out job-42.svg
+    fsm diagram --check diagrams                                 # exit 1 naming each stale file
+    fsm diagram --write diagrams                                 # (re)export the built-ins
+    fsm diagram --write docs/diagrams myapp.flows:Deploy         # (re)export your own
+
+Exit codes: 0 done (or all fresh), 1 ``--check`` found a stale or broken file, 2 bad usage
+or input (unknown lifecycle or entity, Graphviz missing for SVG/PNG...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fsm.diagram.check import Status, check_dir
+from fsm.diagram.export import FORMATS, TEXT_FORMATS, format_for_path, render, write_dir
+from fsm.diagram.extract import DEFAULT_LAST, extract
+from fsm.diagram.refs import BUILTINS, load_lifecycle
+from fsm.errors import FsmError
+
+PROG = "fsm diagram"
+
+
+class UsageError(Exception):
+    """Options that do not go together."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``diagram`` subcommand to ``fsm``'s parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "diagram",
+        help="export a lifecycle as Mermaid, DOT, SVG or PNG; check or rewrite exported diagrams",
+        description=(
+            "Export a lifecycle (MODULE:Class) as a state diagram: the compound states, every guarded "
+            "transition branch with its event, guards and actor, reaper transitions drawn apart. With "
+            "--db and --id, one stored entity's current state is highlighted and its last transitions listed."
+        ),
+        epilog=(
+            "examples: fsm diagram fsm.lifecycles:JobLifecycle --format svg --out job.svg | "
+            "fsm diagram --check diagrams | fsm diagram --write diagrams.  "
+            "SVG and PNG need Graphviz's `dot` (apt-get install graphviz / brew install graphviz)."
+        ),
+    )
+    parser.add_argument(
+        "refs",
+        nargs="*",
+        metavar="MODULE:Class",
+        help="the lifecycle to export (with --write: the lifecycles to write, default: the built-ins)",
+    )
+    parser.add_argument(
+        "--format",
+        "-f",
+        choices=FORMATS,
+        help="output format (default: from the --out suffix, else mermaid)",
+    )
+    parser.add_argument("--out", "-o", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--db", metavar="URL", help="store URL of an entity to overlay (e.g. sqlite:///fsm.db)")
+    parser.add_argument("--id", dest="entity_id", metavar="ENTITY", help="the entity to overlay (needs --db)")
+    parser.add_argument(
+        "--last",
+        type=int,
+        default=DEFAULT_LAST,
+        metavar="N",
+        help=f"how many of the entity's transitions to list (default {DEFAULT_LAST})",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check",
+        metavar="DIR",
+        help="exit 1 when an exported diagram in DIR no longer matches its lifecycle (naming the file)",
+    )
+    mode.add_argument(
+        "--write",
+        metavar="DIR",
+        help="(re)export MODULE:Class ... (default: the built-in lifecycles) into DIR as .mmd, .dot and .svg",
+    )
+    parser.add_argument("--force", action="store_true", help="with --write: rewrite files that are already fresh")
+    parser.set_defaults(func=handle)
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    report = check_dir(args.check)
+    if report.problem is not None:
+        print(f"{PROG} --check: {report.problem}", file=sys.stderr)
+        return 1
+    for finding in report.findings:
+        line = f"{finding.status.value:<5}  {finding.path}"
+        if finding.status is Status.FRESH:
+            print(line)
+            continue
+        print(f"{line}: {finding.message}")
+        if finding.detail:
+            print(finding.detail)
+    fresh, stale, broken = (report.count(s) for s in (Status.FRESH, Status.STALE, Status.ERROR))
+    summary = f"{fresh} fresh, {stale} stale, {broken} broken in {report.directory}"
+    if report.ok:
+        print(summary)
+        return 0
+    print(f"{summary}; refresh the built-ins with: fsm diagram --write {report.directory}", file=sys.stderr)
+    return 1
+
+
+def _write(args: argparse.Namespace) -> int:
+    refs = tuple(args.refs) or BUILTINS
+    for path, changed in write_dir(args.write, refs, force=args.force):
+        print(f"{'wrote' if changed else 'fresh'}  {path}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    if len(args.refs) != 1:
+        raise UsageError("name exactly one lifecycle as MODULE:Class (or use --check DIR / --write DIR)")
+    if (args.db is None) != (args.entity_id is None):
+        raise UsageError("--db and --id go together: the store and the entity to highlight")
+    if args.last < 0:
+        raise UsageError("--last must be >= 0")
+    fmt = args.format or (format_for_path(args.out) if args.out else None) or "mermaid"
+    lifecycle = load_lifecycle(args.refs[0])
+    if args.db is not None:
+        from stores import open_store  # the store layer only when an entity is asked for
+
+        try:
+            store = open_store(args.db)
+        except ImportError as err:
+            raise UsageError(f"cannot open store {args.db!r}: {err}") from err
+        try:
+            diagram = extract(lifecycle, store=store, entity_id=args.entity_id, last=args.last)
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+    else:
+        diagram = extract(lifecycle)
+    data = render(diagram, fmt)
+    if args.out:
+        Path(args.out).write_bytes(data)
+        print(f"wrote  {args.out}", file=sys.stderr)
+    elif fmt in TEXT_FORMATS:
+        sys.stdout.write(data.decode("utf-8"))
+        sys.stdout.flush()
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run ``fsm diagram``; the exit code."""
+    try:
+        if args.check is not None:
+            if args.refs or args.out or args.db or args.entity_id or args.format:
+                raise UsageError("--check DIR takes no lifecycle, --format, --out, --db or --id")
+            return _check(args)
+        if args.write is not None:
+            if args.out or args.db or args.entity_id or args.format:
+                raise UsageError("--write DIR takes lifecycles only (no --format, --out, --db or --id)")
+            return _write(args)
+        return _export(args)
+    except (UsageError, FsmError, ValueError, OSError) as err:
+        return _fail(str(err))
+
+
+__all__ = ["handle", "register"]

@@ -1,0 +1,123 @@
+"""Lifecycle class (and optionally one stored entity) -> :class:`~fsm.diagram.model.Diagram`.
+
+The states come from python-statemachine's own tree (so the compound ``active`` state and
+its children are drawn as declared); the edges come from the compiled table, the same
+branches the engine runs, so a diagram can never show a transition the engine does not
+have, or miss a guarded branch the engine would try.
+
+A transition declared on a compound state is compiled into one branch per leaf inside it;
+the diagram folds those back into the one edge that was declared, drawn from the compound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from statemachine import State
+
+from fsm.diagram.model import Diagram, Edge, HistoryRow, Node, Overlay
+from fsm.diagram.refs import ref_of
+from fsm.engine import Engine
+from fsm.lifecycle import Lifecycle
+from fsm.table import Branch
+from stores.base import Store
+
+DEFAULT_LAST = 5
+"""How many of an entity's transitions an overlay lists by default."""
+
+
+def _nodes(states: Iterable[State]) -> tuple[Node, ...]:
+    nodes: list[Node] = []
+    for s in states:
+        nodes.append(
+            Node(
+                id=s.id,
+                parent=s.parent.id if s.parent is not None else None,
+                compound=bool(s.is_compound),
+                initial=bool(s.initial),
+                final=bool(s.final),
+                children=tuple(c.id for c in s.states) if s.is_compound else (),
+            )
+        )
+    return tuple(nodes)
+
+
+def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
+    """One edge per declared (transition, event); per-leaf copies of a compound's
+    transition are folded into it, their leaves collected in ``Edge.leaves``."""
+    folded: dict[tuple[int, str, str], list[Branch]] = {}
+    for b in branches:
+        folded.setdefault((b.order, b.event, b.declared_on), []).append(b)
+    edges: list[Edge] = []
+    for copies in folded.values():
+        b = copies[0]
+        edges.append(
+            Edge(
+                event=b.event,
+                source=b.declared_on,
+                target=b.declared_target,
+                actor=b.actor,
+                guards=tuple(b.guard_names),
+                reason=b.reason,
+                lease=b.lease_effect,
+                bump_attempt=b.bump_attempt,
+                bump_reclaims=b.bump_reclaims,
+                leaves=tuple(c.source for c in copies),
+                to_final=b.to_final,
+                order=len(edges),
+            )
+        )
+    return tuple(edges)
+
+
+def extract(
+    lifecycle: type[Lifecycle],
+    *,
+    store: Store | None = None,
+    entity_id: str | None = None,
+    last: int = DEFAULT_LAST,
+) -> Diagram:
+    """The diagram of ``lifecycle``; with ``store`` and ``entity_id``, that entity's
+    current state highlighted and its ``last`` transitions listed."""
+    if not isinstance(lifecycle, type) or not issubclass(lifecycle, Lifecycle) or not hasattr(lifecycle, "table"):
+        raise TypeError(f"extract needs a Lifecycle subclass with states, got {lifecycle!r}")
+    table = lifecycle.table
+    edges = _edges(table.declared)
+    used: list[str] = []
+    for branch in table.declared:
+        for g, _expected in branch.guards:
+            if g.name not in used:
+                used.append(g.name)
+    guards = tuple((name, lifecycle.guards[name].description) for name in used)
+    diagram = Diagram(
+        name=lifecycle.__name__,
+        ref=ref_of(lifecycle),
+        kind=lifecycle.kind,
+        nodes=_nodes(lifecycle.states_map.values()),
+        edges=edges,
+        guards=guards,
+    )
+    if store is None and entity_id is None:
+        return diagram
+    if store is None or entity_id is None:
+        raise ValueError("an entity overlay needs both a store and an entity id")
+    return diagram.with_overlay(entity_overlay(lifecycle, store, entity_id, last=last))
+
+
+def entity_overlay(lifecycle: type[Lifecycle], store: Store, entity_id: str, *, last: int = DEFAULT_LAST) -> Overlay:
+    """The entity's current leaf state and its ``last`` transitions (oldest first).
+
+    Raises ``UnknownEntity`` when there is no such live entity, or it belongs to another
+    lifecycle; ``MalformedRow`` when its stored state is not one of the lifecycle's.
+    """
+    if last < 0:
+        raise ValueError(f"last must be >= 0, got {last}")
+    engine = Engine(lifecycle, store)
+    snap = engine.get(entity_id)
+    records = engine.history(entity_id)
+    shown = records[-last:] if last else []
+    rows = tuple(HistoryRow(r.seq, r.event, r.source, r.target, r.actor, r.reason, r.at) for r in shown)
+    return Overlay(entity_id=snap.id, state=snap.state, version=snap.version, history=rows, total=len(records))
+
+
+__all__ = ["DEFAULT_LAST", "entity_overlay", "extract"]

@@ -1,0 +1,48 @@
+"""Naming a lifecycle as ``module:Class``, the way the CLI and exported files do."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from fsm.errors import FsmError
+from fsm.lifecycle import Lifecycle
+
+BUILTINS: tuple[str, ...] = ("fsm.lifecycles:PipelineLifecycle", "fsm.lifecycles:JobLifecycle")
+"""The built-in lifecycles, exported to ``diagrams/`` by ``fsm diagram --write``."""
+
+
+class LifecycleNotFound(FsmError):
+    """A ``module:Class`` reference does not name an importable Lifecycle class."""
+
+    def __init__(self, ref: str, problem: str) -> None:
+        self.ref = ref
+        self.problem = problem
+        super().__init__(f"cannot load lifecycle {ref!r}: {problem}")
+
+
+def ref_of(lifecycle: type[Lifecycle]) -> str:
+    """``module:Qualname`` of a Lifecycle class."""
+    return f"{lifecycle.__module__}:{lifecycle.__qualname__}"
+
+
+def load_lifecycle(ref: str) -> type[Lifecycle]:
+    """Import ``module:Class`` (``Class`` may be dotted, ``module:Outer.Inner``)."""
+    module_name, sep, qualname = ref.partition(":")
+    if not sep or not module_name or not qualname:
+        raise LifecycleNotFound(ref, "expected MODULE:CLASS, e.g. fsm.lifecycles:JobLifecycle")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise LifecycleNotFound(ref, f"module {module_name!r} cannot be imported ({err})") from err
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LifecycleNotFound(ref, f"{module_name!r} has no attribute {qualname!r}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Lifecycle) and hasattr(obj, "table")):
+        raise LifecycleNotFound(ref, f"{qualname!r} is not a Lifecycle subclass with states")
+    return obj
+
+
+__all__ = ["BUILTINS", "LifecycleNotFound", "load_lifecycle", "ref_of"]
