@@ -92,8 +92,9 @@ def _block(diagram: Diagram, parent: Node | None, depth: int, edges_by_home: dic
     if initial is not None:
         lines.append(f"{pad}[*] --> {state_id(initial.id)}")
     for node in members:
-        if node.id != state_id(node.id) and not node.compound:
-            lines.append(f'{pad}state "{node.id}" as {state_id(node.id)}')
+        if not node.compound:  # declared in its parent's block, before any edge names it
+            sid = state_id(node.id)
+            lines.append(f'{pad}state "{node.id}" as {sid}' if node.id != sid else f"{pad}{sid}")
         if node.compound:
             head = f'state "{node.id}" as {state_id(node.id)}' if node.id != state_id(node.id) else f"state {node.id}"
             lines.append(f"{pad}{head} {{")
