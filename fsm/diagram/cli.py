@@ -107,10 +107,14 @@ def _check(args: argparse.Namespace) -> int:
             print(finding.detail)
     fresh, stale, broken = (report.count(s) for s in (Status.FRESH, Status.STALE, Status.ERROR))
     summary = f"{fresh} fresh, {stale} stale, {broken} broken in {report.directory}"
+    print(summary)
     if report.ok:
-        print(summary)
         return 0
-    print(f"{summary}; refresh the built-ins with: fsm diagram --write {report.directory}", file=sys.stderr)
+    print(
+        f"{PROG} --check: {report.directory} is out of date; regenerate each file as shown above "
+        f"(the built-ins: fsm diagram --write {report.directory})",
+        file=sys.stderr,
+    )
     return 1
 
 
