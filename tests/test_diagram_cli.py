@@ -73,7 +73,7 @@ def test_bad_usage_and_unknown_lifecycle_exit_2_with_a_message(capsys: pytest.Ca
     assert main(["diagram", JOB, "--db", "memory://"]) == 2
     assert "--db and --id go together" in capsys.readouterr().err
     assert main(["diagram", JOB, "--check", "diagrams"]) == 2
-    assert "--check DIR takes no lifecycle" in capsys.readouterr().err
+    assert "--check PATH... takes no lifecycle" in capsys.readouterr().err
 
 
 # -- entity overlay ------------------------------------------------------------------------
@@ -235,6 +235,27 @@ def test_check_of_a_missing_or_empty_directory_fails(tmp_path: Path, capsys: pyt
     assert "is not a directory" in capsys.readouterr().err
     assert main(["diagram", "--check", str(tmp_path)]) == 1
     assert "holds no diagram file" in capsys.readouterr().err
+
+
+def test_check_reads_the_exported_mermaid_blocks_of_a_markdown_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = (REPO_DIAGRAMS / "job.mmd").read_text()
+    readme = tmp_path / "README.md"
+    other = "```mermaid\nflowchart LR\n    a --> b\n```\n"  # no fsm-diagram header: not ours
+    readme.write_text(f"# Job\n\n```mermaid\n{job}```\n\n{other}")
+    assert main(["diagram", "--check", str(readme)]) == 0
+    assert f"fresh  {readme}:4" in capsys.readouterr().out
+
+    readme.write_text(f"# Job\n\n```mermaid\n{job.replace('(worker)', '(owner)', 1)}```\n")
+    assert main(["diagram", "--check", str(REPO_DIAGRAMS), str(readme)]) == 1
+    out = capsys.readouterr().out
+    assert f"stale  {readme}:4: Mermaid block differs from {JOB} exported now" in out
+    assert "6 fresh, 1 stale, 0 broken" in out
+
+    readme.write_text("# nothing exported here\n" + other)
+    assert main(["diagram", "--check", str(readme)]) == 1
+    assert "holds no exported Mermaid block" in capsys.readouterr().err
 
 
 def test_check_needs_no_graphviz(diagrams: Path, no_graphviz: None) -> None:

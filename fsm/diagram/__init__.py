@@ -17,7 +17,7 @@ A pipeline, one concept per module::
 SVG and PNG only.
 """
 
-from fsm.diagram.check import CheckReport, Finding, Status, check_dir, check_file
+from fsm.diagram.check import CheckReport, Finding, Status, check, check_dir, check_file, check_markdown
 from fsm.diagram.dot import to_dot
 from fsm.diagram.export import FORMATS, SUFFIXES, file_name, format_for_path, is_fresh, render, write_dir
 from fsm.diagram.extract import DEFAULT_LAST, entity_overlay, extract
@@ -44,8 +44,10 @@ __all__ = [
     "Node",
     "Overlay",
     "Status",
+    "check",
     "check_dir",
     "check_file",
+    "check_markdown",
     "entity_overlay",
     "extract",
     "file_name",

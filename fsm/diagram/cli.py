@@ -7,6 +7,7 @@
     fsm diagram myapp.flows:Deploy --out deploy.svg              # format from the suffix
     fsm diagram fsm.lifecycles:JobLifecycle --db sqlite:///fsm.db --id job-42 --format svg --out job-42.svg
     fsm diagram --check diagrams                                 # exit 1 naming each stale file
+    fsm diagram --check diagrams README.md                       # also the README's Mermaid blocks
     fsm diagram --write diagrams                                 # (re)export the built-ins
     fsm diagram --write docs/diagrams myapp.flows:Deploy         # (re)export your own
 
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fsm.diagram.check import Status, check_dir
+from fsm.diagram.check import Status, check
 from fsm.diagram.export import FORMATS, TEXT_FORMATS, format_for_path, render, write_dir
 from fsm.diagram.extract import DEFAULT_LAST, extract
 from fsm.diagram.refs import BUILTINS, load_lifecycle
@@ -75,8 +76,12 @@ def register(subparsers: Any) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--check",
-        metavar="DIR",
-        help="exit 1 when an exported diagram in DIR no longer matches its lifecycle (naming the file)",
+        nargs="+",
+        metavar="PATH",
+        help=(
+            "exit 1 when an exported diagram no longer matches its lifecycle, naming the file; PATH is a "
+            "directory of exports, or a Markdown file whose ```mermaid blocks carry an fsm-diagram header"
+        ),
     )
     mode.add_argument(
         "--write",
@@ -93,28 +98,28 @@ def _fail(message: str) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    report = check_dir(args.check)
-    if report.problem is not None:
-        print(f"{PROG} --check: {report.problem}", file=sys.stderr)
-        return 1
+    report = check(args.check)
     for finding in report.findings:
-        line = f"{finding.status.value:<5}  {finding.path}"
+        line = f"{finding.status.value:<5}  {finding.where}"
         if finding.status is Status.FRESH:
             print(line)
             continue
         print(f"{line}: {finding.message}")
         if finding.detail:
             print(finding.detail)
+    for problem in report.problems:
+        print(f"{PROG} --check: {problem}", file=sys.stderr)
     fresh, stale, broken = (report.count(s) for s in (Status.FRESH, Status.STALE, Status.ERROR))
-    summary = f"{fresh} fresh, {stale} stale, {broken} broken in {report.directory}"
-    print(summary)
+    targets = " ".join(str(t) for t in report.targets)
+    print(f"{fresh} fresh, {stale} stale, {broken} broken in {targets}")
     if report.ok:
         return 0
-    print(
-        f"{PROG} --check: {report.directory} is out of date; regenerate each file as shown above "
-        f"(the built-ins: fsm diagram --write {report.directory})",
-        file=sys.stderr,
-    )
+    if stale or broken:
+        print(
+            f"{PROG} --check: out of date; regenerate each file as shown above "
+            "(the built-ins: fsm diagram --write diagrams)",
+            file=sys.stderr,
+        )
     return 1
 
 
@@ -127,7 +132,7 @@ def _write(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     if len(args.refs) != 1:
-        raise UsageError("name exactly one lifecycle as MODULE:Class (or use --check DIR / --write DIR)")
+        raise UsageError("name exactly one lifecycle as MODULE:Class (or use --check PATH... / --write DIR)")
     if (args.db is None) != (args.entity_id is None):
         raise UsageError("--db and --id go together: the store and the entity to highlight")
     if args.last < 0:
@@ -168,7 +173,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         if args.check is not None:
             if args.refs or args.out or args.db or args.entity_id or args.format:
-                raise UsageError("--check DIR takes no lifecycle, --format, --out, --db or --id")
+                raise UsageError("--check PATH... takes no lifecycle, --format, --out, --db or --id")
             return _check(args)
         if args.write is not None:
             if args.out or args.db or args.entity_id or args.format:
