@@ -7,6 +7,10 @@ skip into a failure.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,7 +26,79 @@ def _memory(clock: ManualClock) -> Store:
     return MemoryStore(clock=clock)
 
 
-STORE_FACTORIES: dict[str, StoreFactory] = {"memory": _memory}
+POSTGRES_URL_ENV = "FSM_TEST_POSTGRES_URL"
+REQUIRE_POSTGRES_ENV = "FSM_REQUIRE_POSTGRES"
+_postgres_problem: list[str] = []  # why PostgreSQL cannot be used, once found out
+
+
+def postgres_url() -> str:
+    """The PostgreSQL URL for tests, or skip (fail under ``FSM_REQUIRE_POSTGRES=1``) with the reason."""
+    url = os.environ.get(POSTGRES_URL_ENV)
+    problem = _postgres_problem[0] if _postgres_problem else None
+    if url is None:
+        problem = f"PostgreSQL tests need {POSTGRES_URL_ENV} (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)"
+    elif problem is None:
+        import sqlalchemy as sa
+
+        from stores.sql import create_engine
+
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except Exception as err:
+            problem = f"PostgreSQL at {url} is unreachable: {str(err).splitlines()[0]}"
+            _postgres_problem.append(problem)
+        finally:
+            engine.dispose()
+    if problem is not None:
+        if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+            pytest.fail(f"{problem} ({REQUIRE_POSTGRES_ENV}=1)")
+        pytest.skip(problem)
+    assert url is not None
+    return url
+
+
+def _sqlite(clock: ManualClock) -> Store:
+    """A SqlStore on a fresh SQLite file, removed with its directory on close."""
+    from stores.sql import SqlStore
+
+    directory = tempfile.mkdtemp(prefix="fsm-sqlite-")
+    store = SqlStore(f"sqlite:///{directory}/fsm.db", clock=clock)
+    close = store.close
+
+    def close_and_remove() -> None:
+        close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    store.close = close_and_remove  # type: ignore[method-assign]
+    return store
+
+
+def isolated_postgres_store(clock: ManualClock | None = None, **options: object) -> Store:
+    """A SqlStore on PostgreSQL with tables of its own (a unique prefix), dropped on close."""
+    from stores.sql import SqlStore
+    from stores.sql_migrate import drop_schema
+
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    store = SqlStore(postgres_url(), clock=clock, table_prefix=prefix, **options)  # type: ignore[arg-type]
+    close = store.close
+
+    def close_and_drop() -> None:
+        try:
+            drop_schema(store.engine, table_prefix=prefix)
+        finally:
+            close()
+
+    store.close = close_and_drop  # type: ignore[method-assign]
+    return store
+
+
+def _postgres(clock: ManualClock) -> Store:
+    return isolated_postgres_store(clock)
+
+
+STORE_FACTORIES: dict[str, StoreFactory] = {"memory": _memory, "sqlite": _sqlite, "postgres": _postgres}
 
 
 @pytest.fixture
