@@ -73,8 +73,8 @@ from stores.sql_conn import (
     unavailable,
 )
 from stores.sql_dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
-from stores.sql_migrate import downgrade, ensure_schema, stamp, upgrade
-from stores.sql_schema import decode_time
+from stores.sql_migrate import current_revision, downgrade, ensure_schema, stamp, upgrade
+from stores.sql_schema import HEAD_REVISION, decode_time
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ def create_engine(url: str, *, busy_timeout: float = 5.0, **options: Any) -> sa.
     """An engine for the store: ``postgresql://`` means psycopg 3; SQLite gets its pragmas
     and real transactions; an in-memory SQLite database gets one shared connection."""
     u = sa.make_url(url)
+    if u.get_backend_name() not in {"sqlite", "postgresql", "postgres"}:
+        raise ConfigError(f"SqlStore runs on sqlite or postgresql+psycopg, not {u.drivername!r}")
     if u.drivername in {"postgresql", "postgres"}:
         u = u.set(drivername="postgresql+psycopg")
     connect_args = dict(options.pop("connect_args", {}))
@@ -104,6 +106,10 @@ def create_engine(url: str, *, busy_timeout: float = 5.0, **options: Any) -> sa.
     if engine.dialect.name == "sqlite":
         install_sqlite_events(engine, int(busy_timeout * 1000))
     return engine
+
+
+def _schema_of(binding: TableBinding | None) -> str | None:
+    return binding.schema if binding is not None else None
 
 
 def _memory(url: sa.URL) -> bool:
@@ -216,13 +222,21 @@ class SqlStore:
         )
         memory = self._sqlite and _memory(engine.url)
         setup = setup_sqlite(int(busy_timeout * 1000), sqlite_synchronous) if self._sqlite else setup_postgres
-        self._conns = Connections(engine, setup, shared=memory)
         self._integrity, self._errors = driver_errors(name)
+        self._conns = Connections(engine, setup, shared=memory, errors=self._errors)
+        opening: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, *self._errors)
         try:
             if self._sqlite and not memory:
                 enable_wal(engine)
             if create:
                 ensure_schema(engine, table_prefix=table_prefix, schema=schema, binding=binding)
+            else:
+                current = current_revision(engine, table_prefix=table_prefix, schema=schema or _schema_of(binding))
+                if current != HEAD_REVISION:
+                    raise ConfigError(
+                        f"the store's tables are at revision {current or '(none)'}, not {HEAD_REVISION}: "
+                        f"run `python -m stores.migrations upgrade URL` (or stores.sql.upgrade) or pass create=True"
+                    )
             if binding is not None and (absent := missing_columns(engine, binding)):
                 raise ConfigError(
                     f"table {binding.table!r} lacks the binding's columns",
@@ -232,9 +246,9 @@ class SqlStore:
                         "add_binding_columns(op, binding) in the application's Alembic migration",
                     ],
                 )
-        except (sa.exc.OperationalError, sa.exc.InterfaceError) as err:
+        except opening as err:
             self.close()
-            raise StoreUnavailable(f"cannot open the store at {engine.url!r}: {err.orig}") from err
+            raise StoreUnavailable(f"cannot open the store at {engine.url!r}: {getattr(err, 'orig', err)}") from err
         except BaseException:
             self.close()
             raise

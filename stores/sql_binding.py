@@ -187,9 +187,8 @@ def bound_layout(dialect: sa.Dialect, prefix: str, binding: TableBinding) -> Lay
     if status_col is not None:
         cases = " ".join(f"WHEN {_literal(s)} THEN {_literal(t)}" for s, t in binding.reverse_status.items())
         fallback["state"] = f"COALESCE({{a}}{col['state']}, CASE {{a}}{status_col} {cases} END)"
-    for name in ("state_entered_at", "created_at"):
-        if name not in binding.columns:
-            fallback[name] = f"COALESCE({{a}}{col[name]}, {{a}}{col['updated_at']})"
+    for name in ("state_entered_at", "created_at"):  # NULL until the store writes them, or the app does
+        fallback[name] = f"COALESCE({{a}}{col[name]}, {{a}}{col['updated_at']})"
     return Layout(
         entities=_table(q, binding.table, binding.schema),
         history=_table(q, f"{prefix}history", binding.schema),

@@ -63,8 +63,16 @@ class _Slot:
 class Connections:
     """Per-thread DBAPI connections of one engine (or one shared one, for ``:memory:``)."""
 
-    def __init__(self, engine: sa.Engine, setup: Callable[[Any], None], *, shared: bool) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        setup: Callable[[Any], None],
+        *,
+        shared: bool,
+        errors: tuple[type[BaseException], ...] = (),
+    ) -> None:
         self.engine = engine
+        self._errors: tuple[type[BaseException], ...] = (sa.exc.DBAPIError, sa.exc.TimeoutError, *errors)
         self._setup = setup
         self._local = threading.local()
         self._all: weakref.WeakSet[_Slot] = weakref.WeakSet()
@@ -86,7 +94,7 @@ class Connections:
             return self._shared
         try:
             fairy = self.engine.raw_connection()
-        except (sa.exc.DBAPIError, sa.exc.TimeoutError) as err:
+        except self._errors as err:
             raise StoreUnavailable(f"cannot connect to {self.engine.url!r}: {_reason(err)}") from err
         conn = fairy.dbapi_connection
         assert conn is not None

@@ -101,6 +101,60 @@ def _postgres(clock: ManualClock) -> Store:
 STORE_FACTORIES: dict[str, StoreFactory] = {"memory": _memory, "sqlite": _sqlite, "postgres": _postgres}
 
 
+class SqlTarget:
+    """A database for one SQL test: a fresh SQLite file, or PostgreSQL with a unique table
+    prefix; every store it opens is closed and its tables dropped afterwards."""
+
+    def __init__(self, dialect: str, url: str, prefix: str) -> None:
+        self.dialect = dialect
+        self.url = url
+        self.prefix = prefix
+        self.stores: list[Store] = []
+        self.cleanups: list[Callable[[], None]] = []
+
+    def store(self, **options: object) -> Store:
+        from stores.sql import SqlStore
+
+        options.setdefault("table_prefix", self.prefix)
+        store = SqlStore(self.url, **options)  # type: ignore[arg-type]
+        self.stores.append(store)
+        return store
+
+    def engine(self) -> object:
+        from stores.sql import create_engine
+
+        engine = create_engine(self.url)
+        self.cleanups.append(engine.dispose)
+        return engine
+
+    def close(self) -> None:
+        from stores.sql_migrate import drop_schema
+
+        for store in self.stores:
+            store.close()  # type: ignore[attr-defined]
+        for cleanup in reversed(self.cleanups):
+            cleanup()
+        if self.dialect == "postgres":
+            from stores.sql import create_engine
+
+            engine = create_engine(self.url)
+            try:
+                drop_schema(engine, table_prefix=self.prefix)
+            finally:
+                engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_target(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[SqlTarget]:
+    """Each SQL dialect in turn (PostgreSQL skips, or fails under FSM_REQUIRE_POSTGRES=1)."""
+    if request.param == "sqlite":
+        target = SqlTarget("sqlite", f"sqlite:///{tmp_path}/fsm.db", "fsm_")
+    else:
+        target = SqlTarget("postgres", postgres_url(), f"t{uuid.uuid4().hex[:10]}_")
+    yield target
+    target.close()
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()

@@ -22,19 +22,21 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-ATTRS = context.config.attributes
-PREFIX: str = ATTRS["table_prefix"]
-SCHEMA: str | None = ATTRS["schema"]
-BOUND: str | None = ATTRS["bound_table"]
-BOUND_ID: str = ATTRS["bound_id_column"]
+
+def _settings() -> tuple[str, str | None, str | None, str]:
+    """Prefix, schema, bound table and its id column, from the environment (env.py)."""
+    attrs = context.config.attributes
+    return attrs["table_prefix"], attrs["schema"], attrs["bound_table"], attrs["bound_id_column"]
 
 
-def _entity_ref() -> str:
-    table, column = (BOUND, BOUND_ID) if BOUND else (f"{PREFIX}entities", "id")
-    return f"{SCHEMA}.{table}.{column}" if SCHEMA else f"{table}.{column}"
+def _entity_ref(prefix: str, schema: str | None, bound: str | None, bound_id: str) -> str:
+    table, column = (bound, bound_id) if bound else (f"{prefix}entities", "id")
+    return f"{schema}.{table}.{column}" if schema else f"{table}.{column}"
 
 
 def upgrade() -> None:
+    PREFIX, SCHEMA, BOUND, BOUND_ID = _settings()  # noqa: N806 - read as constants below
+    ref = _entity_ref(PREFIX, SCHEMA, BOUND, BOUND_ID)
     if not BOUND:
         entities = f"{PREFIX}entities"
         op.create_table(
@@ -70,7 +72,7 @@ def upgrade() -> None:
         sa.Column(
             "entity_id",
             sa.String(255),
-            sa.ForeignKey(_entity_ref(), ondelete="CASCADE", name=f"fk_{PREFIX}history_entity"),
+            sa.ForeignKey(ref, ondelete="CASCADE", name=f"fk_{PREFIX}history_entity"),
             primary_key=True,
         ),
         sa.Column("seq", sa.BigInteger(), primary_key=True, autoincrement=False),
@@ -91,7 +93,7 @@ def upgrade() -> None:
         sa.Column(
             "entity_id",
             sa.String(255),
-            sa.ForeignKey(_entity_ref(), ondelete="CASCADE", name=f"fk_{PREFIX}effects_entity"),
+            sa.ForeignKey(ref, ondelete="CASCADE", name=f"fk_{PREFIX}effects_entity"),
             primary_key=True,
         ),
         sa.Column("key", sa.String(255), primary_key=True),
@@ -105,6 +107,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    PREFIX, SCHEMA, BOUND, _ = _settings()  # noqa: N806
     op.drop_table(f"{PREFIX}effects", schema=SCHEMA)
     op.drop_index(f"ux_{PREFIX}history_key", table_name=f"{PREFIX}history", schema=SCHEMA)
     op.drop_table(f"{PREFIX}history", schema=SCHEMA)
