@@ -31,8 +31,8 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,7 +44,6 @@ from fsm.errors import (
     EntityExists,
     FsmError,
     IdempotencyKeyReused,
-    InvalidData,
     LeaseLost,
     MalformedRow,
     StaleVersion,
@@ -52,8 +51,6 @@ from fsm.errors import (
     UnknownEntity,
 )
 from fsm.records import (
-    BatchWrite,
-    Condition,
     HistoryRecord,
     NewEntity,
     NewerSibling,
@@ -65,103 +62,41 @@ from stores.sql_binding import ChildRows, TableBinding, add_missing_columns, bou
 from stores.sql_children import ChildIO, attach, split_data
 from stores.sql_conn import (
     Connections,
+    create_engine,
     driver_errors,
     enable_wal,
-    install_sqlite_events,
+    is_memory,
     setup_postgres,
     setup_sqlite,
     unavailable,
 )
+from stores.sql_core import ATTEMPTS
 from stores.sql_dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
+from stores.sql_leases import LeaseOps
 from stores.sql_migrate import current_revision, downgrade, ensure_schema, stamp, upgrade
+from stores.sql_reaper import ReaperOps
+from stores.sql_rows import dumps_data, history_of, snapshot_of
 from stores.sql_schema import HEAD_REVISION, decode_time
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "sqlite:///fsm.db"
 _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
-_ATTEMPTS = 3
-"""Tries of a write whose refusal the re-read could not explain (the row moved in between)."""
 _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch",
 )  # fmt: skip
 
 
-def create_engine(url: str, *, busy_timeout: float = 5.0, **options: Any) -> sa.Engine:
-    """An engine for the store: ``postgresql://`` means psycopg 3; SQLite gets its pragmas
-    and real transactions; an in-memory SQLite database gets one shared connection."""
-    u = sa.make_url(url)
-    if u.get_backend_name() not in {"sqlite", "postgresql", "postgres"}:
-        raise ConfigError(f"SqlStore runs on sqlite or postgresql+psycopg, not {u.drivername!r}")
-    if u.drivername in {"postgresql", "postgres"}:
-        u = u.set(drivername="postgresql+psycopg")
-    connect_args = dict(options.pop("connect_args", {}))
-    if u.get_backend_name() == "postgresql" and "connect_timeout" not in u.query:
-        connect_args.setdefault("connect_timeout", 10)
-    if u.get_backend_name() == "sqlite" and _memory(u):
-        options.setdefault("poolclass", sa.pool.StaticPool)
-        connect_args.setdefault("check_same_thread", False)  # one connection, every thread, under a lock
-    engine = sa.create_engine(u, connect_args=connect_args, **options)
-    if engine.dialect.name == "sqlite":
-        install_sqlite_events(engine, int(busy_timeout * 1000))
-    return engine
-
-
 def _schema_of(binding: TableBinding | None) -> str | None:
     return binding.schema if binding is not None else None
-
-
-def _memory(url: sa.URL) -> bool:
-    return url.database in (None, "", ":memory:") or "mode=memory" in str(url)
-
-
-def _dumps(value: Any, entity_id: str) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise InvalidData(
-            lifecycle="store", entity_id=entity_id, errors=[{"loc": ("data",), "msg": f"not JSON: {err}"}]
-        ) from None
-
-
-def _snapshot(row: Sequence[Any]) -> Snapshot:
-    """A row (entity columns in Snapshot order) as a Snapshot, or ``MalformedRow``."""
-    try:
-        state, data, exp = row[2], row[14], row[6]
-        if state is None:
-            raise ValueError("no state (leaf state column is NULL)")
-        if data.__class__ is str:
-            data = {} if data == "{}" else json.loads(data)
-        if data.__class__ is not dict:
-            raise ValueError(f"data is not a JSON object: {str(data)[:60]!r}")
-        # positional: this runs on every read and write
-        return Snapshot(
-            row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
-            decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
-            row[12], row[13], data,
-        )  # fmt: skip
-    except (ValueError, TypeError, AttributeError) as err:
-        raise MalformedRow(str(row[0]), reason=str(err)) from None
-
-
-def _history(row: Sequence[Any]) -> HistoryRecord:
-    try:
-        data = row[10]
-        if data.__class__ is str:
-            data = json.loads(data)
-        return HistoryRecord(
-            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], decode_time(row[9]), data
-        )
-    except (ValueError, TypeError, AttributeError) as err:
-        raise MalformedRow(str(row[0]), reason=f"history row {row[1]}: {err}") from None
 
 
 class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore:
+class SqlStore(LeaseOps, ReaperOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -220,7 +155,7 @@ class SqlStore:
             if layout.binding
             else []
         )
-        memory = self._sqlite and _memory(engine.url)
+        memory = self._sqlite and is_memory(engine.url)
         setup = setup_sqlite(int(busy_timeout * 1000), sqlite_synchronous) if self._sqlite else setup_postgres
         self._integrity, self._errors = driver_errors(name)
         self._conns = Connections(engine, setup, shared=memory, errors=self._errors)
@@ -267,90 +202,47 @@ class SqlStore:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _now(self) -> datetime | None:
-        """The write's ``now`` in Python: the clock's, SQLite's wall clock, or None (server)."""
-        if self.clock is not None:
-            return self.clock.now()
-        return datetime.now(UTC) if self._sqlite else None
-
-    def _run(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """One statement (autocommit); all rows fetched, so SQLite finishes it at once."""
-        cur = self._conns.slot().cursor
-        try:
-            cur.execute(sql, params)
-            return cur.fetchall()  # type: ignore[no-any-return]
-        except self._errors as err:
-            raise unavailable(err, self._conns) from err
-
-    def _attach(self, snaps: list[Snapshot]) -> list[Snapshot]:
-        return attach(self._children, self._conns.slot().cursor, snaps) if self._children else snaps
-
-    def _current(self, entity_id: str) -> tuple[Snapshot | None, datetime]:
-        """The row as it is now, and the store's now, for diagnosing a refused write."""
-        now = self._now()
-        rows = self._run(self._sql.diagnose, {"id": entity_id, "now": None if now is None else self._f.time(now)})
-        if not rows:
-            return None, now or datetime.now(UTC)
-        return _snapshot(rows[0]), now if now is not None else decode_time(rows[0][15])
-
-    def _time_params(self, params: dict[str, Any], now: datetime | None, ttl: timedelta | None) -> None:
-        f = self._f
-        if now is not None:
-            params["now"] = f.time(now)
-        params["ttl"] = None if ttl is None else f.offset(now, ttl)
-
     # -- reads ---------------------------------------------------------------------------------
 
     def now(self) -> datetime:
+        """The clock's time if the store has one, else the database's (SQLite: this machine's)."""
         when = self._now()
         if when is not None:
             return when
         return decode_time(self._run(self._sql.now_query, {})[0][0])
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
+        """See :meth:`stores.Store.get`: one indexed read on the calling thread's connection."""
         rows = self._run(self._sql.get, {"id": entity_id})
         if not rows or (rows[0][10] and not include_deleted):
             raise UnknownEntity(entity_id)
-        snap = _snapshot(rows[0])
+        snap = snapshot_of(rows[0])
         return self._attach([snap])[0] if self._children else snap
 
     def history(self, entity_id: str) -> list[HistoryRecord]:
+        """See :meth:`stores.Store.history` (soft-deleted entities keep theirs)."""
         rows = self._run(self._sql.history, {"id": entity_id})
         if not rows and not self._run(self._sql.exists, {"id": entity_id}):
             raise UnknownEntity(entity_id)
-        return [_history(r) for r in rows]
+        return [history_of(r) for r in rows]
 
     def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
+        """See :meth:`stores.Store.find_transition`."""
         rows = self._run(self._sql.find, {"id": entity_id, "key": idempotency_key})
-        return _history(rows[0]) if rows else None
+        return history_of(rows[0]) if rows else None
 
     def has_newer_sibling(self, entity_id: str) -> bool:
+        """See :meth:`stores.Store.has_newer_sibling` (the same EXISTS the guard runs)."""
         rows = self._run(self._sql.sibling, {"id": entity_id})
         if not rows or rows[0][0]:
             raise UnknownEntity(entity_id)
         return bool(rows[0][1])
 
-    def candidates(
-        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
-    ) -> list[Snapshot]:
-        """See :meth:`stores.Store.candidates`.  A row that cannot be decoded is logged at
-        ERROR (naming the entity) and left out, so one bad row never hides the others."""
-        sql = self._sql.candidates(condition_shape(require), require, after_id is not None)
-        now = self._now()
-        params: dict[str, Any] = {"kind": kind, "state": state, "limit": limit, "after": after_id}
-        self._time_params(params, now, None)
-        self._sql.condition_params(params, require, now)
-        found = []
-        for row in self._run(sql, params):
-            try:
-                found.append(_snapshot(row))
-            except MalformedRow as err:
-                log.error("skipping malformed %s %r: %s", kind, err.entity_id, err.reason)
-        return self._attach(found)
-
     # -- writes --------------------------------------------------------------------------------
 
     def create(self, entity: NewEntity) -> Snapshot:
+        """See :meth:`stores.Store.create`: ``INSERT ... ON CONFLICT DO NOTHING``, no row back
+        means the id exists."""
         data, children = split_data(self._children, entity.data) if self._children else (entity.data, {})
         now = self._now()
         params: dict[str, Any] = {
@@ -358,7 +250,7 @@ class SqlStore:
             "kind": entity.kind,
             "state": entity.state,
             "ck": entity.concurrency_key,
-            "data": _dumps(data, entity.id),
+            "data": dumps_data(data, entity.id),
         }
         self._time_params(params, now, None)
         if self._status is not None:
@@ -366,7 +258,7 @@ class SqlStore:
         rows = self._write(self._sql.create(()), params, entity.id, children)
         if not rows:
             raise EntityExists(entity.id)
-        return self._attach([_snapshot(rows[0])])[0]
+        return self._attach([snapshot_of(rows[0])])[0]
 
     def _write(self, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]) -> list[Any]:
         """A single-statement write, plus child rows in the same transaction when given."""
@@ -401,6 +293,8 @@ class SqlStore:
         return rows
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        """See :meth:`stores.Store.apply`: one guarded statement (PostgreSQL) or transaction
+        (SQLite) writes the row and its history row; a refusal is diagnosed by re-reading."""
         entity_id = write.entity_id
         require = write.require
         sql = self._sql.apply(
@@ -419,9 +313,9 @@ class SqlStore:
             data = write.data
             if self._children:
                 data, children = split_data(self._children, data)
-            data_text = _dumps(data, entity_id)
+            data_text = dumps_data(data, entity_id)
         patch = write.data_patch
-        patch_text = None if patch is None else _dumps(patch, entity_id)
+        patch_text = None if patch is None else dumps_data(patch, entity_id)
         params: dict[str, Any] = {
             "id": entity_id,
             "version": write.expect_version,
@@ -439,7 +333,7 @@ class SqlStore:
         if self._status is not None:
             params["status"] = self._status(write.target)
         integrity = False
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             now = self._now()
             self._time_params(params, now, write.lease_ttl)
             if require:
@@ -475,7 +369,7 @@ class SqlStore:
                 if not inserted:
                     raise _Refused
                 cur.execute(sql[1], params)
-                snap = _snapshot(cur.fetchall()[0])  # decoded before COMMIT: a bad row rolls back
+                snap = snapshot_of(cur.fetchall()[0])  # decoded before COMMIT: a bad row rolls back
                 if children:
                     for io in self._children:
                         if io.child.key in children:
@@ -502,12 +396,12 @@ class SqlStore:
                 with slot.conn.transaction():
                     rows = self._write_children(cur, sql[0], params, params["id"], children)
                     if rows:
-                        snap = attach(self._children, cur, [_snapshot(rows[0])])[0]
+                        snap = attach(self._children, cur, [snapshot_of(rows[0])])[0]
             else:
                 cur.execute(sql[0], params)
                 rows = cur.fetchall()
                 if rows:
-                    snap = _snapshot(rows[0])
+                    snap = snapshot_of(rows[0])
         except self._errors as err:
             raise unavailable(err, self._conns) from err
         if not rows:
@@ -539,65 +433,6 @@ class SqlStore:
                 return ConditionFailed(entity_id, condition=cond.name)
         return None
 
-    def acquire_lease(
-        self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
-    ) -> Snapshot:
-        params: dict[str, Any] = {"id": entity_id, "owner": owner, "version": expect_version}
-        params["budget"] = None if budget is None else self._f.interval(budget)
-        for _ in range(_ATTEMPTS):
-            now = self._now()
-            self._time_params(params, now, ttl)
-            rows = self._run(self._sql.acquire(budget is not None), params)
-            if rows:
-                return self._attach([_snapshot(rows[0])])[0]
-            row, now = self._current(entity_id)
-            if row is None or row.deleted:
-                raise UnknownEntity(entity_id)
-            if row.version != expect_version:
-                raise StaleVersion(entity_id, expected=expect_version, found=row.version)
-            exp = row.lease_expires_at
-            if row.lease_owner is not None and exp is not None and exp >= now:
-                detail = f"held by {row.lease_owner} until {exp.isoformat()}"
-                raise LeaseLost(entity_id, expected_token=None, found_token=row.lease_token, owner=owner, detail=detail)
-            if budget is not None and now >= row.state_entered_at + budget:
-                detail = f"renewal budget of state {row.state!r} is spent"
-                raise LeaseLost(entity_id, expected_token=None, found_token=row.lease_token, owner=owner, detail=detail)
-        raise LeaseLost(entity_id, expected_token=None, found_token=None, owner=owner, detail="contended")
-
-    def renew_lease(
-        self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
-    ) -> Snapshot:
-        params: dict[str, Any] = {"id": entity_id, "owner": owner, "token": token}
-        params["budget"] = None if budget is None else self._f.interval(budget)
-        for _ in range(_ATTEMPTS):
-            now = self._now()
-            self._time_params(params, now, ttl)
-            rows = self._run(self._sql.renew(budget is not None), params)
-            if rows:
-                return self._attach([_snapshot(rows[0])])[0]
-            row, now = self._current(entity_id)
-            if row is None or row.deleted:
-                raise UnknownEntity(entity_id)
-            lost = functools.partial(
-                LeaseLost, entity_id, expected_token=token, found_token=row.lease_token, owner=owner
-            )
-            if row.lease_owner != owner or row.lease_token != token:
-                raise lost()
-            if row.lease_expires_at is None or row.lease_expires_at < now:
-                raise lost(detail="the lease expired before the renewal")
-            if budget is not None and now >= row.state_entered_at + budget:
-                raise lost(detail=f"renewal budget of state {row.state!r} is spent")
-        raise LeaseLost(entity_id, expected_token=token, found_token=None, owner=owner, detail="contended")
-
-    def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
-        rows = self._run(self._sql.release, {"id": entity_id, "owner": owner, "token": token})
-        if rows:
-            return self._attach([_snapshot(rows[0])])[0]
-        row, _ = self._current(entity_id)
-        if row is None or row.deleted:
-            raise UnknownEntity(entity_id)
-        raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
-
     def soft_delete(self, entity_id: str) -> Snapshot:
         """See :meth:`stores.Store.soft_delete`.  A malformed row is deleted all the same
         (it is how one gets rid of it); ``MalformedRow`` then says its content is unreadable."""
@@ -606,80 +441,7 @@ class SqlStore:
         rows = self._run(self._sql.soft_delete, params)
         if not rows:
             raise UnknownEntity(entity_id)
-        return self._attach([_snapshot(rows[0])])[0]
-
-    def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
-        """See :meth:`stores.Store.apply_batch`.  Rows whose data is not a readable JSON
-        object never qualify; a row that still fails to decode is logged and left alone."""
-        if not batch.ids:
-            return []
-        sql = self._sql.batch(
-            batch.lease_change,
-            batch.lease_ttl is not None,
-            condition_shape(batch.require),
-            batch.require,
-            (batch.bump_attempt, batch.bump_reclaims),
-        )
-        ids = list(dict.fromkeys(batch.ids))
-        params: dict[str, Any] = {
-            "kind": batch.kind,
-            "source": batch.source,
-            "target": batch.target,
-            "event": batch.event,
-            "actor": batch.actor,
-            "reason": batch.reason,
-            "new_owner": batch.new_owner,
-        }
-        if self._status is not None:
-            params["status"] = self._status(batch.target)
-        while ids:
-            now = self._now()
-            params["ids"] = self._f.ids(ids)
-            self._time_params(params, now, batch.lease_ttl)
-            self._sql.condition_params(params, batch.require, now)
-            try:
-                moved = self._batch_sqlite(sql, params, now) if self._sqlite else self._batch_pg(sql, params)
-            except MalformedRow as err:  # SQLite only: rolled back; move the others without it
-                log.error("skipping malformed %s %r: %s", batch.kind, err.entity_id, err.reason)
-                ids.remove(err.entity_id)
-                continue
-            order = {entity_id: i for i, entity_id in enumerate(batch.ids)}
-            snaps = self._attach(sorted((s for s, _ in moved), key=lambda s: order[s.id]))
-            at = {s.id: when for s, when in moved}
-            return [
-                (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
-                                  s.lease_token, batch.reason, None, at[s.id], None))
-                for s in snaps
-            ]  # fmt: skip
-        return []
-
-    def _batch_sqlite(self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None) -> list[Any]:
-        slot = self._conns.slot()
-        cur = slot.cursor
-        assert now is not None
-        try:
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                cur.execute(sql[0], params)
-                moved = [(_snapshot(r), now) for r in cur.fetchall()]
-                if moved:
-                    cur.execute(sql[1], {**params, "moved": self._f.ids([s.id for s, _ in moved])})
-                cur.execute("COMMIT")
-            except BaseException:
-                slot.conn.rollback()
-                raise
-        except self._errors as err:
-            raise unavailable(err, self._conns) from err
-        return moved
-
-    def _batch_pg(self, sql: tuple[str, ...], params: dict[str, Any]) -> list[Any]:
-        moved = []
-        for row in self._run(sql[0], params):
-            try:
-                moved.append((_snapshot(row), decode_time(row[15])))
-            except MalformedRow as err:  # committed already; cannot happen for jsonb objects
-                log.error("moved a malformed row %r: %s", err.entity_id, err.reason)
-        return moved
+        return self._attach([snapshot_of(rows[0])])[0]
 
 
 def _locked(method: Callable[..., Any], lock: Any) -> Callable[..., Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fsm.errors import StoreUnavailable
+from fsm.errors import ConfigError, StoreUnavailable
 from stores.sql_dialect import sqlite_ts_add
 
 
@@ -132,10 +132,35 @@ class Connections:
             slot.close()
 
 
+def create_engine(url: str, *, busy_timeout: float = 5.0, **options: Any) -> sa.Engine:
+    """An engine for the store: ``postgresql://`` means psycopg 3; SQLite gets its pragmas
+    and real transactions; an in-memory SQLite database gets one shared connection."""
+    u = sa.make_url(url)
+    if u.get_backend_name() not in {"sqlite", "postgresql", "postgres"}:
+        raise ConfigError(f"SqlStore runs on sqlite or postgresql+psycopg, not {u.drivername!r}")
+    if u.drivername in {"postgresql", "postgres"}:
+        u = u.set(drivername="postgresql+psycopg")
+    connect_args = dict(options.pop("connect_args", {}))
+    if u.get_backend_name() == "postgresql" and "connect_timeout" not in u.query:
+        connect_args.setdefault("connect_timeout", 10)
+    if u.get_backend_name() == "sqlite" and is_memory(u):
+        options.setdefault("poolclass", sa.pool.StaticPool)
+        connect_args.setdefault("check_same_thread", False)  # one connection, every thread, under a lock
+    engine = sa.create_engine(u, connect_args=connect_args, **options)
+    if engine.dialect.name == "sqlite":
+        install_sqlite_events(engine, int(busy_timeout * 1000))
+    return engine
+
+
+def is_memory(url: sa.URL) -> bool:
+    """Whether the URL names an in-memory SQLite database."""
+    return url.database in (None, "", ":memory:") or "mode=memory" in str(url)
+
+
 def setup_sqlite(busy_timeout_ms: int, synchronous: str) -> Callable[[Any], None]:
     """Connection set-up for SQLite (see the module docstring)."""
     if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
-        raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
+        raise ConfigError(f"sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
 
     def setup(conn: sqlite3.Connection) -> None:
         conn.isolation_level = None
@@ -233,9 +258,11 @@ def _reason(err: BaseException) -> str:
 
 __all__ = [
     "Connections",
+    "create_engine",
     "driver_errors",
     "enable_wal",
     "install_sqlite_events",
+    "is_memory",
     "setup_postgres",
     "setup_sqlite",
     "sqlite_write",

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -344,3 +345,48 @@ def test_history_data_round_trips_as_json(sql_target: SqlTarget) -> None:
     assert record.data == {"b": [2, 3]} and store.history("e1")[0].data == {"b": [2, 3]}
     assert store.get("e1").data == {"a": [1, "é"], "b": [2, 3]}
     assert json.loads(json.dumps(store.get("e1").data)) == store.get("e1").data
+
+
+def test_a_sqlite_writer_kept_waiting_past_busy_timeout_raises_store_unavailable(tmp_path: object) -> None:
+    import sqlite3
+
+    path = f"{tmp_path}/fsm.db"
+    store = SqlStore(f"sqlite:///{path}", busy_timeout=0.1, clock=ManualClock())
+    try:
+        store.create(NewEntity("e1", "job", "queued"))
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        start = TransitionWrite("e1", "start", "queued", "running", "worker", 0)
+        with pytest.raises(StoreUnavailable, match="locked") as info:
+            store.apply(start)
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        assert store.get("e1").version == 0  # readers are not blocked (WAL), nothing was written
+        blocker.rollback()
+        blocker.close()
+        assert store.apply(start)[0].version == 1
+    finally:
+        store.close()
+
+
+def test_a_store_in_its_own_postgres_schema() -> None:
+    url = postgres_url()
+    schema = f"s_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    try:
+        store = SqlStore(url, schema=schema)
+        engine = Engine(JobLifecycle, store)
+        engine.fire(engine.create("j1").id, "start")
+        assert [r.event for r in engine.history("j1")] == ["start"]
+        assert "fsm_entities" in sa.inspect(admin).get_table_names(schema=schema)
+        store.close()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+def test_an_unknown_synchronous_setting_is_a_config_error(tmp_path: object) -> None:
+    with pytest.raises(ConfigError):
+        SqlStore(f"sqlite:///{tmp_path}/fsm.db", sqlite_synchronous="SOMETIMES")
