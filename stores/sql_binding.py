@@ -152,6 +152,8 @@ class Layout:
     fallback: dict[str, str]
     status_col: str | None = None
     binding: TableBinding | None = None
+    indexes: dict[str, str] | None = None
+    """Quoted names of the reaper indexes (``lease``, ``idle``), when the store knows them."""
 
     def ref(self, name: str, alias: str) -> str:
         """SQL reading logical column ``name`` of the row aliased ``alias`` ("" = unqualified)."""
@@ -175,6 +177,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         effects=_table(q, f"{prefix}effects", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
+        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "idle")},
     )
 
 

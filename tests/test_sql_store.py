@@ -30,8 +30,9 @@ from fsm import (
     StoreUnavailable,
     TransitionNotAllowed,
 )
-from fsm.records import BatchWrite, LeaseChange, LeaseStale, NewEntity, TransitionWrite
+from fsm.records import BatchWrite, LeaseChange, LeaseStale, NewEntity, NewerSibling, TransitionWrite
 from stores.sql import SqlStore
+from stores.sql_dialect import condition_shape
 
 TTL = timedelta(minutes=2)
 STALE = timedelta(minutes=60)
@@ -275,16 +276,21 @@ def test_create_false_refuses_tables_that_are_missing(tmp_path: object) -> None:
 def test_candidates_are_answered_from_the_reaper_indexes_on_sqlite(tmp_path: object) -> None:
     store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=ManualClock())
     try:
-        sql = store._sql.candidates(((LeaseStale, None),), (LeaseStale(STALE),), True)
-        engine = store.engine
-        with engine.connect() as conn:
-            plan = conn.exec_driver_sql(
-                f"EXPLAIN QUERY PLAN {sql}",
-                {"kind": "job", "state": "running", "after": "", "limit": 10, "now": "x", "stale0": "x"},
-            ).fetchall()
-        text = " | ".join(str(row[-1]) for row in plan)
-        assert text.count("USING INDEX ix_fsm_entities_lease") == 2, text
-        assert "SCAN fsm_entities" not in text.replace("USING INDEX", "")
+        with store.engine.begin() as conn:  # with statistics, SQLite would rather walk the primary key
+            conn.exec_driver_sql(
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 5000) "
+                "INSERT INTO fsm_entities (id, kind, state, state_entered_at, created_at, updated_at) "
+                "SELECT 'e' || n, 'job', 'running', 't', 't', 't' FROM g"
+            )
+            conn.exec_driver_sql("ANALYZE")
+        params = {"kind": "job", "state": "running", "after": "", "limit": 10, "now": "x", "stale0": "x"}
+        for require, index in [((LeaseStale(STALE),), "lease"), ((NewerSibling(),), "idle")]:
+            sql = store._sql.candidates(condition_shape(require), require, True)
+            with store.engine.connect() as conn:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
+            text = " | ".join(str(row[-1]) for row in plan)
+            assert f"USING INDEX ix_fsm_entities_{index}" in text, text
+            assert "sqlite_autoindex" not in text.split("CORRELATED")[0], text  # not the primary key
     finally:
         store.close()
 
@@ -390,3 +396,39 @@ def test_a_store_in_its_own_postgres_schema() -> None:
 def test_an_unknown_synchronous_setting_is_a_config_error(tmp_path: object) -> None:
     with pytest.raises(ConfigError):
         SqlStore(f"sqlite:///{tmp_path}/fsm.db", sqlite_synchronous="SOMETIMES")
+
+
+class _CountingCursor:
+    """Wraps a DBAPI cursor and records the statements it runs."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+        self.statements: list[str] = []
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self.statements.append(sql.split(maxsplit=1)[0].upper())
+        return self._cursor.execute(sql) if params is None else self._cursor.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+def test_a_transition_is_one_statement_on_postgres_and_one_immediate_transaction_on_sqlite(
+    sql_target: SqlTarget,
+) -> None:
+    store = sql_target.store(clock=ManualClock())
+    assert isinstance(store, SqlStore)
+    store.create(NewEntity("e1", "job", "queued"))
+    slot = store._conns.slot()
+    counting = _CountingCursor(slot.cursor)
+    slot.cursor = counting
+    store.apply(TransitionWrite("e1", "start", "queued", "running", "worker", 0, lease_change=LeaseChange.ACQUIRE,
+                                new_owner="w", lease_ttl=TTL))  # fmt: skip
+    if sql_target.dialect == "postgres":
+        assert counting.statements == ["WITH"]  # autocommit: no BEGIN/COMMIT round trips
+        assert slot.conn.autocommit
+    else:
+        assert counting.statements == ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
+    counting.statements.clear()
+    store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=timedelta(hours=1))
+    assert counting.statements == ["UPDATE"]  # a renewal: one statement with the budget cap
