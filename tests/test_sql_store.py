@@ -432,3 +432,13 @@ def test_a_transition_is_one_statement_on_postgres_and_one_immediate_transaction
     counting.statements.clear()
     store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=timedelta(hours=1))
     assert counting.statements == ["UPDATE"]  # a renewal: one statement with the budget cap
+
+
+def test_open_store_gives_a_sql_store_for_a_sqlalchemy_url(tmp_path: object) -> None:
+    from stores import open_store
+
+    store = open_store(f"sqlite:///{tmp_path}/fsm.db")
+    try:
+        assert isinstance(store, SqlStore) and store.now().utcoffset() == timedelta(0)
+    finally:
+        store.close()
