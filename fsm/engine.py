@@ -256,7 +256,7 @@ class Engine:
             )
         ctx = GuardContext(
             snapshot=snap,
-            now=self.clock.now(),
+            clock=self.clock,
             lease=lease,
             policy=self.policy,
             newer_sibling=lambda: self.store.has_newer_sibling(snap.id),

@@ -168,7 +168,12 @@ class MalformedRow(FsmError):
 
 
 class StoreUnavailable(FsmError):
-    """The store cannot be reached (database down or restarting); nothing was written."""
+    """The store cannot be reached (database down or restarting).
+
+    A call refused before it reached the database wrote nothing; when the connection drops
+    during a commit, the outcome is unknown: retry with the same idempotency key, which
+    returns the first result if the write did land.
+    """
 
 
 __all__ = [

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fsm.clock import Clock
 from fsm.policy import Policy
 from fsm.records import Condition, CounterAtLeast, CounterBelow, Lease, LeaseStale, NewerSibling, Snapshot
 
@@ -21,13 +22,24 @@ from fsm.records import Condition, CounterAtLeast, CounterBelow, Lease, LeaseSta
 @dataclass(slots=True)
 class GuardContext:
     """What a guard may look at: the entity as read, the time, the caller's lease, the
-    lifecycle's policy, and (lazily) whether a newer sibling exists."""
+    lifecycle's policy, and (lazily) whether a newer sibling exists.
+
+    ``now`` is read from ``clock`` on first use only: a store clock may cost a round trip,
+    which a transition guarded by ``holds_lease`` alone should not pay.
+    """
 
     snapshot: Snapshot
-    now: datetime
+    clock: Clock
     lease: Lease | None
     policy: Policy
     newer_sibling: Callable[[], bool] | None = None
+    _now: datetime | None = None
+
+    @property
+    def now(self) -> datetime:
+        if self._now is None:
+            self._now = self.clock.now()
+        return self._now
 
     @property
     def data(self) -> dict[str, Any]:

@@ -424,7 +424,13 @@ class Statements:
         stale = next((i for i, c in enumerate(require) if isinstance(c, LeaseStale)), None)
         rest = "".join(f" AND {self.condition(c, 'e', i)}" for i, c in enumerate(require) if i != stale)
         order = f"ORDER BY id LIMIT {f.p('limit')}"
-        if stale is None:
+        if stale is None and any(isinstance(c, NewerSibling) for c in require):
+            # only rows with a concurrency key can have a newer sibling: the siblings index
+            # finds them, so the cost follows the keyed rows, not every running row
+            source = self._indexed("siblings")
+            keyed = f" AND {lay.ref('concurrency_key', 'e')} IS NOT NULL"
+            found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{keyed}{rest} {order}"
+        elif stale is None:
             source = self._indexed("idle")
             found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{rest} {order}"
         else:
@@ -479,7 +485,11 @@ class Statements:
             found = (
                 f"WITH c AS (SELECT e.{c['id']} AS id FROM {self.E} AS e WHERE {qualifies} "
                 f"ORDER BY e.{c['id']} FOR UPDATE OF e SKIP LOCKED), "
-                f"u AS (UPDATE {self.E} AS e SET {sets} FROM c WHERE e.{c['id']} = c.id AND {qualifies} "
+                # the claimed rows are locked, and FOR UPDATE re-evaluated ``qualifies`` on their
+                # latest version (READ COMMITTED's recheck), so the UPDATE joins by primary key
+                # only: repeating the predicates made the planner pick a bitmap scan nested over
+                # the CTE, quadratic in the page size (35 ms for 500 rows instead of 3)
+                f"u AS (UPDATE {self.E} AS e SET {sets} FROM c WHERE e.{c['id']} = c.id "
                 f"RETURNING {self.ret}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
                 f"FROM u) SELECT * FROM u",

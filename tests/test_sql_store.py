@@ -284,7 +284,7 @@ def test_candidates_are_answered_from_the_reaper_indexes_on_sqlite(tmp_path: obj
             )
             conn.exec_driver_sql("ANALYZE")
         params = {"kind": "job", "state": "running", "after": "", "limit": 10, "now": "x", "stale0": "x"}
-        for require, index in [((LeaseStale(STALE),), "lease"), ((NewerSibling(),), "idle")]:
+        for require, index in [((LeaseStale(STALE),), "lease"), ((NewerSibling(),), "siblings")]:
             sql = store._sql.candidates(condition_shape(require), require, True)
             with store.engine.connect() as conn:
                 plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
