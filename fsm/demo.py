@@ -102,6 +102,10 @@ def pipelines_demo(store: Store, clock: ManualClock, run_id: str) -> None:
         last = pipelines.history(pid)[-1]
         reason = f" (reason: {last.reason})" if last.reason else ""
         say(f"  {pid}: {snap.state}{reason}")
+    for pid in (fresh, new):  # their webhooks do arrive: finish, then succeed under the finalizer lease
+        lease = pipelines.fire(pid, "finish").lease
+        pipelines.fire(pid, "succeed", lease=lease)
+    say(f"  {fresh}, {new}: finished and succeeded under their finalizer leases")
 
 
 def jobs_demo(store: Store, clock: ManualClock, run_id: str) -> None:
