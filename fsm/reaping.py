@@ -278,7 +278,7 @@ class Reaper:
         batch = self.config.batch_size
         branch = rule.branch
         while True:
-            page = self._page(rule, after, batch, result)
+            page, exhausted = self._page(rule, after, batch, result)
             if not page:
                 return
             after = page[-1].id
@@ -289,30 +289,38 @@ class Reaper:
             else:
                 for snap in page:
                     self._move_one(rule, snap, result)
-            if len(page) < batch:
+            if exhausted:
                 return
 
-    def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> list[Snapshot]:
+    def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> tuple[list[Snapshot], bool]:
+        """The next keyset page of candidates and whether the rule is exhausted.
+
+        A row that cannot be decoded spoils a page query: the page is then read one row at
+        a time up to the bad row, which is counted, logged and stepped over, and the rest
+        of the page is read normally again.
+        """
         kind, source = rule.engine.kind, rule.branch.source
-        try:
-            return self.store.candidates(kind, source, rule.require, limit=limit, after_id=after)
-        except MalformedRow as bad:
-            # a row that cannot be decoded: probe one row at a time to step over it
-            found: list[Snapshot] = []
-            cursor = after
-            while len(found) < limit:
+        found: list[Snapshot] = []
+        cursor = after
+        while len(found) < limit:
+            want = limit - len(found)
+            try:
+                rows = self.store.candidates(kind, source, rule.require, limit=want, after_id=cursor)
+            except MalformedRow:
                 try:
                     one = self.store.candidates(kind, source, rule.require, limit=1, after_id=cursor)
                 except MalformedRow as err:
                     self._bad_row(err.entity_id, err, result)
                     cursor = err.entity_id
                     continue
-                if not one:
-                    break
+                if not one:  # pragma: no cover - the page query just saw a row here
+                    return found, True
                 found.append(one[0])
                 cursor = one[0].id
-            del bad
-            return found
+                continue
+            found += rows
+            return found, len(rows) < want
+        return found, False
 
     def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
         branch = rule.branch

@@ -118,8 +118,10 @@ class Store(Protocol):
         """Live entities of ``kind`` in ``state`` meeting every condition (store clock),
         ordered by id, with id > ``after_id`` (keyset paging), at most ``limit``.
 
-        Read-only; never raises for a missing row.  SQL stores answer from indexes on
-        ``(kind, state, lease_expires_at)`` and ``(kind, state, updated_at)``.
+        Read-only.  A row in the page that cannot be decoded -> ``MalformedRow`` naming it
+        (the reaper then pages one row at a time up to it, counts it and steps over it).
+        SQL stores answer from indexes on ``(kind, state, lease_expires_at)`` and
+        ``(kind, state, updated_at)``.
         """
         ...
 

@@ -32,19 +32,14 @@ class ReaperOps(SqlCore):
     def candidates(
         self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
     ) -> list[Snapshot]:
-        """See :meth:`stores.Store.candidates`.  A row that cannot be decoded is logged at
-        ERROR (naming the entity) and left out, so one bad row never hides the others."""
+        """See :meth:`stores.Store.candidates`.  A row that cannot be decoded raises
+        ``MalformedRow`` naming it (the reaper counts it, logs it and steps over it)."""
         sql = self._sql.candidates(condition_shape(require), require, after_id is not None)
         now = self._now()
         params: dict[str, Any] = {"kind": kind, "state": state, "limit": limit, "after": after_id}
         self._time_params(params, now, None)
         self._sql.condition_params(params, require, now)
-        found = []
-        for row in self._run(sql, params):
-            try:
-                found.append(snapshot_of(row))
-            except MalformedRow as err:
-                log.error("skipping malformed %s %r: %s", kind, err.entity_id, err.reason)
+        found = [snapshot_of(row) for row in self._run(sql, params)]
         return self._attach(found)
 
     def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:

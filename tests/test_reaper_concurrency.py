@@ -54,3 +54,25 @@ def test_concurrent_reapers_move_each_stale_row_exactly_once(sql_target: SqlTarg
         assert [r.event for r in j_history] == ["start", "exited", "reclaim"]  # reclaimed once, not twice
         assert [r.seq for r in j_history] == [1, 2, 3]
         assert jobs.get(f"j{i:03d}").lease_token == 2
+
+
+def test_a_real_malformed_row_is_counted_logged_and_stepped_over(sql_target: SqlTarget) -> None:
+    from stores.sql import create_engine
+
+    clock = ManualClock()
+    store = sql_target.store(clock=clock)
+    pipelines = Engine(PipelineLifecycle, store, clock=clock)
+    for i in range(6):
+        pipelines.fire(pipelines.create(f"p{i}").id, "start")
+    broken = "'{broken'" if sql_target.dialect == "sqlite" else "'[1, 2]'"  # jsonb only holds valid JSON
+    engine = create_engine(sql_target.url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {sql_target.prefix}entities SET data = {broken} WHERE id IN ('p0', 'p3')")
+    finally:
+        engine.dispose()
+    clock.advance(timedelta(hours=2))
+    result = Reaper(store, [PipelineLifecycle], ReaperConfig(batch_size=2), clock=clock).run_once()
+    assert result.bad_rows == 2 and result.errors == 0
+    assert result.moved == {"pipeline.expire": 4}
+    assert [pipelines.get(f"p{i}").state for i in (1, 2, 4, 5)] == ["failed"] * 4
