@@ -22,12 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine
 from fsm.errors import ConfigError, FsmError, MalformedRow
+from fsm.leader import LeaderLease
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.records import (
@@ -59,6 +60,8 @@ class ReaperConfig(BaseModel):
     interval: timedelta = Field(DEFAULT_INTERVAL, description="time between two ticks")
     batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, description="candidates per keyset page")
     enabled: bool = Field(True, description="kill switch: off means a tick touches nothing")
+    leader: bool = Field(False, description="one reaper at a time: ticks only while holding the leader lease")
+    leader_ttl: timedelta | None = Field(None, description="leader lease lifetime (default: 3 x interval)")
 
     @field_validator("interval")
     @classmethod
@@ -66,6 +69,19 @@ class ReaperConfig(BaseModel):
         if value <= timedelta():
             raise ValueError("interval must be a positive duration")
         return value
+
+    @model_validator(mode="after")
+    def _leader_outlives_a_tick(self) -> ReaperConfig:
+        if self.leader_ttl is not None and self.leader_ttl <= self.interval:
+            raise ValueError(
+                f"leader_ttl ({self.leader_ttl}) must exceed interval ({self.interval}), "
+                "or a live leader would lose its lease between two ticks"
+            )
+        return self
+
+    @property
+    def effective_leader_ttl(self) -> timedelta:
+        return self.leader_ttl or self.interval * 3
 
 
 class ReapPolicy(BaseModel):
@@ -116,6 +132,8 @@ class ReapResult:
     duration_s: float = 0.0
     dry_run: bool = False
     enabled: bool = True
+    leading: bool = True
+    """False when ``config.leader`` is on and another reaper holds the leader lease."""
     would_move: list[tuple[str, str, str, str]] = field(default_factory=list)
     """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
 
@@ -139,6 +157,8 @@ class ReapResult:
             moved = str(len(self.would_move))
         if not self.enabled:
             return "reaper disabled: touched nothing"
+        if not self.leading:
+            return "standby: another reaper holds the leader lease"
         return (
             f"{head} {moved}; lost races {self.lost_races}; bad rows {self.bad_rows}; "
             f"errors {self.errors}; {self.duration_s * 1000:.1f} ms"
@@ -244,6 +264,7 @@ class Reaper:
             Engine(rp.lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        self.leader = LeaderLease(store, self.owner, self.config.effective_leader_ttl) if self.config.leader else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -257,12 +278,18 @@ class Reaper:
         started = time.perf_counter()
         if self.config.enabled:
             try:
+                if self.leader is not None and not self.leader.try_lead():
+                    result.leading = False
+                    return self._finish(result, started, dry_run)
                 for rule in self.rules:
                     self._run_rule(rule, result, dry_run)
             except Exception as err:  # the store failed mid-tick: log, and the next tick runs as scheduled
                 result.errors += 1
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
+        return self._finish(result, started, dry_run)
+
+    def _finish(self, result: ReapResult, started: float, dry_run: bool) -> ReapResult:
         result.duration_s = time.perf_counter() - started
         self.ticks += 1
         counts = result.counts()
@@ -454,6 +481,11 @@ class Reaper:
             self._stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self.leader is not None:
+            try:
+                self.leader.resign()  # a standby takes over at its next tick, not after the TTL
+            except Exception:
+                log.exception("could not resign the leader lease; it expires on its own")
 
     @property
     def running(self) -> bool:

@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="candidates per page")
     parser.add_argument("--dry-run", action="store_true", help="print what a tick would move; move nothing")
+    parser.add_argument("--leader", action="store_true", help="tick only while holding the leader lease")
     parser.add_argument(
         "--lifecycle",
         action="append",
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 JobLifecycle,
             ]
         )
-        config = ReaperConfig(interval=timedelta(seconds=args.interval), batch_size=args.batch_size)
+        config = ReaperConfig(interval=timedelta(seconds=args.interval), batch_size=args.batch_size, leader=args.leader)
         store = open_store(args.db)
         reaper = Reaper(store, lifecycles, config)
     except (ConfigError, StoreUnavailable) as err:

@@ -450,3 +450,43 @@ def test_stop_is_prompt_even_with_a_long_interval(clock: ManualClock) -> None:
     reaper.start()
     reaper.stop(timeout=5)
     assert not reaper.running
+
+
+# -- one leader at a time ------------------------------------------------------------------------
+
+
+def test_with_leader_on_only_one_of_two_reapers_ticks_until_the_leader_dies(
+    any_store: Store, clock: ManualClock
+) -> None:
+    config = ReaperConfig(leader=True, interval=INTERVAL)
+    first = Reaper(any_store, [PipelineLifecycle], config, clock=clock, owner="reaper-a")
+    second = Reaper(any_store, [PipelineLifecycle], config, clock=clock, owner="reaper-b")
+    pipeline(any_store, clock, "p1")
+    clock.advance(timedelta(hours=2))
+    assert first.run_once().leading
+    standby = second.run_once()
+    assert not standby.leading and standby.total_moved == 0 and "standby" in standby.summary()
+    pipeline(any_store, clock, "p2")
+    clock.advance(timedelta(hours=2))
+    assert first.run_once().moved == {"pipeline.expire": 1}  # the leader renews and keeps working
+    clock.advance(config.effective_leader_ttl + timedelta(seconds=1))  # reaper-a died: its lease runs out
+    taken = second.run_once()
+    assert taken.leading
+    assert not first.run_once().leading  # back from the dead, it finds a new leader
+    assert any_store.get("fsm-reaper-leader").lease_owner == "reaper-b"
+
+
+def test_a_stopped_leader_resigns_so_a_standby_leads_at_its_next_tick(any_store: Store, clock: ManualClock) -> None:
+    config = ReaperConfig(leader=True, interval=timedelta(hours=1))
+    first = Reaper(any_store, [PipelineLifecycle], config, clock=clock, owner="reaper-a")
+    second = Reaper(any_store, [PipelineLifecycle], config, clock=clock, owner="reaper-b")
+    assert first.run_once().leading and not second.run_once().leading
+    first.stop()
+    assert second.run_once().leading
+
+
+def test_a_leader_ttl_not_longer_than_the_interval_is_refused() -> None:
+    with pytest.raises(ConfigError, match="leader_ttl"):
+        Reaper(
+            MemoryStoreFactory(), [PipelineLifecycle], {"leader": True, "leader_ttl": INTERVAL, "interval": INTERVAL}
+        )
