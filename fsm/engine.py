@@ -70,6 +70,28 @@ class FireResult:
         return self.snapshot.lease
 
 
+def announce(kind: str, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
+    """Send the signals of one committed transition (the engine's and the reaper's)."""
+    if not (
+        signals.transitioned.receivers
+        or signals.expired.receivers
+        or signals.reclaimed.receivers
+        or signals.lease_acquired.receivers
+    ):
+        return  # nobody listens: an unobserved transition pays nothing for signals
+
+    def transition_payload() -> TransitionPayload:
+        return TransitionPayload.of(kind, snap, record)
+
+    signals.send(signals.transitioned, kind, transition_payload)
+    if branch.event == "expire":
+        signals.send(signals.expired, kind, transition_payload)
+    elif branch.event == "reclaim":
+        signals.send(signals.reclaimed, kind, transition_payload)
+    if branch.lease_effect is LeaseChange.ACQUIRE:
+        signals.send(signals.lease_acquired, kind, lambda: LeasePayload.of(kind, snap))
+
+
 class _StoreClock:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -317,25 +339,7 @@ class Engine:
         )
 
     def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
-        if not (
-            signals.transitioned.receivers
-            or signals.expired.receivers
-            or signals.reclaimed.receivers
-            or signals.lease_acquired.receivers
-        ):
-            return  # nobody listens: an unobserved transition pays nothing for signals
-        kind = self.kind
-
-        def transition_payload() -> TransitionPayload:
-            return TransitionPayload.of(kind, snap, record)
-
-        signals.send(signals.transitioned, kind, transition_payload)
-        if branch.event == "expire":
-            signals.send(signals.expired, kind, transition_payload)
-        elif branch.event == "reclaim":
-            signals.send(signals.reclaimed, kind, transition_payload)
-        if branch.lease_effect is LeaseChange.ACQUIRE:
-            signals.send(signals.lease_acquired, kind, lambda: LeasePayload.of(kind, snap))
+        announce(self.kind, snap, record, branch)
 
     # -- leases --------------------------------------------------------------------------
 
@@ -399,4 +403,4 @@ class Engine:
         return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
 
 
-__all__ = ["Engine", "FireResult"]
+__all__ = ["Engine", "FireResult", "announce"]

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import signals
 from fsm.clock import Clock, new_owner_id
-from fsm.engine import Engine
+from fsm.engine import Engine, announce
 from fsm.errors import ConfigError, FsmError, MalformedRow
 from fsm.leader import LeaderLease
 from fsm.lifecycle import Lifecycle
@@ -42,7 +42,7 @@ from fsm.records import (
     Snapshot,
 )
 from fsm.table import Branch, branch_conditions
-from signals import ReaperErrorPayload, ReaperTickPayload, TransitionPayload
+from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
 log = logging.getLogger("fsm.reaping")
@@ -349,10 +349,11 @@ class Reaper:
             return found, len(rows) < want
         return found, False
 
-    def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
+    def _batch(self, rule: Rule, ids: tuple[str, ...]) -> BatchWrite:
         branch = rule.branch
-        write = BatchWrite(
-            ids=tuple(s.id for s in page),
+        acquires = branch.lease_effect is LeaseChange.ACQUIRE
+        return BatchWrite(
+            ids=ids,
             kind=rule.engine.kind,
             event=branch.event,
             source=branch.source,
@@ -360,12 +361,15 @@ class Reaper:
             actor=Actor.REAPER.value,
             require=rule.require,
             lease_change=branch.lease_effect,
-            new_owner=self.owner if branch.lease_effect is LeaseChange.ACQUIRE else None,
-            lease_ttl=rule.engine.policy.lease_ttl if branch.lease_effect is LeaseChange.ACQUIRE else None,
+            new_owner=self.owner if acquires else None,  # a reclaim hands the lease to this reaper
+            lease_ttl=rule.engine.policy.lease_ttl if acquires else None,
             bump_attempt=branch.bump_attempt,
             bump_reclaims=branch.bump_reclaims,
             reason=branch.reason,
         )
+
+    def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
+        write = self._batch(rule, tuple(s.id for s in page))
         try:
             moved = self.store.apply_batch(write)
         except (MalformedRow, FsmError, ValueError, TypeError):
@@ -382,21 +386,7 @@ class Reaper:
         branch = rule.branch
         try:
             if rule.set_based:
-                one = BatchWrite(
-                    ids=(snap.id,),
-                    kind=rule.engine.kind,
-                    event=branch.event,
-                    source=branch.source,
-                    target=branch.target,
-                    actor=Actor.REAPER.value,
-                    require=rule.require,
-                    lease_change=branch.lease_effect,
-                    new_owner=self.owner if branch.lease_effect is LeaseChange.ACQUIRE else None,
-                    lease_ttl=rule.engine.policy.lease_ttl if branch.lease_effect is LeaseChange.ACQUIRE else None,
-                    bump_attempt=branch.bump_attempt,
-                    bump_reclaims=branch.bump_reclaims,
-                    reason=branch.reason,
-                )
+                one = self._batch(rule, (snap.id,))
                 moved = self.store.apply_batch(one)
                 if not moved:
                     result.lost_races += 1
@@ -413,27 +403,15 @@ class Reaper:
         except Exception as err:
             self._bad_row(snap.id, err, result)
             return
-        if fired.record.event != branch.event or fired.snapshot.state != branch.target:
-            result.lost_races += 1  # another branch of the event applied: counted, not ours
-            return
+        # the engine chose the branch of this event that holds now (maybe not this rule's):
+        # the entity moved either way, and the engine sent its signals
         result.moved[rule.name] += 1
         self._log_move(rule, fired.snapshot, fired.record)
 
     def _moved(self, rule: Rule, snap: Snapshot, record: HistoryRecord, result: ReapResult) -> None:
         result.moved[rule.name] += 1
         self._log_move(rule, snap, record)
-        kind = rule.engine.kind
-
-        def payload() -> TransitionPayload:
-            return TransitionPayload.of(kind, snap, record)
-
-        signals.send(signals.transitioned, kind, payload)
-        if record.event == "expire":
-            signals.send(signals.expired, kind, payload)
-        elif record.event == "reclaim":
-            signals.send(signals.reclaimed, kind, payload)
-        if rule.branch.lease_effect is LeaseChange.ACQUIRE:
-            signals.send(signals.lease_acquired, kind, lambda: signals.LeasePayload.of(kind, snap))
+        announce(rule.engine.kind, snap, record, rule.branch)
 
     @staticmethod
     def _log_move(rule: Rule, snap: Snapshot, record: HistoryRecord) -> None:

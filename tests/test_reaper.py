@@ -15,7 +15,21 @@ from typing import Any
 import pytest
 
 import signals
-from fsm import ConfigError, Engine, JobLifecycle, MalformedRow, ManualClock, PipelineLifecycle
+from fsm import (
+    ConfigError,
+    Engine,
+    GuardContext,
+    JobLifecycle,
+    LeaseChange,
+    Lifecycle,
+    MalformedRow,
+    ManualClock,
+    PipelineLifecycle,
+    State,
+    guard,
+    reaper,
+    worker,
+)
 from fsm.policy import Policy
 from fsm.reaping import Reaper, ReaperConfig, ReapPolicy
 from fsm.records import Lease
@@ -490,3 +504,43 @@ def test_a_leader_ttl_not_longer_than_the_interval_is_refused() -> None:
         Reaper(
             MemoryStoreFactory(), [PipelineLifecycle], {"leader": True, "leader_ttl": INTERVAL, "interval": INTERVAL}
         )
+
+
+# -- rules a store cannot check: row by row through the engine ------------------------------------
+
+
+class Pinnable(Lifecycle):
+    """A reaper transition with a Python-only guard: the reaper cannot run it set-based."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = worker(queued.to(active))
+    finish = worker(active.running.to(active.finalizing), lease=LeaseChange.ACQUIRE)
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    expire = reaper(active.running.to(failed, cond=["lease_stale", "not_pinned"]), reason="expired")
+
+    @guard
+    def not_pinned(ctx: GuardContext) -> bool:
+        "an operator did not pin the entity for inspection"
+        return not ctx.data.get("pinned", False)
+
+
+def test_a_rule_with_a_python_guard_runs_row_by_row_through_the_engine(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Pinnable, any_store, clock=clock)
+    for i, pinned in enumerate([False, True, False]):
+        engine.create(f"x{i}", data={"pinned": pinned})
+        engine.fire(f"x{i}", "start")
+    reaper = Reaper(any_store, [Pinnable], clock=clock)
+    (rule,) = reaper.rules
+    assert not rule.set_based
+    clock.advance(timedelta(hours=2))
+    result = reaper.run_once()
+    assert result.moved == {"pinnable.expire": 2} and result.lost_races == 1  # the pinned one is refused
+    assert [engine.get(f"x{i}").state for i in range(3)] == ["failed", "running", "failed"]
