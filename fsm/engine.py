@@ -9,6 +9,7 @@ the commit.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ from pydantic import ValidationError
 import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.errors import (
+    ConditionFailed,
     GuardRejected,
     IdempotencyKeyReused,
+    InvalidArgument,
     InvalidData,
     LeaseLost,
     MalformedRow,
@@ -90,6 +93,24 @@ def announce(kind: str, snap: Snapshot, record: HistoryRecord, branch: Branch) -
         signals.send(signals.reclaimed, kind, transition_payload)
     if branch.lease_effect is LeaseChange.ACQUIRE:
         signals.send(signals.lease_acquired, kind, lambda: LeasePayload.of(kind, snap))
+
+
+_ACTORS = tuple(a.value for a in Actor)
+
+
+def _check_arguments(reason: object, idempotency_key: object, data: object) -> None:
+    """Refuse ill-typed arguments before anything is read or written (I10)."""
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidArgument(f"reason must be a string, not {type(reason).__name__}")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+        raise InvalidArgument(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+    if data is not None and not isinstance(data, Mapping):
+        raise InvalidArgument(f"data must be a mapping (a patch of top-level keys), not {type(data).__name__}")
+
+
+def _check_ttl(ttl: timedelta | None) -> None:
+    if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta()):
+        raise InvalidArgument(f"ttl must be a positive timedelta, not {ttl!r}")
 
 
 class _StoreClock:
@@ -211,11 +232,36 @@ class Engine:
         if event not in self._events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         if actor.__class__ is not Actor:
+            if actor not in _ACTORS:
+                raise InvalidArgument(f"actor must be one of {', '.join(_ACTORS)}, not {actor!r}")
             actor = Actor(actor)
-        if idempotency_key is not None:
+        _check_arguments(reason, idempotency_key, data)
+        if idempotency_key is None:
+            return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
+        replay = self._replay(entity_id, event, idempotency_key)
+        if replay is not None:
+            return replay
+        try:
+            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+        except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
+            # a concurrent call with the same key (a retried webhook) may have committed
+            # between our lookup and our read: then this is a replay, not a refusal
             replay = self._replay(entity_id, event, idempotency_key)
             if replay is not None:
                 return replay
+            raise
+
+    def _fire(
+        self,
+        entity_id: str,
+        event: str,
+        actor: Actor,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+    ) -> FireResult:
         snap = self.store.get(entity_id)
         if snap.kind != self.kind or snap.state not in self.table.configurations:
             snap = self.get(entity_id)  # raises the precise error
@@ -223,7 +269,7 @@ class Engine:
         new_data: dict[str, Any] | None = None
         judged = snap
         if data is not None:  # guards judge the entity as the event would leave its data
-            patch = dict(data)
+            patch = copy.deepcopy(dict(data))  # the caller may reuse its dict; history must not change
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
         branch = self._choose(judged, event, actor, lease)
@@ -236,12 +282,6 @@ class Engine:
             if replay is None:  # pragma: no cover - the store said the key exists
                 raise
             return replay
-        except StaleVersion:
-            if idempotency_key is not None:  # a concurrent call with our key may have won
-                replay = self._replay(entity_id, event, idempotency_key)
-                if replay is not None:
-                    return replay
-            raise
         self._announce(new, record, branch)
         return FireResult(new, record)
 
@@ -349,6 +389,7 @@ class Engine:
         Not a transition: no version bump, no history row.  Raises ``LeaseLost`` when a
         live lease is held by someone else.
         """
+        _check_ttl(ttl)
         snap = self.get(entity_id)
         if snap.state in self.table.finals:
             raise TransitionNotAllowed(
@@ -376,6 +417,7 @@ class Engine:
         Raises ``LeaseLost`` (and sends ``lease_lost``) when the lease is no longer
         current: taken over, expired, or out of budget.  The holder must stop.
         """
+        _check_ttl(ttl)
         snap = self.get(lease.entity_id)
         try:
             new = self.store.renew_lease(

@@ -29,6 +29,11 @@ class ConfigError(FsmError):
         self.problems = problems or [message]
 
 
+class InvalidArgument(FsmError, ValueError):
+    """An argument has the wrong type or value (a non-string reason, a negative TTL...);
+    refused before anything is read or written."""
+
+
 class UnknownEntity(FsmError):
     """No (live) entity has this id, or it belongs to another lifecycle."""
 
@@ -183,6 +188,7 @@ __all__ = [
     "FsmError",
     "GuardRejected",
     "IdempotencyKeyReused",
+    "InvalidArgument",
     "InvalidData",
     "InvalidDefinition",
     "LeaseLost",

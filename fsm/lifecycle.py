@@ -29,9 +29,11 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
-from statemachine import StateChart
+from statemachine import State, StateChart
+from statemachine.event import Event
 from statemachine.exceptions import InvalidDefinition as SmInvalidDefinition
 from statemachine.factory import StateMachineMetaclass
+from statemachine.state import NestedStateFactory
 from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
@@ -88,6 +90,19 @@ class LifecycleMeta(StateMachineMetaclass):
     """Collects guards, checks the framework's rules and compiles the table."""
 
     def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> LifecycleMeta:
+        compiled = [b.__name__ for b in bases if getattr(b, "table", None) is not None]
+        declares = [
+            k
+            for k, v in attrs.items()
+            if isinstance(v, State | TransitionList | Transition | Event | NestedStateFactory)
+        ]
+        if compiled and declares:
+            # python-statemachine shares inherited State objects: a transition declared here
+            # would be appended to the parent's states and change the parent lifecycle too
+            raise InvalidDefinition(
+                f"{name}: subclassing {', '.join(compiled)} may change kind, policy, data_model and guards, "
+                f"not declare states or transitions ({', '.join(declares)}); declare a new Lifecycle instead"
+            )
         own_guards = {k: attrs.pop(k) for k in [k for k, v in attrs.items() if isinstance(v, Guard)]}
         cls = super().__new__(mcs, name, bases, attrs)
         inherited: dict[str, Guard] = {}

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
-from fsm.errors import ConfigError, FsmError, MalformedRow
+from fsm.errors import ConfigError, FsmError, MalformedRow, StoreUnavailable
 from fsm.leader import LeaderLease
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -372,6 +372,8 @@ class Reaper:
         write = self._batch(rule, tuple(s.id for s in page))
         try:
             moved = self.store.apply_batch(write)
+        except (StoreUnavailable, ConfigError):
+            raise  # not a bad row: the whole tick fails, is logged, and the next one retries
         except (MalformedRow, FsmError, ValueError, TypeError):
             # one bad row spoils a set-based page: redo it row by row and skip the bad one
             log.warning("%s: a page of %d failed; retrying row by row", rule.name, len(page), exc_info=True)
@@ -394,6 +396,8 @@ class Reaper:
                     self._moved(rule, new, record, result)
                 return
             fired = rule.engine.fire(snap.id, branch.event, actor=Actor.REAPER)
+        except (StoreUnavailable, ConfigError):
+            raise
         except MalformedRow as err:
             self._bad_row(snap.id, err, result)
             return
@@ -448,8 +452,9 @@ class Reaper:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="fsm-reaper", daemon=True)
+            # each loop has its own stop event: a start racing a stop never revives the old loop
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="fsm-reaper", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float | None = 10.0) -> None:
@@ -469,12 +474,12 @@ class Reaper:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _loop(self) -> None:
+    def _loop(self, stop: threading.Event) -> None:
         interval = self.config.interval.total_seconds()
-        while not self._stop.is_set():
+        while not stop.is_set():
             result = self.run_once()
             log.info("reaper tick: %s", result.summary())
-            self._stop.wait(interval)
+            stop.wait(interval)
 
 
 def _validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:

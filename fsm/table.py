@@ -132,6 +132,10 @@ def _ancestors(state: State) -> list[State]:
 
 def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> tuple[tuple[Guard, bool], ...]:
     found: list[tuple[Guard, bool]] = []
+    if list(transition.validators):
+        raise InvalidDefinition(
+            f"{where}: validators= are not supported (the engine would not run them); use a named guard"
+        )
     for spec in transition.cond:
         func: Any = spec.func
         if not isinstance(func, str):
@@ -145,7 +149,14 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
                 f"{where}: guard expression {func!r} is not supported; list guard names "
                 "(cond=['a', 'b']) and use unless= for negation"
             )
-        for name in (w for w in words if w != "and"):
+        names = [w for w in words if w != "and"]
+        if not spec.expected_value and len(names) > 1:
+            # unless="a and b" means not (a and b): a disjunction of negations, no AND of them
+            raise InvalidDefinition(
+                f"{where}: unless={func!r} combines guards; write one guard per unless= entry "
+                "(unless=['a', 'b'] means neither a nor b)"
+            )
+        for name in names:
             if name not in guards:
                 known = ", ".join(sorted(guards))
                 raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
@@ -164,6 +175,16 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     all_states = list(states)
     by_id = {s.id: s for s in all_states}
     for s in all_states:
+        if s.final and s.parent is not None:
+            raise InvalidDefinition(
+                f"{name}: final state {s.id!r} is nested in {s.parent.id!r}; final states must be top-level, "
+                "or transitions declared on the parent would leave them (final states are absorbing)"
+            )
+        for t in s.transitions:
+            if t.is_eventless and not t.initial:
+                raise InvalidDefinition(
+                    f"{name}: eventless {describe(t)} is not supported: every transition is fired by an actor"
+                )
         if s.parallel:
             raise InvalidDefinition(f"{name}: parallel state {s.id!r} is not supported (a leaf id cannot hold it)")
         if s.is_history:

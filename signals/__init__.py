@@ -81,7 +81,13 @@ def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
     failures = 0
     for receiver in signal.receivers_for(sender):
         if built is None:
-            built = payload()
+            try:
+                built = payload()
+            except Exception:  # what it reports is committed: log, never raise into the caller
+                log.exception(
+                    "payload of signal %r could not be built; no receiver called", getattr(signal, "name", "?")
+                )
+                return 1
         try:
             receiver(sender, payload=built)
         except Exception:

@@ -193,3 +193,96 @@ def test_worker_and_reaper_helpers_record_actor_reason_and_lease_effect() -> Non
     assert start.actor is Actor.WORKER and start.bump_attempt and start.lease_effect is LeaseChange.ACQUIRE
     (complete,) = JobLifecycle.table.branches_for("finalizing", "complete")
     assert complete.lease_effect is LeaseChange.CLEAR  # entering a final state drops the lease
+
+
+def _base(**extra: object) -> dict[str, object]:
+    """The shape every test lifecycle shares, plus ``extra`` class attributes."""
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+    attrs: dict[str, object] = {
+        "queued": queued,
+        "active": active,
+        "done": done,
+        "failed": failed,
+        "start": worker(queued.to(active)),
+        "finish": worker(active.running.to(active.finalizing)),
+        "succeed": worker(active.finalizing.to(done)),
+    }
+    attrs.update({k: (v(attrs) if callable(v) else v) for k, v in extra.items()})
+    return attrs
+
+
+def test_unless_combining_guards_is_refused_because_its_meaning_is_a_disjunction() -> None:
+    with pytest.raises(InvalidDefinition, match="unless="):
+        type(
+            "Ambiguous",
+            (Lifecycle,),
+            _base(abort=lambda a: worker(a["active"].running.to(a["failed"], unless="holds_lease and superseded"))),
+        )
+
+
+def test_validators_are_refused_since_the_engine_would_not_run_them() -> None:
+    with pytest.raises(InvalidDefinition, match="validators"):
+        type(
+            "Validated",
+            (Lifecycle,),
+            _base(abort=lambda a: worker(a["active"].running.to(a["failed"], validators="check"))),
+        )
+
+
+def test_eventless_transitions_are_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="eventless"):
+
+        class Eventless(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            active.finalizing.to(done)  # no event: python-statemachine would take it by itself
+
+
+def test_a_final_state_nested_in_the_compound_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="final state 'shipped' is nested"):
+
+        class NestedFinal(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+                shipped = State(final=True)
+
+            failed = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            ship = worker(active.finalizing.to(active.shipped))
+            abort = worker(active.to(failed))
+
+
+def test_a_subclass_may_change_policy_but_not_declare_transitions() -> None:
+    from datetime import timedelta
+
+    from fsm import Policy
+
+    class PatientJob(JobLifecycle):
+        kind = "patient-job"
+        policy = Policy(lease_ttl=timedelta(minutes=10), renewal_budget={"finalizing": timedelta(hours=4)})
+
+    assert PatientJob.table.events == JobLifecycle.table.events and PatientJob.kind == "patient-job"
+    with pytest.raises(InvalidDefinition, match="not declare states or transitions"):
+
+        class Abortable(JobLifecycle):
+            abort = worker(JobLifecycle.active.to(JobLifecycle.failed))
+
+    assert "abort" not in JobLifecycle.table.events  # the parent is untouched

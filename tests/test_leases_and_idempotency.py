@@ -127,3 +127,75 @@ def test_replay_after_the_entity_moved_on_returns_the_first_record(jobs: Engine)
     jobs.fire("j1", "exited", lease=first.lease)
     again = jobs.fire("j1", "start", idempotency_key="start-1")
     assert again.replayed and again.record == first.record and again.state == "finalizing"
+
+
+def test_a_same_key_fire_committing_between_lookup_and_read_is_a_replay_not_a_refusal(
+    store: object, clock: ManualClock
+) -> None:
+    """Two deliveries of one webhook race: the loser must get the winner's result."""
+    from stores import MemoryStore
+
+    assert isinstance(store, MemoryStore)
+    winner = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    winner.create("j1")
+
+    class Interleaved:
+        """The other delivery commits right after our key lookup found nothing."""
+
+        def __init__(self, inner: MemoryStore) -> None:
+            self.inner = inner
+            self.armed = True
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def find_transition(self, entity_id: str, key: str) -> object:
+            found = self.inner.find_transition(entity_id, key)
+            if self.armed:
+                self.armed = False
+                winner.fire(entity_id, "start", idempotency_key=key)
+            return found
+
+    loser = Engine(JobLifecycle, Interleaved(store), clock=clock, owner="w2")  # type: ignore[arg-type]
+    result = loser.fire("j1", "start", idempotency_key="delivery-9")
+    assert result.replayed and result.snapshot.lease_owner == "w1"
+    assert len(store.history("j1")) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"reason": 42}, {"actor": "bogus"}, {"data": ["x"]}, {"idempotency_key": 7}, {"idempotency_key": ""}],
+)
+def test_ill_typed_arguments_are_refused_before_anything_is_written(jobs: Engine, kwargs: dict[str, object]) -> None:
+    from fsm import InvalidArgument
+
+    jobs.create("j1")
+    before = jobs.get("j1"), jobs.history("j1")
+    with pytest.raises(InvalidArgument):
+        jobs.fire("j1", "start", **kwargs)  # type: ignore[arg-type]
+    assert (jobs.get("j1"), jobs.history("j1")) == before
+
+
+def test_a_non_positive_ttl_is_refused(jobs: Engine) -> None:
+    from fsm import InvalidArgument
+
+    jobs.create("j1")
+    with pytest.raises(InvalidArgument):
+        jobs.acquire_lease("j1", ttl=timedelta(seconds=-1))
+    lease = jobs.fire("j1", "start").lease
+    assert lease is not None
+    with pytest.raises(InvalidArgument):
+        jobs.renew_lease(lease, ttl=timedelta(0))
+    assert jobs.get("j1").lease == lease
+
+
+def test_mutating_the_patch_after_fire_does_not_change_the_stored_history(store: object) -> None:
+    from tests_support import Untyped
+
+    engine = Engine(Untyped, store)  # type: ignore[arg-type]
+    engine.create("u1")
+    patch = {"steps": [{"name": "build"}]}
+    engine.fire("u1", "start", data=patch)
+    patch["steps"][0]["name"] = "changed"
+    assert engine.get("u1").data == {"steps": [{"name": "build"}]}
+    assert engine.history("u1")[-1].data == {"steps": [{"name": "build"}]}

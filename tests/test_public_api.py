@@ -25,6 +25,7 @@ FSM_API = {
     "GuardRejected",
     "HistoryRecord",
     "IdempotencyKeyReused",
+    "InvalidArgument",
     "InvalidData",
     "InvalidDefinition",
     "JobData",

@@ -544,3 +544,44 @@ def test_a_rule_with_a_python_guard_runs_row_by_row_through_the_engine(any_store
     result = reaper.run_once()
     assert result.moved == {"pinnable.expire": 2} and result.lost_races == 1  # the pinned one is refused
     assert [engine.get(f"x{i}").state for i in range(3)] == ["failed", "running", "failed"]
+
+
+class DownStore:
+    """Reads work, writes find the database gone."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def apply_batch(self, batch: Any) -> Any:
+        from fsm import StoreUnavailable
+
+        raise StoreUnavailable("connection refused")
+
+
+def test_a_database_outage_mid_tick_is_a_tick_error_not_lost_races(
+    any_store: Store, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    for i in range(3):
+        pipeline(any_store, clock, f"p{i}")
+    clock.advance(timedelta(hours=2))
+    reaper = Reaper(DownStore(any_store), [PipelineLifecycle], clock=clock)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="fsm.reaper"):
+        result = reaper.run_once()
+    assert result.errors == 1 and result.lost_races == 0 and result.total_moved == 0
+    assert "reaper tick failed" in caplog.text
+
+
+def test_a_start_racing_a_stop_never_leaves_two_loops(clock: ManualClock) -> None:
+    reaper = Reaper(MemoryStoreFactory(), [PipelineLifecycle], {"interval": timedelta(milliseconds=2)}, clock=clock)
+    for _ in range(20):
+        reaper.start()
+        stopper = threading.Thread(target=reaper.stop)
+        stopper.start()
+        reaper.start()
+        stopper.join()
+        reaper.stop(timeout=5)
+    alive = [t for t in threading.enumerate() if t.name == "fsm-reaper"]
+    assert alive == [] and not reaper.running

@@ -124,3 +124,19 @@ def test_no_payload_is_built_when_nobody_listens(pipelines: Engine) -> None:
     built: list[int] = []
     assert signals.send(signals.expired, "pipeline", lambda: built.append(1)) == 0
     assert built == []
+
+
+def test_a_payload_that_cannot_be_built_is_logged_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    def receiver(sender: str, payload: Any) -> None:
+        raise AssertionError("must not be called without a payload")
+
+    def broken() -> Any:
+        raise ValueError("cannot serialise")
+
+    signals.transitioned.connect(receiver)
+    try:
+        with caplog.at_level(logging.ERROR, logger="fsm.signals"):
+            assert signals.send(signals.transitioned, "job", broken) == 1
+    finally:
+        signals.transitioned.disconnect(receiver)
+    assert "could not be built" in caplog.text
