@@ -98,7 +98,14 @@ class LifecycleMeta(StateMachineMetaclass):
         ]
         if compiled and declares:
             # python-statemachine shares inherited State objects: a transition declared here
-            # would be appended to the parent's states and change the parent lifecycle too
+            # was appended to the parent's states when its line ran; take it back out, so the
+            # refusal leaves the parent as it was
+            for value in attrs.values():
+                if isinstance(value, TransitionList | Transition):
+                    for t in value if isinstance(value, TransitionList) else [value]:
+                        held = t.source.transitions.transitions
+                        if t in held:
+                            held.remove(t)
             raise InvalidDefinition(
                 f"{name}: subclassing {', '.join(compiled)} may change kind, policy, data_model and guards, "
                 f"not declare states or transitions ({', '.join(declares)}); declare a new Lifecycle instead"

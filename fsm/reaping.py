@@ -104,21 +104,42 @@ class ReapPolicy(BaseModel):
             return []
         problems = []
         table = self.lifecycle.table
-        leased = {b.source for b in table.declared if b.holds_lease}
-        leased |= {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
-        for state in sorted(leased - self.lifecycle.table.finals):
+        ttl = self.policy.lease_ttl
+        for state in sorted(leased_states(self.lifecycle)):
             budget = self.policy.budget_for(state)
             if budget is None:
                 problems.append(
                     f"{self.lifecycle.kind}: state {state!r} has no renewal budget, so a hung holder could keep "
                     f"its lease forever and max_active={self.max_active} cannot hold"
                 )
-            elif self.max_active <= budget + self.policy.lease_ttl:
+                continue
+            # a reclaim re-enters the state with a fresh lease and a fresh budget
+            reclaims = (
+                self.policy.max_reclaims
+                if any(b.source == state == b.target and b.lease_effect is LeaseChange.ACQUIRE for b in table.declared)
+                else 0
+            )
+            worst = (budget + ttl) * (reclaims + 1)
+            if self.max_active <= worst:
+                spelled = f"({budget} + {ttl})" + (f" x (1 + {reclaims} reclaims)" if reclaims else "")
                 problems.append(
                     f"{self.lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
-                    f"{state!r} ({budget}) + lease_ttl ({self.policy.lease_ttl}) = {budget + self.policy.lease_ttl}"
+                    f"{state!r} + lease_ttl{' for each entry' if reclaims else ''}: {spelled} = {worst}"
                 )
         return problems
+
+
+def leased_states(lifecycle: type[Lifecycle]) -> set[str]:
+    """Non-final states an entity can be in while a lease is held: entered by a transition
+    that acquires one, or by one that keeps it from a leased state (a fixed point)."""
+    table = lifecycle.table
+    leased = {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
+    leased |= {b.source for b in table.declared if b.holds_lease}
+    while True:
+        more = {b.target for b in table.declared if b.source in leased and b.lease_effect is LeaseChange.KEEP}
+        if more <= leased:
+            return leased - table.finals
+        leased |= more
 
 
 @dataclass

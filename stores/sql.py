@@ -332,6 +332,7 @@ class SqlStore(LeaseOps, ReaperOps):
         }
         if self._status is not None:
             params["status"] = self._status(write.target)
+            params["source"] = write.source
         integrity = False
         for _ in range(ATTEMPTS):
             now = self._now()
@@ -421,6 +422,8 @@ class SqlStore(LeaseOps, ReaperOps):
                 return IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=write.event)
         if row.version != write.expect_version:
             return StaleVersion(entity_id, expected=write.expect_version, found=row.version)
+        if row.state != write.source:  # a bound table's application changed its status column
+            return ConditionFailed(entity_id, condition=f"state is {row.state!r}, not {write.source!r}")
         if write.expect_token is not None and (
             row.lease_token != write.expect_token or row.lease_owner != write.expect_owner
         ):

@@ -188,10 +188,23 @@ def bound_layout(dialect: sa.Dialect, prefix: str, binding: TableBinding) -> Lay
     fallback: dict[str, str] = {}
     status_col = q.quote(binding.status_column) if binding.status_column else None
     if status_col is not None:
-        cases = " ".join(f"WHEN {_literal(s)} THEN {_literal(t)}" for s, t in binding.reverse_status.items())
-        fallback["state"] = f"COALESCE({{a}}{col['state']}, CASE {{a}}{status_col} {cases} END)"
+        leaf_of = " ".join(f"WHEN {_literal(s)} THEN {_literal(t)}" for s, t in binding.reverse_status.items())
+        status_of = " ".join(f"WHEN {_literal(t)} THEN {_literal(s)}" for t, s in binding.status_of.items())
+        ours, theirs = f"{{a}}{col['state']}", f"{{a}}{status_col}"
+        # our leaf holds while the application's status still says what we wrote; a status the
+        # application changed itself (a webhook marking Completed) or wrote alone wins
+        fallback["state"] = (
+            f"CASE WHEN {ours} IS NOT NULL AND CAST({theirs} AS TEXT) = (CASE {ours} {status_of} END) THEN {ours} "
+            f"ELSE (CASE {theirs} {leaf_of} END) END"
+        )
+    updated = f"{{a}}{col['updated_at']}"
+    if dialect.name == "sqlite" and "updated_at" in binding.columns:
+        # the application writes its own timestamp text (``T``, ``Z``, offsets...): compare and
+        # read it in the store's canonical UTC spelling, or text order would not be time order
+        updated = f"fsm_ts({updated})"
+        fallback["updated_at"] = updated
     for name in ("state_entered_at", "created_at"):  # NULL until the store writes them, or the app does
-        fallback[name] = f"COALESCE({{a}}{col[name]}, {{a}}{col['updated_at']})"
+        fallback[name] = f"COALESCE({{a}}{col[name]}, {updated})"
     return Layout(
         entities=_table(q, binding.table, binding.schema),
         history=_table(q, f"{prefix}history", binding.schema),

@@ -33,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from fsm.errors import ConfigError, StoreUnavailable
-from stores.sql_dialect import sqlite_ts_add
+from stores.sql_dialect import sqlite_ts_add, sqlite_ts_norm
 
 
 class _Slot:
@@ -168,6 +168,7 @@ def setup_sqlite(busy_timeout_ms: int, synchronous: str) -> Callable[[Any], None
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         conn.create_function("fsm_ts_add", 2, sqlite_ts_add, deterministic=True)
+        conn.create_function("fsm_ts", 1, sqlite_ts_norm, deterministic=True)
 
     return setup
 

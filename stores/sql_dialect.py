@@ -176,6 +176,18 @@ def sqlite_ts_add(value: str | None, micros: int | None) -> str | None:
     return encode_sqlite_time(decode_time(value) + timedelta(microseconds=micros))
 
 
+def sqlite_ts_norm(value: object) -> str | None:
+    """``fsm_ts(x)``: an application's timestamp text (any ISO-8601 spelling: ``T``, ``Z``,
+    an offset, milliseconds) as the canonical UTC text the store compares, or NULL when it
+    is not a timestamp (such a row then never looks stale, and reads as MalformedRow)."""
+    if value is None:
+        return None
+    try:
+        return encode_sqlite_time(decode_time(value))
+    except (TypeError, ValueError):
+        return None
+
+
 class Statements:
     """The SQL of one store: fixed statements as attributes, shaped ones built on demand."""
 
@@ -307,6 +319,10 @@ class Statements:
         c, f = self.L.col, self.f
         # SQLite decodes the new row before COMMIT instead (cheaper than a JSON check in SQL)
         guard = f"{self.readable if self.pg else self.live} AND e.{c['version']} = {f.p('version')}"
+        if self.L.status_col is not None:
+            # the application writes its status column without our version: re-check the state
+            # too, so a status the application changed since our read is never overwritten
+            guard += f" AND {self.L.ref('state', 'e')} = {f.p('source')}"
         if token_check:
             guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
         guard += self.conditions(require, "e")

@@ -404,8 +404,19 @@ def test_a_config_whose_max_active_does_not_exceed_budget_plus_ttl_is_refused_na
         Reaper(MemoryStoreFactory(), {JobLifecycle: bad})
     message = str(info.value)
     assert "max_active=1:01:00" in message and "1:00:00" in message and "0:02:00" in message
-    ok = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(minutes=63))
+    # finalizing can be re-entered by each of the 2 reclaims, each with a fresh budget
+    reclaimed = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(hours=2))
+    with pytest.raises(ConfigError, match=r"\(1:00:00 \+ 0:02:00\) x \(1 \+ 2 reclaims\) = 3:06:00"):
+        Reaper(MemoryStoreFactory(), {JobLifecycle: reclaimed})
+    ok = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(hours=3, minutes=7))
     Reaper(MemoryStoreFactory(), {JobLifecycle: ok})
+
+
+def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
+    from fsm.reaping import leased_states
+
+    assert leased_states(JobLifecycle) == {"running", "finalizing"}
+    assert leased_states(PipelineLifecycle) == {"finalizing"}
 
 
 def test_a_max_active_with_an_unbudgeted_leased_state_is_refused() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -20,8 +20,9 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from conftest import SqlTarget
 
-from fsm import ConfigError, Engine, PipelineLifecycle, UnknownEntity
-from fsm.records import BatchWrite, LeaseChange, LeaseStale, NewEntity
+from fsm import ConditionFailed, ConfigError, Engine, PipelineLifecycle, TransitionNotAllowed, UnknownEntity
+from fsm.reaping import Reaper
+from fsm.records import BatchWrite, LeaseChange, LeaseStale, NewEntity, TransitionWrite
 from stores.sql import SqlStore
 from stores.sql_binding import (
     ChildRows,
@@ -238,3 +239,49 @@ def test_a_state_without_a_status_is_a_config_error(app: App) -> None:
     assert isinstance(store, SqlStore)
     with pytest.raises(ConfigError, match="no status for state 'limbo'"):
         store.create(NewEntity("x", "pipeline", "limbo"))
+
+
+def test_the_applications_own_timestamp_spelling_is_compared_as_time(app: App) -> None:
+    """SQLite keeps text: an app writing ``T...Z`` or an offset must still be judged by time."""
+    now = datetime.now(UTC)
+    add_missing_columns(app.engine, app.binding)
+    store = app.target.store(binding=app.binding)
+    if app.target.dialect == "sqlite":
+        zombie = (now - timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        recent = (now - timedelta(minutes=30)).astimezone(timezone(timedelta(hours=-5))).isoformat()
+        for pid, stamp in (("zombie", zombie), ("recent", recent)):
+            app.run(
+                f'INSERT INTO {app.table} (id, status, "updatedAt", del) VALUES (:id, :s, :u, :d)',
+                id=pid, s="Running", u=stamp, d=False,
+            )  # fmt: skip
+    else:
+        app.insert("zombie", "Running", now - timedelta(hours=3))
+        app.insert("recent", "Running", now - timedelta(minutes=30))
+    stale = (LeaseStale(PipelineLifecycle.policy.stale_after),)
+    assert [s.id for s in store.candidates("pipeline", "running", stale, limit=10)] == ["zombie"]
+    engine = Engine(PipelineLifecycle, store)
+    assert abs(engine.get("recent").updated_at - (now - timedelta(minutes=30))) < timedelta(milliseconds=1)
+    result = Reaper(store, [PipelineLifecycle]).run_once()
+    assert result.moved == {"pipeline.expire": 1}
+    assert (engine.get("zombie").state, engine.get("recent").state) == ("failed", "running")
+
+
+def test_a_status_the_application_changed_itself_wins_and_is_never_overwritten(app: App) -> None:
+    now = datetime.now(UTC)
+    app.insert("p1", "Queued", now)
+    add_missing_columns(app.engine, app.binding)
+    store = app.target.store(binding=app.binding)
+    engine = Engine(PipelineLifecycle, store)
+    engine.fire("p1", "start")
+    read = engine.get("p1")
+    # the application's success webhook sets the status itself, knowing nothing of the library
+    app.run(f"UPDATE {app.table} SET status = 'Completed' WHERE id = 'p1'")
+    assert engine.get("p1").state == "completed"
+    write = TransitionWrite(
+        "p1", "expire", "running", "failed", "reaper", read.version, require=(), lease_change=LeaseChange.CLEAR
+    )
+    with pytest.raises(ConditionFailed, match="state"):
+        store.apply(write)
+    with pytest.raises(TransitionNotAllowed):
+        engine.fire("p1", "fail")
+    assert app.row("p1")["status"] == "Completed"
