@@ -35,13 +35,11 @@ from fsm.records import (
     Actor,
     BatchWrite,
     Condition,
-    CounterAtLeast,
-    CounterBelow,
     HistoryRecord,
     LeaseChange,
     Snapshot,
 )
-from fsm.table import Branch, branch_conditions
+from fsm.table import Branch, branch_conditions, negate_condition
 from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
@@ -200,15 +198,6 @@ class Rule:
         return f"{self.engine.kind}.{self.branch.event}"
 
 
-def _negate(condition: Condition) -> Condition | None:
-    """The store condition meaning "not ``condition``", where one exists."""
-    if isinstance(condition, CounterBelow):
-        return CounterAtLeast(condition.counter, condition.limit)
-    if isinstance(condition, CounterAtLeast):
-        return CounterBelow(condition.counter, condition.limit)
-    return None
-
-
 def plan_rules(engine: Engine) -> list[Rule]:
     """The reaper rules of one lifecycle, in the order the statechart would try them.
 
@@ -226,13 +215,12 @@ def plan_rules(engine: Engine) -> list[Rule]:
                 if branch.actor is not Actor.REAPER:
                     continue
                 own = branch_conditions(branch, engine.policy)
-                set_based = all(g.condition is not None for g, expected in branch.guards if expected) and all(
-                    expected for _, expected in branch.guards
-                )
+                # every guard (cond, or unless on a counter) has a store condition: SQL can run it
+                set_based = all(g.condition is not None for g, _ in branch.guards)
                 extra: list[Condition] = []
                 for previous in earlier:
                     distinct = [c for c in previous if c not in own]
-                    negated = _negate(distinct[0]) if len(distinct) == 1 else None
+                    negated = negate_condition(distinct[0]) if len(distinct) == 1 else None
                     if negated is None:
                         set_based = False
                     else:

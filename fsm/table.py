@@ -19,7 +19,7 @@ from statemachine.transition import Transition
 from fsm.errors import InvalidDefinition
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
-from fsm.records import Actor, Condition, LeaseChange
+from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, LeaseChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +109,28 @@ class CompiledTable:
         return None
 
 
+def negate_condition(condition: Condition) -> Condition | None:
+    """The store condition meaning "not ``condition``", where one exists (counters only)."""
+    if isinstance(condition, CounterBelow):
+        return CounterAtLeast(condition.counter, condition.limit)
+    if isinstance(condition, CounterAtLeast):
+        return CounterBelow(condition.counter, condition.limit)
+    return None
+
+
 def branch_conditions(branch: Branch, policy: Policy) -> tuple[Condition, ...]:
-    """The store-side conditions of a branch's guards (those that expect True and have one)."""
-    return tuple(g.condition(policy) for g, expected in branch.guards if expected and g.condition is not None)
+    """The store-side conditions of a branch's guards: each ``cond`` guard's condition, and
+    the negation of each ``unless`` guard's (definitions refuse an ``unless`` on a guard
+    whose condition has no negation)."""
+    found: list[Condition] = []
+    for g, expected in branch.guards:
+        if g.condition is None:
+            continue
+        condition = g.condition(policy)
+        negated = condition if expected else negate_condition(condition)
+        if negated is not None:
+            found.append(negated)
+    return tuple(found)
 
 
 def _initial_leaf(state: State) -> State:
@@ -160,8 +179,18 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
             if name not in guards:
                 known = ", ".join(sorted(guards))
                 raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
-            found.append((guards[name], bool(spec.expected_value)))
+            g = guards[name]
+            if not spec.expected_value and g.condition is not None and g.name in _NOT_NEGATABLE:
+                raise InvalidDefinition(
+                    f"{where}: unless={name!r} cannot be re-checked by the store at commit (only its positive "
+                    "form can); guard the transition positively (e.g. cond='holds_lease')"
+                )
+            found.append((g, bool(spec.expected_value)))
     return tuple(found)
+
+
+_NOT_NEGATABLE = frozenset({"lease_stale", "superseded"})
+"""Built-in guards whose store condition has no negated form (time and other rows)."""
 
 
 def describe(transition: Transition) -> str:
@@ -230,7 +259,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             order=order[id(t)],
                             holds_lease=any(g is HOLDS_LEASE and expected for g, expected in gs),
                             lease_effect=LeaseChange.CLEAR if target_leaf.final else meta.lease,
-                            rechecked=any(expected and g.condition is not None for g, expected in gs),
+                            rechecked=any(g.condition is not None for g, _ in gs),
                             actor_name=meta.actor.value,
                         )
                     )
@@ -248,4 +277,12 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     )
 
 
-__all__ = ["Branch", "CompiledTable", "TransitionMeta", "branch_conditions", "compile_table", "meta_of"]
+__all__ = [
+    "Branch",
+    "CompiledTable",
+    "TransitionMeta",
+    "branch_conditions",
+    "compile_table",
+    "meta_of",
+    "negate_condition",
+]

@@ -287,3 +287,29 @@ def test_a_subclass_may_change_policy_but_not_declare_transitions() -> None:
 
     assert "abort" not in JobLifecycle.table.events  # the parent is untouched
     assert all(str(t.event) != "abort" for s in JobLifecycle.states_map.values() for t in s.transitions)
+
+
+def test_unless_on_a_time_guard_is_refused_since_the_store_cannot_recheck_its_negation() -> None:
+    with pytest.raises(InvalidDefinition, match="unless='lease_stale' cannot be re-checked"):
+        type(
+            "FreshOnly", (Lifecycle,), _base(abort=lambda a: worker(a["active"].to(a["failed"], unless="lease_stale")))
+        )
+
+
+def test_unless_on_a_counter_guard_is_rechecked_as_its_negation() -> None:
+    from fsm import Policy
+    from fsm.records import CounterAtLeast
+    from fsm.table import branch_conditions
+
+    retry = type(
+        "Retry",
+        (Lifecycle,),
+        _base(
+            give_up=lambda a: reaper(
+                a["active"].running.to(a["failed"], cond="lease_stale", unless="attempts_left"), reason="spent"
+            )
+        ),
+    )
+    (branch,) = retry.table.branches_for("running", "give_up")
+    conditions = branch_conditions(branch, Policy(max_attempts=4))
+    assert CounterAtLeast("attempt", 4) in conditions and branch.rechecked
