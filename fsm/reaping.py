@@ -259,6 +259,11 @@ class Reaper:
                 problems.append(f"{lifecycle!r} is not a Lifecycle class")
                 continue
             if isinstance(given, ReapPolicy):
+                if given.lifecycle is not lifecycle:
+                    problems.append(
+                        f"the policy given for {lifecycle.__name__} is a ReapPolicy of {given.lifecycle.__name__}"
+                    )
+                    continue
                 rp = given
             else:
                 rp = ReapPolicy(lifecycle=lifecycle, policy=given or lifecycle.policy)
@@ -287,7 +292,7 @@ class Reaper:
         started = time.perf_counter()
         if self.config.enabled:
             try:
-                if self.leader is not None and not self.leader.try_lead():
+                if self.leader is not None and not dry_run and not self.leader.try_lead():
                     result.leading = False
                     return self._finish(result, started, dry_run)
                 for rule in self.rules:
@@ -318,8 +323,13 @@ class Reaper:
             if not page:
                 return
             after = page[-1].id
-            if dry_run:
-                result.would_move += [(rule.engine.kind, s.id, branch.event, branch.target) for s in page]
+            if dry_run:  # a row two rules would move is listed once, as the first rule would take it
+                listed = {(kind, entity_id) for kind, entity_id, _, _ in result.would_move}
+                result.would_move += [
+                    (rule.engine.kind, s.id, branch.event, branch.target)
+                    for s in page
+                    if (rule.engine.kind, s.id) not in listed
+                ]
             elif rule.set_based:
                 self._move_page(rule, page, result)
             else:

@@ -596,3 +596,28 @@ def test_a_start_racing_a_stop_never_leaves_two_loops(clock: ManualClock) -> Non
         reaper.stop(timeout=5)
     alive = [t for t in threading.enumerate() if t.name == "fsm-reaper"]
     assert alive == [] and not reaper.running
+
+
+def test_a_dry_run_lists_a_row_two_rules_would_move_once_and_takes_no_leadership(
+    any_store: Store, clock: ManualClock
+) -> None:
+    pipeline(any_store, clock, "old", key="main")
+    clock.advance(seconds=1)
+    pipeline(any_store, clock, "new", key="main")
+    clock.advance(timedelta(hours=2))  # old is both stale and superseded
+    reaper = Reaper(any_store, [PipelineLifecycle], ReaperConfig(leader=True), clock=clock)
+    result = reaper.run_once(dry_run=True)
+    assert sorted(result.would_move) == [
+        ("pipeline", "new", "expire", "failed"),
+        ("pipeline", "old", "expire", "failed"),
+    ]
+    from fsm import UnknownEntity
+
+    with pytest.raises(UnknownEntity):
+        any_store.get("fsm-reaper-leader")  # a dry run writes nothing, not even the leader row
+
+
+def test_a_reap_policy_for_another_lifecycle_is_refused() -> None:
+    wrong = ReapPolicy(lifecycle=JobLifecycle, policy=JobLifecycle.policy)
+    with pytest.raises(ConfigError, match="ReapPolicy of JobLifecycle"):
+        Reaper(MemoryStoreFactory(), {PipelineLifecycle: wrong})
