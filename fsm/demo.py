@@ -50,7 +50,7 @@ def say(text: str = "") -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.verbose:  # the narrative says what moved; -v shows the reaper's own log lines
-        logging.getLogger("fsm.reaping").setLevel(logging.WARNING)
+        logging.getLogger("fsm.reaper").setLevel(logging.WARNING)
     clock = ManualClock(SystemClock().now())
     store = open_simulated(args.db, clock)
     run_id = secrets.token_hex(3)

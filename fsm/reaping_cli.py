@@ -15,7 +15,7 @@ from fsm.lifecycle import Lifecycle
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, Reaper, ReaperConfig, ReapResult
 
-log = logging.getLogger("fsm.reaping")
+log = logging.getLogger("fsm.reaper")
 
 
 def load_lifecycle(spec: str) -> type[Lifecycle]:

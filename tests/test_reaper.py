@@ -143,7 +143,7 @@ def test_AC5_a_failing_store_is_logged_and_the_reaper_keeps_running(
     clock.advance(timedelta(hours=2))
     broken = BrokenStore(any_store)
     reaper = Reaper(broken, [PipelineLifecycle], clock=clock)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="fsm.reaping"):
+    with caplog.at_level(logging.INFO, logger="fsm.reaper"):
         first = reaper.run_once()  # must not raise
     assert first.errors == 1 and first.total_moved == 0
     failed_tick = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -367,7 +367,7 @@ def test_a_bad_row_among_good_ones_is_logged_and_skipped(
         pipeline(any_store, clock, f"p{i}")
     clock.advance(timedelta(hours=2))
     reaper = Reaper(OneBadRowStore(any_store, "p2"), [PipelineLifecycle], clock=clock)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="fsm.reaping"):
+    with caplog.at_level(logging.INFO, logger="fsm.reaper"):
         result = reaper.run_once()
     assert result.bad_rows == 1 and result.moved == {"pipeline.expire": 4}
     assert any_store.get("p2").state == "running"
@@ -413,7 +413,7 @@ def test_a_config_whose_max_active_does_not_exceed_budget_plus_ttl_is_refused_na
 
 
 def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
-    from fsm.reaping import leased_states
+    from fsm.reap_config import leased_states
 
     assert leased_states(JobLifecycle) == {"running", "finalizing"}
     assert leased_states(PipelineLifecycle) == {"finalizing"}

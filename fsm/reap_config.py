@@ -1,0 +1,158 @@
+"""The reaper's configuration and results: what a tick may do, and what it did.
+
+``ReaperConfig`` (interval, batch size, kill switch, leader), ``ReapPolicy`` (a lifecycle's
+policy plus ``max_active`` and the backstop rule checked against it) and ``ReapResult``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.records import LeaseChange
+
+DEFAULT_INTERVAL = timedelta(minutes=5)
+DEFAULT_BATCH_SIZE = 500
+
+
+class ReaperConfig(BaseModel):
+    """How often and how much the reaper sweeps.  ``enabled=False`` is the kill switch: a
+    tick then reads and writes nothing."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval: timedelta = Field(DEFAULT_INTERVAL, description="time between two ticks")
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, description="candidates per keyset page")
+    enabled: bool = Field(True, description="kill switch: off means a tick touches nothing")
+    leader: bool = Field(False, description="one reaper at a time: ticks only while holding the leader lease")
+    leader_ttl: timedelta | None = Field(None, description="leader lease lifetime (default: 3 x interval)")
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta():
+            raise ValueError("interval must be a positive duration")
+        return value
+
+    @model_validator(mode="after")
+    def _leader_outlives_a_tick(self) -> ReaperConfig:
+        if self.leader_ttl is not None and self.leader_ttl <= self.interval:
+            raise ValueError(
+                f"leader_ttl ({self.leader_ttl}) must exceed interval ({self.interval}), "
+                "or a live leader would lose its lease between two ticks"
+            )
+        return self
+
+    @property
+    def effective_leader_ttl(self) -> timedelta:
+        return self.leader_ttl or self.interval * 3
+
+
+class ReapPolicy(BaseModel):
+    """One lifecycle's timing as the reaper sees it: the lifecycle's :class:`Policy` plus
+    ``max_active``, the longest an entity may stay in one active state.
+
+    The backstop rule is checked here: a live-but-hung holder keeps its lease at most
+    renewal budget + lease TTL after entering a state, so ``max_active`` must exceed that
+    sum for every active state, or the promise cannot hold and the config is refused.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    lifecycle: type[Lifecycle]
+    policy: Policy
+    max_active: timedelta | None = None
+
+    def check_backstop(self) -> list[str]:
+        if self.max_active is None:
+            return []
+        problems = []
+        table = self.lifecycle.table
+        ttl = self.policy.lease_ttl
+        for state in sorted(leased_states(self.lifecycle)):
+            budget = self.policy.budget_for(state)
+            if budget is None:
+                problems.append(
+                    f"{self.lifecycle.kind}: state {state!r} has no renewal budget, so a hung holder could keep "
+                    f"its lease forever and max_active={self.max_active} cannot hold"
+                )
+                continue
+            # a reclaim re-enters the state with a fresh lease and a fresh budget
+            reclaims = (
+                self.policy.max_reclaims
+                if any(b.source == state == b.target and b.lease_effect is LeaseChange.ACQUIRE for b in table.declared)
+                else 0
+            )
+            worst = (budget + ttl) * (reclaims + 1)
+            if self.max_active <= worst:
+                spelled = f"({budget} + {ttl})" + (f" x (1 + {reclaims} reclaims)" if reclaims else "")
+                problems.append(
+                    f"{self.lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
+                    f"{state!r} + lease_ttl{' for each entry' if reclaims else ''}: {spelled} = {worst}"
+                )
+        return problems
+
+
+def leased_states(lifecycle: type[Lifecycle]) -> set[str]:
+    """Non-final states an entity can be in while a lease is held: entered by a transition
+    that acquires one, or by one that keeps it from a leased state (a fixed point)."""
+    table = lifecycle.table
+    leased = {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
+    leased |= {b.source for b in table.declared if b.holds_lease}
+    while True:
+        more = {b.target for b in table.declared if b.source in leased and b.lease_effect is LeaseChange.KEEP}
+        if more <= leased:
+            return leased - table.finals
+        leased |= more
+
+
+@dataclass
+class ReapResult:
+    """What one tick did.  ``moved`` counts per ``kind.event`` (``"job.reclaim"``)."""
+
+    moved: Counter[str] = field(default_factory=Counter)
+    lost_races: int = 0
+    bad_rows: int = 0
+    errors: int = 0
+    duration_s: float = 0.0
+    dry_run: bool = False
+    enabled: bool = True
+    leading: bool = True
+    """False when ``config.leader`` is on and another reaper holds the leader lease."""
+    would_move: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
+
+    @property
+    def total_moved(self) -> int:
+        return sum(self.moved.values())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            **{f"moved.{k}": v for k, v in sorted(self.moved.items())},
+            "lost_races": self.lost_races,
+            "bad_rows": self.bad_rows,
+            "errors": self.errors,
+            "would_move": len(self.would_move),
+        }
+
+    def summary(self) -> str:
+        moved = ", ".join(f"{k}={v}" for k, v in sorted(self.moved.items())) or "nothing"
+        head = "dry run, would move" if self.dry_run else "moved"
+        if self.dry_run:
+            moved = str(len(self.would_move))
+        if not self.enabled:
+            return "reaper disabled: touched nothing"
+        if not self.leading:
+            return "standby: another reaper holds the leader lease"
+        return (
+            f"{head} {moved}; lost races {self.lost_races}; bad rows {self.bad_rows}; "
+            f"errors {self.errors}; {self.duration_s * 1000:.1f} ms"
+        )
+
+
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_INTERVAL", "ReapPolicy", "ReapResult", "ReaperConfig", "leased_states"]
