@@ -22,6 +22,7 @@ import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.errors import (
     ConditionFailed,
+    FsmError,
     GuardRejected,
     IdempotencyKeyReused,
     InvalidArgument,
@@ -173,6 +174,19 @@ class Engine:
         """Events with at least one branch for ``actor`` from the entity's state (guards not evaluated)."""
         snap = self.get(entity) if isinstance(entity, str) else entity
         return [e for e in self.table.events if any(b.actor is actor for b in self.table.branches_for(snap.state, e))]
+
+    def would_fire(self, entity: Snapshot, event: str, actor: Actor = Actor.WORKER) -> Branch | None:
+        """The branch ``event`` would take from ``entity`` now, or None if refused.
+
+        Side-effect free (guards are judged on the snapshot; nothing is written), for dry
+        runs and previews; the real ``fire`` re-checks everything at commit.
+        """
+        if event not in self._events:
+            return None
+        try:
+            return self._choose(entity, event, actor, None)
+        except FsmError:
+            return None
 
     # -- creating ------------------------------------------------------------------------
 
@@ -326,7 +340,9 @@ class Engine:
         failed: dict[str, list[str]] = {}
         for branch in mine:
             refused = [
-                g.name if expected else f"not {g.name}" for g, expected in branch.guards if g.check(ctx) is not expected
+                g.name if expected else f"not {g.name}"
+                for g, expected in branch.guards
+                if bool(g.check(ctx)) is not expected
             ]
             if not refused:
                 return branch

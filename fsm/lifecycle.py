@@ -100,17 +100,22 @@ class LifecycleMeta(StateMachineMetaclass):
             # python-statemachine shares inherited State objects: a transition declared here
             # was appended to the parent's states when its line ran; take it back out, so the
             # refusal leaves the parent as it was
-            for value in attrs.values():
-                if isinstance(value, TransitionList | Transition):
-                    for t in value if isinstance(value, TransitionList) else [value]:
-                        held = t.source.transitions.transitions
-                        if t in held:
-                            held.remove(t)
+            for base in bases:
+                for state, declared in getattr(base, "_declared_transitions", {}).values():
+                    state.transitions.transitions[:] = declared
             raise InvalidDefinition(
                 f"{name}: subclassing {', '.join(compiled)} may change kind, policy, data_model and guards, "
                 f"not declare states or transitions ({', '.join(declares)}); declare a new Lifecycle instead"
             )
         own_guards = {k: attrs.pop(k) for k in [k for k, v in attrs.items() if isinstance(v, Guard)]}
+        shadowing = sorted(g.name for g in own_guards.values() if g.name in BUILTIN_GUARDS)
+        if shadowing:
+            # the engine fences and re-checks built-in guards by identity: a look-alike would
+            # silently drop the fencing token or the store-side re-check
+            raise InvalidDefinition(
+                f"{name}: guard name(s) {', '.join(shadowing)} are built in and cannot be redefined; "
+                "give your guard another name"
+            )
         cls = super().__new__(mcs, name, bases, attrs)
         inherited: dict[str, Guard] = {}
         for base in reversed(bases):
@@ -132,6 +137,11 @@ class LifecycleMeta(StateMachineMetaclass):
         if "kind" not in attrs:
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        # what each (shared) State object held at creation: a refused subclass that appended
+        # transitions to them is rolled back to this
+        cls._declared_transitions = {
+            id(state): (state, list(state.transitions.transitions)) for state in cls.states_map.values()
+        }
         _check_finalizing_rules(name, cls)
 
 

@@ -57,9 +57,11 @@ class ReapPolicy(BaseModel):
     """One lifecycle's timing as the reaper sees it: the lifecycle's :class:`Policy` plus
     ``max_active``, the longest an entity may stay in one active state.
 
-    The backstop rule is checked here: a live-but-hung holder keeps its lease at most
-    renewal budget + lease TTL after entering a state, so ``max_active`` must exceed that
-    sum for every active state, or the promise cannot hold and the config is refused.
+    The backstop rule is checked here (it is a check, not another timer): in every state
+    the reaper watches, a live-but-hung holder keeps its lease at most renewal budget +
+    lease TTL after entering it (once more per reclaim, which re-enters the state), and the
+    reaper sees the lapse within one interval; ``max_active`` must exceed that sum, or the
+    promise cannot hold and the config is refused naming the numbers.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -68,13 +70,13 @@ class ReapPolicy(BaseModel):
     policy: Policy
     max_active: timedelta | None = None
 
-    def check_backstop(self) -> list[str]:
+    def check_backstop(self, interval: timedelta = DEFAULT_INTERVAL) -> list[str]:
         if self.max_active is None:
             return []
         problems = []
         table = self.lifecycle.table
         ttl = self.policy.lease_ttl
-        for state in sorted(leased_states(self.lifecycle)):
+        for state in sorted(watched_states(self.lifecycle) | leased_states(self.lifecycle)):
             budget = self.policy.budget_for(state)
             if budget is None:
                 problems.append(
@@ -88,14 +90,26 @@ class ReapPolicy(BaseModel):
                 if any(b.source == state == b.target and b.lease_effect is LeaseChange.ACQUIRE for b in table.declared)
                 else 0
             )
-            worst = (budget + ttl) * (reclaims + 1)
+            worst = (budget + ttl) * (reclaims + 1) + interval
             if self.max_active <= worst:
                 spelled = f"({budget} + {ttl})" + (f" x (1 + {reclaims} reclaims)" if reclaims else "")
                 problems.append(
                     f"{self.lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
-                    f"{state!r} + lease_ttl{' for each entry' if reclaims else ''}: {spelled} = {worst}"
+                    f"{state!r} + lease_ttl{' for each entry' if reclaims else ''} + the reaper interval: "
+                    f"{spelled} + {interval} = {worst}"
                 )
         return problems
+
+
+def watched_states(lifecycle: type[Lifecycle]) -> set[str]:
+    """States the reaper moves entities out of once their lease is stale.  Any non-final
+    state can be leased (``Engine.acquire_lease``), so each of these needs a budget."""
+    return {
+        b.source for b in lifecycle.table.declared if b.actor.value == "reaper" and LEASE_STALE_NAME in b.guard_names
+    }
+
+
+LEASE_STALE_NAME = "lease_stale"
 
 
 def leased_states(lifecycle: type[Lifecycle]) -> set[str]:
@@ -117,6 +131,8 @@ class ReapResult:
 
     moved: Counter[str] = field(default_factory=Counter)
     lost_races: int = 0
+    refused: int = 0
+    """Candidates a guard only Python can judge refused (rules the store cannot run set-based)."""
     bad_rows: int = 0
     errors: int = 0
     duration_s: float = 0.0
@@ -135,6 +151,7 @@ class ReapResult:
         return {
             **{f"moved.{k}": v for k, v in sorted(self.moved.items())},
             "lost_races": self.lost_races,
+            "refused": self.refused,
             "bad_rows": self.bad_rows,
             "errors": self.errors,
             "would_move": len(self.would_move),
@@ -150,9 +167,17 @@ class ReapResult:
         if not self.leading:
             return "standby: another reaper holds the leader lease"
         return (
-            f"{head} {moved}; lost races {self.lost_races}; bad rows {self.bad_rows}; "
+            f"{head} {moved}; lost races {self.lost_races}; refused {self.refused}; bad rows {self.bad_rows}; "
             f"errors {self.errors}; {self.duration_s * 1000:.1f} ms"
         )
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_INTERVAL", "ReapPolicy", "ReapResult", "ReaperConfig", "leased_states"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_INTERVAL",
+    "ReapPolicy",
+    "ReapResult",
+    "ReaperConfig",
+    "leased_states",
+    "watched_states",
+]

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
-from fsm.errors import ConfigError, FsmError, MalformedRow, StoreUnavailable
+from fsm.errors import ConfigError, FsmError, GuardRejected, MalformedRow, StoreUnavailable
 from fsm.leader import LeaderLease
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -86,7 +86,7 @@ class Reaper:
                 rp = given
             else:
                 rp = ReapPolicy(lifecycle=lifecycle, policy=given or lifecycle.policy)
-            problems += rp.check_backstop()
+            problems += rp.check_backstop(self.config.interval)
             reap_policies.append(rp)
         if not reap_policies and not problems:
             problems.append("the reaper needs at least one lifecycle")
@@ -97,6 +97,11 @@ class Reaper:
             Engine(rp.lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        if self.config.leader and getattr(store, "binding", None) is not None:
+            raise ConfigError(
+                "leader=True needs a store with the library's own tables: on a store bound to an application "
+                "table the reserved leader row would land in that table; give the leader its own SqlStore"
+            )
         self.leader = LeaderLease(store, self.owner, self.config.effective_leader_ttl) if self.config.leader else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -144,6 +149,8 @@ class Reaper:
             after = page[-1].id
             if dry_run:  # a row two rules would move is listed once, as the first rule would take it
                 listed = {(kind, entity_id) for kind, entity_id, _, _ in result.would_move}
+                if not rule.set_based:  # Python guards the store could not filter: judge them here
+                    page = [s for s in page if rule.engine.would_fire(s, branch.event, Actor.REAPER) is not None]
                 result.would_move += [
                     (rule.engine.kind, s.id, branch.event, branch.target)
                     for s in page
@@ -238,6 +245,9 @@ class Reaper:
             raise
         except MalformedRow as err:
             self._bad_row(snap.id, err, result)
+            return
+        except GuardRejected:
+            result.refused += 1  # a guard only Python can judge said no: not a race
             return
         except FsmError:
             result.lost_races += 1  # moved, renewed, completed or deleted since the read

@@ -180,17 +180,13 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
                 known = ", ".join(sorted(guards))
                 raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
             g = guards[name]
-            if not spec.expected_value and g.condition is not None and g.name in _NOT_NEGATABLE:
+            if not spec.expected_value and g.condition is not None and negate_condition(g.condition(Policy())) is None:
                 raise InvalidDefinition(
                     f"{where}: unless={name!r} cannot be re-checked by the store at commit (only its positive "
                     "form can); guard the transition positively (e.g. cond='holds_lease')"
                 )
             found.append((g, bool(spec.expected_value)))
     return tuple(found)
-
-
-_NOT_NEGATABLE = frozenset({"lease_stale", "superseded"})
-"""Built-in guards whose store condition has no negated form (time and other rows)."""
 
 
 def describe(transition: Transition) -> str:

@@ -180,11 +180,11 @@ def sqlite_ts_norm(value: object) -> str | None:
     """``fsm_ts(x)``: an application's timestamp text (any ISO-8601 spelling: ``T``, ``Z``,
     an offset, milliseconds) as the canonical UTC text the store compares, or NULL when it
     is not a timestamp (such a row then never looks stale, and reads as MalformedRow)."""
-    if value is None:
+    if not isinstance(value, str):  # an epoch number, a blob: not a timestamp this store reads
         return None
     try:
         return encode_sqlite_time(decode_time(value))
-    except (TypeError, ValueError):
+    except Exception:  # a SQL function must never raise: SQLite would fail the whole statement
         return None
 
 

@@ -313,3 +313,64 @@ def test_unless_on_a_counter_guard_is_rechecked_as_its_negation() -> None:
     (branch,) = retry.table.branches_for("running", "give_up")
     conditions = branch_conditions(branch, Policy(max_attempts=4))
     assert CounterAtLeast("attempt", 4) in conditions and branch.rechecked
+
+
+def test_a_refused_subclass_leaves_the_parent_statechart_as_it_was_even_for_hidden_transitions() -> None:
+    with pytest.raises(InvalidDefinition):
+
+        class Sneaky(JobLifecycle):
+            hidden = [JobLifecycle.queued.to(JobLifecycle.failed)]  # not an attribute the check sees
+            abort = worker(JobLifecycle.active.to(JobLifecycle.failed))
+
+    sm = JobLifecycle.restore("queued")
+    sm.send("start")
+    assert set(sm.configuration_values) == {"active", "running"}
+    assert [t.target.id for t in JobLifecycle.queued.transitions] == ["active"]
+
+
+def test_built_in_guard_names_cannot_be_redefined() -> None:
+    with pytest.raises(InvalidDefinition, match="holds_lease are built in"):
+
+        class Audited(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active), lease=LeaseChange.ACQUIRE)
+            finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+
+            @guard
+            def holds_lease(ctx: GuardContext) -> bool:
+                "a look-alike that would drop the fencing token"
+                return ctx.lease is not None
+
+
+def test_unless_on_a_user_guard_whose_condition_cannot_be_negated_is_refused() -> None:
+    from fsm import Guard
+    from fsm.records import LeaseStale
+
+    custom = Guard("idle_long", lambda ctx: True, "idle", condition=lambda p: LeaseStale(p.stale_after * 2))
+    attrs = _base(abort=lambda a: worker(a["active"].to(a["failed"], unless="idle_long")))
+    attrs["idle_long"] = custom
+    with pytest.raises(InvalidDefinition, match="unless='idle_long' cannot be re-checked"):
+        type("Custom", (Lifecycle,), attrs)
+
+
+def test_a_guard_returning_a_truthy_value_counts_as_true_as_in_python_statemachine(clock: ManualClock) -> None:
+    from fsm import Guard
+
+    owner_set = Guard("owner_set", lambda ctx: ctx.data.get("owner"), "an owner name is set")
+    attrs = _base(
+        assign=lambda a: worker(a["active"].running.to(a["active"].finalizing, cond="owner_set")),
+        abort=lambda a: worker(a["active"].to(a["failed"])),
+    )
+    attrs["owner_set"] = owner_set
+    assignable = type("Assignable", (Lifecycle,), attrs)
+    engine = Engine(assignable, MemoryStore(clock), clock=clock)
+    engine.create("a1")
+    engine.fire("a1", "start")
+    assert engine.fire("a1", "assign", data={"owner": "alice"}).state == "finalizing"

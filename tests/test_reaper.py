@@ -406,17 +406,26 @@ def test_a_config_whose_max_active_does_not_exceed_budget_plus_ttl_is_refused_na
     assert "max_active=1:01:00" in message and "1:00:00" in message and "0:02:00" in message
     # finalizing can be re-entered by each of the 2 reclaims, each with a fresh budget
     reclaimed = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(hours=2))
-    with pytest.raises(ConfigError, match=r"\(1:00:00 \+ 0:02:00\) x \(1 \+ 2 reclaims\) = 3:06:00"):
+    with pytest.raises(ConfigError, match=r"\(1:00:00 \+ 0:02:00\) x \(1 \+ 2 reclaims\) \+ 0:05:00 = 3:11:00"):
         Reaper(MemoryStoreFactory(), {JobLifecycle: reclaimed})
-    ok = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(hours=3, minutes=7))
+    ok = ReapPolicy(lifecycle=JobLifecycle, policy=policy, max_active=timedelta(hours=3, minutes=12))
     Reaper(MemoryStoreFactory(), {JobLifecycle: ok})
 
 
 def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
-    from fsm.reap_config import leased_states
+    from fsm.reap_config import leased_states, watched_states
 
     assert leased_states(JobLifecycle) == {"running", "finalizing"}
     assert leased_states(PipelineLifecycle) == {"finalizing"}
+    # a running pipeline has no lease of its own, but acquire_lease can give it one, and
+    # the reaper watches running: with max_active set, it needs a budget too
+    assert watched_states(PipelineLifecycle) == {"running", "finalizing"}
+    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)})
+    with pytest.raises(ConfigError, match="'running' has no renewal budget"):
+        Reaper(
+            MemoryStoreFactory(),
+            {PipelineLifecycle: ReapPolicy(lifecycle=PipelineLifecycle, policy=policy, max_active=timedelta(hours=3))},
+        )
 
 
 def test_a_max_active_with_an_unbudgeted_leased_state_is_refused() -> None:
@@ -552,8 +561,10 @@ def test_a_rule_with_a_python_guard_runs_row_by_row_through_the_engine(any_store
     (rule,) = reaper.rules
     assert not rule.set_based
     clock.advance(timedelta(hours=2))
+    preview = reaper.run_once(dry_run=True)  # the dry run judges the Python guard too
+    assert sorted(entity for _, entity, _, _ in preview.would_move) == ["x0", "x2"]
     result = reaper.run_once()
-    assert result.moved == {"pinnable.expire": 2} and result.lost_races == 1  # the pinned one is refused
+    assert result.moved == {"pinnable.expire": 2} and result.refused == 1 and result.lost_races == 0
     assert [engine.get(f"x{i}").state for i in range(3)] == ["failed", "running", "failed"]
 
 
