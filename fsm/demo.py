@@ -16,7 +16,7 @@ from typing import Any
 import signals
 from fsm.clock import ManualClock, SystemClock
 from fsm.engine import Engine
-from fsm.errors import FsmError, LeaseLost
+from fsm.errors import ConfigError, FsmError, LeaseLost
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping import Reaper
 from fsm.records import Lease
@@ -39,9 +39,18 @@ def open_simulated(url: str, clock: ManualClock) -> Store:
     """A store whose ``now`` follows ``clock`` (so the demo can skip an hour)."""
     if url == "memory://":
         return MemoryStore(clock)
+    from sqlalchemy.exc import ArgumentError
+
+    from stores.factory import safe_url
     from stores.sql import SqlStore
 
-    return SqlStore(url, clock=clock)
+    try:
+        return SqlStore(url, clock=clock)
+    except ModuleNotFoundError as err:
+        hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
+        raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err
+    except ArgumentError as err:
+        raise ConfigError(f"cannot open {safe_url(url)}: {err}") from err
 
 
 def say(text: str = "") -> None:
@@ -52,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:  # the narrative says what moved; -v shows the reaper's own log lines
         logging.getLogger("fsm.reaper").setLevel(logging.WARNING)
     clock = ManualClock(SystemClock().now())
-    store = open_simulated(args.db, clock)
+    try:
+        store = open_simulated(args.db, clock)
+    except FsmError as err:  # a bad URL, a missing driver, an unreachable database
+        say(f"fsm demo: {err}")
+        return 2
     run_id = secrets.token_hex(3)
     seen: list[str] = []
 

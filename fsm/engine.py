@@ -10,6 +10,7 @@ the commit.
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,6 +110,18 @@ def _check_arguments(reason: object, idempotency_key: object, data: object) -> N
         raise InvalidArgument(f"data must be a mapping (a patch of top-level keys), not {type(data).__name__}")
 
 
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _lease(value: object) -> Lease:
+    if not isinstance(value, Lease):
+        raise InvalidArgument(f"expected a Lease (from a FireResult or acquire_lease), not {value!r}")
+    return value
+
+
 def _check_ttl(ttl: timedelta | None) -> None:
     if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta()):
         raise InvalidArgument(f"ttl must be a positive timedelta, not {ttl!r}")
@@ -154,7 +167,7 @@ class Engine:
 
     def get(self, entity_id: str) -> Snapshot:
         """The entity, checked to belong to this lifecycle and to be in a known state."""
-        snap = self.store.get(entity_id)
+        snap = self.store.get(_text("entity_id", entity_id))
         if snap.kind != self.kind:
             raise UnknownEntity(entity_id, kind=self.kind, found_kind=snap.kind)
         if snap.state not in self.table.configurations:
@@ -198,7 +211,10 @@ class Engine:
         concurrency_key: str | None = None,
     ) -> Snapshot:
         """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
-        entity_id = entity_id or uuid.uuid4().hex
+        entity_id = uuid.uuid4().hex if entity_id is None else _text("entity_id", entity_id)
+        if concurrency_key is not None:
+            _text("concurrency_key", concurrency_key)
+        _check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
         return self.store.create(
             NewEntity(
@@ -208,14 +224,20 @@ class Engine:
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
         model = self.lifecycle.data_model
-        if model is None:
-            return data
-        try:
-            return model.model_validate(data).model_dump(mode="json")
-        except ValidationError as err:
+        if model is not None:
+            try:
+                data = model.model_validate(data).model_dump(mode="json")
+            except ValidationError as err:
+                raise InvalidData(
+                    lifecycle=self.kind, entity_id=entity_id, errors=[dict(e) for e in err.errors()]
+                ) from None
+        try:  # every store keeps JSON: refuse here what a SQL store would refuse, on every store
+            json.dumps(data, allow_nan=False)
+        except (TypeError, ValueError) as err:
             raise InvalidData(
-                lifecycle=self.kind, entity_id=entity_id, errors=[dict(e) for e in err.errors()]
+                lifecycle=self.kind, entity_id=entity_id, errors=[{"loc": (), "msg": f"not JSON: {err}"}]
             ) from None
+        return data
 
     # -- firing --------------------------------------------------------------------------
 
@@ -250,6 +272,11 @@ class Engine:
                 raise InvalidArgument(f"actor must be one of {', '.join(_ACTORS)}, not {actor!r}")
             actor = Actor(actor)
         _check_arguments(reason, idempotency_key, data)
+        _text("entity_id", entity_id)
+        if lease is not None and not isinstance(lease, Lease):
+            raise InvalidArgument(f"lease must be a Lease (from a FireResult or acquire_lease), not {lease!r}")
+        if owner is not None:
+            _text("owner", owner)
         if idempotency_key is None:
             return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
         replay = self._replay(entity_id, event, idempotency_key)
@@ -406,6 +433,8 @@ class Engine:
         live lease is held by someone else.
         """
         _check_ttl(ttl)
+        if owner is not None:
+            _text("owner", owner)
         snap = self.get(entity_id)
         if snap.state in self.table.finals:
             raise TransitionNotAllowed(
@@ -434,7 +463,7 @@ class Engine:
         current: taken over, expired, or out of budget.  The holder must stop.
         """
         _check_ttl(ttl)
-        snap = self.get(lease.entity_id)
+        snap = self.get(_lease(lease).entity_id)
         try:
             new = self.store.renew_lease(
                 lease.entity_id,
@@ -457,7 +486,7 @@ class Engine:
 
     def release_lease(self, lease: Lease) -> Snapshot:
         """Give a lease up (owner and expiry cleared); raises ``LeaseLost`` if not current."""
-        self.get(lease.entity_id)
+        self.get(_lease(lease).entity_id)
         return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
 
 

@@ -68,7 +68,7 @@ class Reaper:
         owner: str | None = None,
     ) -> None:
         self.store = store
-        self.config = _validated_config(config)
+        self.config = validated_config(config)
         self.owner = owner or new_owner_id("reaper:")
         items = policies.items() if isinstance(policies, Mapping) else ((lc, None) for lc in policies)
         reap_policies: list[ReapPolicy] = []
@@ -330,7 +330,8 @@ class Reaper:
             stop.wait(interval)
 
 
-def _validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:
+def validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:
+    """A ``ReaperConfig`` from itself or a mapping; a bad value is a ``ConfigError`` naming it."""
     if isinstance(config, ReaperConfig):
         return config
     try:
@@ -349,4 +350,5 @@ __all__ = [
     "ReaperConfig",
     "Rule",
     "plan_rules",
+    "validated_config",
 ]

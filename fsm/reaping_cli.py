@@ -10,10 +10,10 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from fsm.errors import ConfigError, FsmError, StoreUnavailable
+from fsm.errors import ConfigError, FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
-from fsm.reaping import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, Reaper, ReaperConfig, ReapResult
+from fsm.reaping import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, Reaper, ReapResult, validated_config
 
 log = logging.getLogger("fsm.reaper")
 
@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
         description="Run the reaper: expire what is dead, never what is alive.",
     )
     parser.add_argument("--db", default="sqlite:///fsm.db", help="store URL (default: %(default)s)")
+    parser.add_argument("--prefix", default="fsm_", help="table prefix of a SQL store (default: %(default)s)")
     parser.add_argument("--once", action="store_true", help="run one tick and exit")
     parser.add_argument(
         "--interval", type=float, default=DEFAULT_INTERVAL.total_seconds(), help="seconds between ticks (default 300)"
@@ -62,44 +63,44 @@ def _print_tick(result: ReapResult) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stores import open_store
+    """Exit codes: 0 ticks ran; 1 ``--once`` and the tick failed (see the log); 2 bad settings
+    or a store that cannot be opened."""
+    from stores import open_store, safe_url
 
     try:
         lifecycles = (
-            [load_lifecycle(s) for s in args.lifecycle]
-            if args.lifecycle
-            else [
-                PipelineLifecycle,
-                JobLifecycle,
-            ]
+            [load_lifecycle(s) for s in args.lifecycle] if args.lifecycle else [PipelineLifecycle, JobLifecycle]
         )
-        config = ReaperConfig(interval=timedelta(seconds=args.interval), batch_size=args.batch_size, leader=args.leader)
-        store = open_store(args.db)
+        config = validated_config(
+            {"interval": timedelta(seconds=args.interval), "batch_size": args.batch_size, "leader": args.leader}
+        )
+        store = open_store(args.db, table_prefix=args.prefix)
         reaper = Reaper(store, lifecycles, config)
-    except (ConfigError, StoreUnavailable) as err:
+    except FsmError as err:
         print(f"fsm reaper: {err}")
         return 2
-    except (FsmError, ValueError) as err:
-        print(f"fsm reaper: invalid settings: {err}")
-        return 2
     kinds = ", ".join(lc.kind for lc in lifecycles)
-    print(f"reaper {reaper.owner} on {args.db} for {kinds} ({'dry run' if args.dry_run else 'live'})", flush=True)
-    if args.once:
-        result = reaper.run_once(dry_run=args.dry_run)
-        _print_tick(result)
-        return 1 if result.errors else 0
-    stop = threading.Event()
+    mode = "dry run" if args.dry_run else "live"
+    print(f"reaper {reaper.owner} on {safe_url(args.db)} for {kinds} ({mode})", flush=True)
+    try:
+        if args.once:
+            result = reaper.run_once(dry_run=args.dry_run)
+            _print_tick(result)
+            return 1 if result.errors else 0
+        stop = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
+        def on_signal(signum: int, frame: Any) -> None:
+            stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    while not stop.is_set():
-        _print_tick(reaper.run_once(dry_run=args.dry_run))
-        stop.wait(args.interval)
-    print("reaper stopped", flush=True)
-    return 0
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        while not stop.is_set():
+            _print_tick(reaper.run_once(dry_run=args.dry_run))
+            stop.wait(args.interval)
+        print("reaper stopped", flush=True)
+        return 0
+    finally:
+        reaper.stop()  # resigns the leader lease, so another reaper leads at its next tick
 
 
 __all__ = ["load_lifecycle", "register", "run"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stores.base import Store
-from stores.factory import DEFAULT_URL, open_store
+from stores.factory import DEFAULT_URL, open_store, safe_url
 from stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -25,4 +25,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'stores' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_URL", "MemoryStore", "SqlStore", "Store", "open_store"]
+__all__ = ["DEFAULT_URL", "MemoryStore", "SqlStore", "Store", "open_store", "safe_url"]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from fsm.errors import ConfigError
 from stores.base import Store
 from stores.memory import MemoryStore
 
@@ -13,13 +14,35 @@ DEFAULT_URL = "sqlite:///fsm.db"
 """The embedded default: a SQLite file in the working directory."""
 
 
-def open_store(url: str = DEFAULT_URL) -> Store:
-    """A store for ``url``; SQL stores create their tables when missing."""
+def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_") -> Store:
+    """A store for ``url``; SQL stores create their tables when missing.
+
+    A URL SQLAlchemy cannot parse, or a database whose driver is not installed, raises
+    ``ConfigError`` saying what to do; an unreachable database raises ``StoreUnavailable``.
+    """
     if url == "memory://":
         return MemoryStore()
+    from sqlalchemy.exc import ArgumentError
+
     from stores.sql import SqlStore  # imported on demand: the memory store needs no SQLAlchemy
 
-    return SqlStore(url)
+    try:
+        return SqlStore(url, table_prefix=table_prefix)
+    except ModuleNotFoundError as err:
+        hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
+        raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err
+    except ArgumentError as err:  # not a URL SQLAlchemy can parse
+        raise ConfigError(f"cannot open {safe_url(url)}: {err}") from err
 
 
-__all__ = ["DEFAULT_URL", "open_store"]
+def safe_url(url: str) -> str:
+    """``url`` with its password masked, for logs and banners."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url if "@" not in url else "<url hidden>"
+
+
+__all__ = ["DEFAULT_URL", "open_store", "safe_url"]

@@ -38,3 +38,21 @@ def test_reaper_refuses_a_bad_lifecycle_and_a_bad_interval(capsys: pytest.Captur
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+def test_bad_urls_and_unreachable_databases_are_clean_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--db", "notaurl"]) == 2
+    assert "cannot open notaurl" in capsys.readouterr().out
+    assert main(["reaper", "--db", "postgresql+psycopg://app:s3cret@127.0.0.1:1/x", "--once"]) == 2
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and "***" in out
+
+
+def test_the_leader_lease_is_resigned_when_a_once_run_ends(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/fsm.db"
+    for _ in range(3):  # run from cron: every run leads, none waits for the previous lease to expire
+        assert main(["reaper", "--db", url, "--once", "--leader"]) == 0
+    from stores import open_store
+
+    store = open_store(url)
+    assert store.get("fsm-reaper-leader").lease_owner is None

@@ -199,3 +199,41 @@ def test_mutating_the_patch_after_fire_does_not_change_the_stored_history(store:
     patch["steps"][0]["name"] = "changed"
     assert engine.get("u1").data == {"steps": [{"name": "build"}]}
     assert engine.history("u1")[-1].data == {"steps": [{"name": "build"}]}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda e: e.fire(123, "start"),
+        lambda e: e.fire("j1", "start", lease="tok"),
+        lambda e: e.fire("j1", "start", owner=5),
+        lambda e: e.get(None),
+        lambda e: e.create(7),
+        lambda e: e.create("j2", concurrency_key=9),
+        lambda e: e.create("j2", data=[1, 2]),
+        lambda e: e.renew_lease("x"),
+        lambda e: e.release_lease("x"),
+        lambda e: e.acquire_lease("j1", owner=5),
+    ],
+)
+def test_ill_typed_ids_leases_and_owners_are_invalid_arguments(jobs: Engine, call: object) -> None:
+    from fsm import InvalidArgument
+
+    jobs.create("j1")
+    with pytest.raises(InvalidArgument):
+        call(jobs)  # type: ignore[operator]
+    assert jobs.get("j1").version == 0 and len(jobs.store.history("j1")) == 0
+
+
+def test_data_that_is_not_json_is_refused_by_every_store(store: object) -> None:
+    from tests_support import Untyped
+
+    from fsm import InvalidData
+
+    engine = Engine(Untyped, store)  # type: ignore[arg-type]
+    with pytest.raises(InvalidData, match="not JSON"):
+        engine.create("u1", data={"when": object()})
+    engine.create("u1")
+    with pytest.raises(InvalidData, match="not JSON"):
+        engine.fire("u1", "start", data={"x": float("nan")})
+    assert engine.get("u1").version == 0
