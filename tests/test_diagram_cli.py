@@ -317,3 +317,10 @@ def test_graphviz_path_from_the_environment_must_exist(
     monkeypatch.setenv("FSM_GRAPHVIZ_DOT", "/nonexistent/dot")
     assert main(["diagram", JOB, "--format", "png"]) == 2
     assert "FSM_GRAPHVIZ_DOT='/nonexistent/dot' is not an executable" in capsys.readouterr().err
+
+
+def test_a_format_contradicting_the_out_suffix_is_refused(tmp_path: Path) -> None:
+    from fsm.cli import main
+
+    assert main(["diagram", "fsm.lifecycles:JobLifecycle", "--format", "png", "--out", str(tmp_path / "x.svg")]) == 2
+    assert not (tmp_path / "x.svg").exists()

@@ -137,7 +137,10 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError("--db and --id go together: the store and the entity to highlight")
     if args.last < 0:
         raise UsageError("--last must be >= 0")
-    fmt = args.format or (format_for_path(args.out) if args.out else None) or "mermaid"
+    implied = format_for_path(args.out) if args.out else None
+    if args.format and implied and args.format != implied:
+        raise UsageError(f"--format {args.format} does not match --out {args.out} (a {implied} file name)")
+    fmt = args.format or implied or "mermaid"
     lifecycle = load_lifecycle(args.refs[0])
     if args.db is not None:
         from stores import open_store  # the store layer only when an entity is asked for
