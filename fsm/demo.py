@@ -24,6 +24,9 @@ from stores.base import Store
 from stores.factory import DEFAULT_URL
 from stores.memory import MemoryStore
 
+DEMO_PREFIX = "fsm_demo_"
+"""The demo's table prefix on a SQL store, apart from the default ``fsm_`` tables."""
+
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
@@ -45,7 +48,8 @@ def open_simulated(url: str, clock: ManualClock) -> Store:
     from stores.sql import SqlStore
 
     try:
-        return SqlStore(url, clock=clock)
+        # its own tables: the demo's simulated hour must never move an application's entities
+        return SqlStore(url, clock=clock, table_prefix=DEMO_PREFIX)
     except ModuleNotFoundError as err:
         hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err
@@ -83,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signals.transitioned.disconnect(on_transition)
     say()
-    say(f"{len(seen)} transitions committed and signalled; store: {args.db}")
+    where = args.db if args.db == "memory://" else f"{args.db} (tables {DEMO_PREFIX}*)"
+    say(f"{len(seen)} transitions committed and signalled; store: {where}")
+    if args.db != "memory://":
+        say(
+            f"see one: fsm diagram fsm.lifecycles:JobLifecycle --db {args.db} --prefix {DEMO_PREFIX} "
+            f"--id job-{run_id}-crashed --format svg --out job.svg"
+        )
     return 0
 
 

@@ -277,6 +277,24 @@ class Engine:
             raise InvalidArgument(f"lease must be a Lease (from a FireResult or acquire_lease), not {lease!r}")
         if owner is not None:
             _text("owner", owner)
+        try:
+            return self._fire_once(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+        except LeaseLost as err:
+            if lease is not None:
+                self._lease_lost(lease, err)
+            raise
+
+    def _fire_once(
+        self,
+        entity_id: str,
+        event: str,
+        actor: Actor,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+    ) -> FireResult:
         if idempotency_key is None:
             return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
         replay = self._replay(entity_id, event, idempotency_key)
@@ -473,12 +491,7 @@ class Engine:
                 budget=self.policy.budget_for(snap.state),
             )
         except LeaseLost as err:
-            detail = str(err)
-            signals.send(
-                signals.lease_lost,
-                self.kind,
-                lambda: LeasePayload.of(self.kind, snap, lease=lease, detail=detail),
-            )
+            self._lease_lost(lease, err)
             raise
         renewed = new.lease
         assert renewed is not None
@@ -487,7 +500,24 @@ class Engine:
     def release_lease(self, lease: Lease) -> Snapshot:
         """Give a lease up (owner and expiry cleared); raises ``LeaseLost`` if not current."""
         self.get(_lease(lease).entity_id)
-        return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
+        try:
+            return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
+        except LeaseLost as err:
+            self._lease_lost(lease, err)
+            raise
+
+    def _lease_lost(self, lease: Lease, err: LeaseLost) -> None:
+        """Tell ``lease_lost`` receivers that a holder found its lease gone (after the refusal)."""
+        if not signals.lease_lost.receivers:
+            return
+        try:
+            snap = self.store.get(lease.entity_id)
+        except FsmError:
+            return
+        detail = str(err)
+        signals.send(
+            signals.lease_lost, self.kind, lambda: LeasePayload.of(self.kind, snap, lease=lease, detail=detail)
+        )
 
 
 __all__ = ["Engine", "FireResult", "announce"]

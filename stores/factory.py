@@ -14,11 +14,13 @@ DEFAULT_URL = "sqlite:///fsm.db"
 """The embedded default: a SQLite file in the working directory."""
 
 
-def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_") -> Store:
-    """A store for ``url``; SQL stores create their tables when missing.
+def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_", create: bool = True) -> Store:
+    """A store for ``url``; SQL stores create their tables when missing (``create=True``).
 
-    A URL SQLAlchemy cannot parse, or a database whose driver is not installed, raises
-    ``ConfigError`` saying what to do; an unreachable database raises ``StoreUnavailable``.
+    With ``create=False`` (readers such as ``fsm diagram --db``) nothing is created: a
+    missing SQLite file or missing tables raise ``ConfigError``.  A URL SQLAlchemy cannot
+    parse, or a database whose driver is not installed, raises ``ConfigError`` saying what
+    to do; an unreachable database raises ``StoreUnavailable``.
     """
     if url == "memory://":
         return MemoryStore()
@@ -26,8 +28,14 @@ def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_") -> Store:
 
     from stores.sql import SqlStore  # imported on demand: the memory store needs no SQLAlchemy
 
+    if not create and url.startswith("sqlite:///") and not url.endswith(":memory:"):
+        import os
+
+        path = url.removeprefix("sqlite:///")
+        if not os.path.exists(path):
+            raise ConfigError(f"no database file at {path!r} (nothing was created)")
     try:
-        return SqlStore(url, table_prefix=table_prefix)
+        return SqlStore(url, table_prefix=table_prefix, create=create)
     except ModuleNotFoundError as err:
         hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err

@@ -56,3 +56,42 @@ def test_the_leader_lease_is_resigned_when_a_once_run_ends(tmp_path: object) -> 
 
     store = open_store(url)
     assert store.get("fsm-reaper-leader").lease_owner is None
+
+
+def test_the_demo_never_touches_an_applications_entities_in_the_same_database(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsm import Engine, PipelineLifecycle
+    from stores.sql import SqlStore
+
+    url = f"sqlite:///{tmp_path}/fsm.db"
+    app = SqlStore(url)
+    pipelines = Engine(PipelineLifecycle, app)
+    pipelines.create("prod-1")
+    pipelines.fire("prod-1", "start")
+    assert main(["demo", "--db", url]) == 0
+    assert "moved pipeline.expire=1, pipeline.supersede=1" in capsys.readouterr().out
+    assert pipelines.get("prod-1").state == "running" and len(pipelines.history("prod-1")) == 1
+    app.close()
+
+
+def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    from stores.migrations.__main__ import main as migrations
+
+    missing = f"{tmp_path}/missing.db"
+    assert migrations(["current", f"sqlite:///{missing}"]) == 1 and not os.path.exists(missing)
+    assert migrations(["upgrade", "notaurl"]) == 1
+    assert "Could not parse" in capsys.readouterr().err
+    empty = f"{tmp_path}/empty.db"
+    open(empty, "w").close()
+    assert migrations(["stamp", f"sqlite:///{empty}"]) == 1
+    assert "there are none here" in capsys.readouterr().err
+    ok = f"sqlite:///{tmp_path}/ok.db"
+    assert migrations(["upgrade", ok]) == 0 and "upgrade: done" in capsys.readouterr().out
+    assert migrations(["downgrade", ok, "nope"]) == 1
+    with pytest.raises(SystemExit):
+        migrations(["upgrade", ok, "--prefix", "x y;"])

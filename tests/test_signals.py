@@ -140,3 +140,24 @@ def test_a_payload_that_cannot_be_built_is_logged_and_never_raises(caplog: pytes
     finally:
         signals.transitioned.disconnect(receiver)
     assert "could not be built" in caplog.text
+
+
+def test_lease_lost_is_sent_when_a_fenced_off_holder_fires_or_releases(
+    jobs: Engine, clock: ManualClock, received: list[tuple[str, str, Any]]
+) -> None:
+    jobs.create("j1")
+    old = jobs.fire("j1", "start").lease
+    assert old is not None
+    jobs.fire("j1", "exited", lease=old)
+    clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
+    jobs.fire("j1", "reclaim", actor="reaper", owner="rescuer")
+    received.clear()
+    with pytest.raises(LeaseLost):
+        jobs.fire("j1", "complete", lease=old)
+    with pytest.raises(LeaseLost):
+        jobs.release_lease(old)
+    assert [name for name, _, _ in received] == ["lease_lost", "lease_lost"]
+    payload = received[0][2]
+    assert (
+        isinstance(payload, LeasePayload) and payload.token == old.token and payload.snapshot.lease_owner == "rescuer"
+    )

@@ -19,9 +19,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schema", default=None, help="PostgreSQL schema of the tables")
     args = parser.parse_args(argv)
 
-    from stores import sql_migrate
+    import re
 
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    from stores import sql_migrate
+    from stores.factory import safe_url
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,30}", args.prefix):
+        parser.error(f"--prefix {args.prefix!r} must be an identifier of at most 31 characters")
+    if args.url.startswith("sqlite:///") and args.command != "upgrade":
+        import os
+
+        path = args.url.removeprefix("sqlite:///")
+        if path != ":memory:" and not os.path.exists(path):
+            print(f"error: no database file at {path!r} (nothing was created)", file=sys.stderr)
+            return 1
     try:
+        if args.command == "stamp" and not _tables_exist(args.url, args.prefix, args.schema):
+            print("error: stamp marks existing tables as migrated; there are none here (run upgrade)", file=sys.stderr)
+            return 1
         if args.command == "current":
             print(sql_migrate.current_revision(args.url, table_prefix=args.prefix, schema=args.schema) or "(none)")
         elif args.command == "upgrade":
@@ -37,7 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     except FsmError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except (ArgumentError, CommandError, DBAPIError, ModuleNotFoundError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"error: {safe_url(args.url)}: {first}", file=sys.stderr)
+        return 1
+    if args.command != "current":
+        print(f"{args.command}: done ({safe_url(args.url)}, prefix {args.prefix})")
     return 0
+
+
+def _tables_exist(url: str, prefix: str, schema: str | None) -> bool:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        return sa.inspect(engine).has_table(f"{prefix}entities", schema=schema)
+    finally:
+        engine.dispose()
 
 
 if __name__ == "__main__":
