@@ -19,7 +19,17 @@ SVG and PNG only.
 
 from fsm.diagram.check import CheckReport, Finding, Status, check, check_dir, check_file, check_markdown
 from fsm.diagram.dot import to_dot
-from fsm.diagram.export import FORMATS, SUFFIXES, file_name, format_for_path, is_fresh, render, write_dir
+from fsm.diagram.export import (
+    FORMATS,
+    SUFFIXES,
+    WriteRefused,
+    Written,
+    file_name,
+    format_for_path,
+    is_fresh,
+    render,
+    write_dir,
+)
 from fsm.diagram.extract import DEFAULT_LAST, entity_overlay, extract
 from fsm.diagram.graphviz_render import GraphvizFailed, GraphvizNotFound, find_dot, render_dot
 from fsm.diagram.mermaid import to_mermaid
@@ -44,6 +54,8 @@ __all__ = [
     "Node",
     "Overlay",
     "Status",
+    "WriteRefused",
+    "Written",
     "check",
     "check_dir",
     "check_file",

@@ -6,18 +6,25 @@
     fsm diagram fsm.lifecycles:JobLifecycle --format dot         # DOT on stdout
     fsm diagram myapp.flows:Deploy --out deploy.svg              # format from the suffix
     fsm diagram fsm.lifecycles:JobLifecycle --db sqlite:///fsm.db --id job-42 --format svg --out job-42.svg
+    fsm diagram fsm.lifecycles:JobLifecycle --db sqlite:///demo.db --prefix demo_ --id job-1
     fsm diagram --check diagrams                                 # exit 1 naming each stale file
     fsm diagram --check diagrams README.md                       # also the README's Mermaid blocks
     fsm diagram --write diagrams                                 # (re)export the built-ins
     fsm diagram --write docs/diagrams myapp.flows:Deploy         # (re)export your own
 
 Exit codes: 0 done (or all fresh), 1 ``--check`` found a stale or broken file, 2 bad usage
-or input (unknown lifecycle or entity, Graphviz missing for SVG/PNG...).
+or input (unknown lifecycle or entity, a store that cannot be read, Graphviz missing for
+SVG/PNG: ``--write`` then writes the text formats and names each image it skipped...).
+
+``--db`` only reads: the store is opened with ``create=False``, so a mistyped SQLite path or
+a database without the library's tables is an error, never a new database.  ``MODULE`` is
+imported with the current directory first on ``sys.path``, as ``python -m`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,10 +32,13 @@ from typing import Any
 from fsm.diagram.check import Status, check
 from fsm.diagram.export import FORMATS, TEXT_FORMATS, format_for_path, render, write_dir
 from fsm.diagram.extract import DEFAULT_LAST, extract
-from fsm.diagram.refs import BUILTINS, load_lifecycle
-from fsm.errors import FsmError
+from fsm.diagram.model import Diagram
+from fsm.diagram.refs import BUILTINS, cwd_on_path, load_lifecycle
+from fsm.errors import ConfigError, FsmError
+from fsm.lifecycle import Lifecycle
 
 PROG = "fsm diagram"
+DEFAULT_PREFIX = "fsm_"
 
 
 class UsageError(Exception):
@@ -67,6 +77,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--db", metavar="URL", help="store URL of an entity to overlay (e.g. sqlite:///fsm.db)")
     parser.add_argument("--id", dest="entity_id", metavar="ENTITY", help="the entity to overlay (needs --db)")
     parser.add_argument(
+        "--prefix",
+        metavar="PREFIX",
+        help=f"with --db: table prefix of a SQL store (default {DEFAULT_PREFIX}); the store is only read",
+    )
+    parser.add_argument(
         "--last",
         type=int,
         default=DEFAULT_LAST,
@@ -86,9 +101,17 @@ def register(subparsers: Any) -> None:
     mode.add_argument(
         "--write",
         metavar="DIR",
-        help="(re)export MODULE:Class ... (default: the built-in lifecycles) into DIR as .mmd, .dot and .svg",
+        help=(
+            "(re)export MODULE:Class ... (default: the built-in lifecycles) into DIR as <kind>.mmd, .dot and "
+            ".svg; refused when two lifecycles share a kind or a kind is no plain file name; without Graphviz "
+            "the .svg files are skipped, named, and the exit code is 2"
+        ),
     )
-    parser.add_argument("--force", action="store_true", help="with --write: rewrite files that are already fresh")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --write: rewrite files that are already fresh, and replace files exported from another lifecycle",
+    )
     parser.set_defaults(func=handle)
 
 
@@ -125,9 +148,56 @@ def _check(args: argparse.Namespace) -> int:
 
 def _write(args: argparse.Namespace) -> int:
     refs = tuple(args.refs) or BUILTINS
-    for path, changed in write_dir(args.write, refs, force=args.force):
-        print(f"{'wrote' if changed else 'fresh'}  {path}")
+    results = write_dir(args.write, refs, force=args.force)
+    for result in results:
+        print(f"{result.status:<5}  {result.path}")
+    skipped = [r for r in results if r.status == "skipped"]
+    if skipped:
+        names = ", ".join(str(r.path) for r in skipped)
+        _fail(f"not written (drawing them needs Graphviz): {names}; the other files were written. {skipped[0].note}")
+        return 2
     return 0
+
+
+def _database_errors() -> tuple[type[BaseException], ...]:
+    """What a driver raises reading a file that is no database (or a broken one)."""
+    errors: list[type[BaseException]] = [sqlite3.DatabaseError]
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+    except ImportError:  # pragma: no cover - the memory store needs no SQLAlchemy
+        pass
+    else:
+        errors.append(SQLAlchemyError)
+    return tuple(errors)
+
+
+def _entity_diagram(lifecycle: type[Lifecycle], args: argparse.Namespace) -> Diagram:
+    """The lifecycle with the stored entity ``--id`` overlaid, the store only read."""
+    import stores  # the store layer only when an entity is asked for
+
+    url, prefix = args.db, args.prefix or DEFAULT_PREFIX
+    try:
+        store = stores.open_store(url, table_prefix=prefix, create=False)
+    except ConfigError as err:
+        raise UsageError(
+            f"{err} [fsm diagram --db only reads a store, it creates nothing: check the URL, and --prefix "
+            f"(the tables looked for are {prefix}entities and {prefix}history)]"
+        ) from err
+    except ImportError as err:
+        raise UsageError(f"cannot open store {stores.safe_url(url)}: {err}") from err
+    except _database_errors() as err:
+        raise UsageError(f"cannot read {stores.safe_url(url)}: {err} (is it an fsm-lifecycles store?)") from err
+    try:
+        return extract(lifecycle, store=store, entity_id=args.entity_id, last=args.last)
+    except _database_errors() as err:
+        raise UsageError(f"cannot read {stores.safe_url(url)}: {err}") from err
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            try:
+                close()
+            except _database_errors():
+                pass
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -135,6 +205,8 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError("name exactly one lifecycle as MODULE:Class (or use --check PATH... / --write DIR)")
     if (args.db is None) != (args.entity_id is None):
         raise UsageError("--db and --id go together: the store and the entity to highlight")
+    if args.prefix is not None and args.db is None:
+        raise UsageError("--prefix goes with --db (the table prefix of that store)")
     if args.last < 0:
         raise UsageError("--last must be >= 0")
     implied = format_for_path(args.out) if args.out else None
@@ -142,21 +214,7 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format} does not match --out {args.out} (a {implied} file name)")
     fmt = args.format or implied or "mermaid"
     lifecycle = load_lifecycle(args.refs[0])
-    if args.db is not None:
-        from stores import open_store  # the store layer only when an entity is asked for
-
-        try:
-            store = open_store(args.db)
-        except ImportError as err:
-            raise UsageError(f"cannot open store {args.db!r}: {err}") from err
-        try:
-            diagram = extract(lifecycle, store=store, entity_id=args.entity_id, last=args.last)
-        finally:
-            close = getattr(store, "close", None)
-            if callable(close):
-                close()
-    else:
-        diagram = extract(lifecycle)
+    diagram = _entity_diagram(lifecycle, args) if args.db is not None else extract(lifecycle)
     data = render(diagram, fmt)
     if args.out:
         Path(args.out).write_bytes(data)
@@ -173,14 +231,15 @@ def _export(args: argparse.Namespace) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     """Run ``fsm diagram``; the exit code."""
+    cwd_on_path()  # MODULE:Class found in the current directory, as with python -m
     try:
         if args.check is not None:
-            if args.refs or args.out or args.db or args.entity_id or args.format:
-                raise UsageError("--check PATH... takes no lifecycle, --format, --out, --db or --id")
+            if args.refs or args.out or args.db or args.entity_id or args.format or args.prefix:
+                raise UsageError("--check PATH... takes no lifecycle, --format, --out, --db, --id or --prefix")
             return _check(args)
         if args.write is not None:
-            if args.out or args.db or args.entity_id or args.format:
-                raise UsageError("--write DIR takes lifecycles only (no --format, --out, --db or --id)")
+            if args.out or args.db or args.entity_id or args.format or args.prefix:
+                raise UsageError("--write DIR takes lifecycles only (no --format, --out, --db, --id or --prefix)")
             return _write(args)
         return _export(args)
     except (UsageError, FsmError, ValueError, OSError) as err:

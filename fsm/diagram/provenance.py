@@ -9,6 +9,10 @@ One line, the same in every format, each in the format's own comment syntax::
 - SVG: ``<!-- <line> -->`` before the ``<svg`` element;
 - PNG: a ``tEXt`` chunk with keyword ``fsm-diagram`` right after ``IHDR``.
 
+Every value is percent-encoded (:func:`encode`): besides spaces and line breaks, ``-`` is
+encoded too (``%2D``), so no value can put ``--`` inside the SVG's XML comment (which XML
+forbids) or end it early.  A header written before ``-`` was encoded still reads the same.
+
 A rendered image (SVG, PNG) records the SHA-256 of the DOT text it was rendered from:
 Graphviz versions lay out and serialise the same graph differently, so ``--check`` compares
 that digest with a fresh export's DOT text instead of re-rendering and comparing images
@@ -27,6 +31,8 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 MARK = "fsm-diagram"
+_SAFE = "_.:~"
+"""Kept as they are in a header value; everything else (``-`` included) is percent-encoded."""
 _LINE = re.compile(r"fsm-diagram((?: [a-z0-9-]+=\S+)+)")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -42,11 +48,11 @@ class Header:
 
     @property
     def line(self) -> str:
-        parts = [MARK, f"ref={self.ref}", f"format={self.format}"]
+        parts = [MARK, f"ref={encode(self.ref)}", f"format={encode(self.format)}"]
         if self.dot_sha256 is not None:
-            parts.append(f"dot-sha256={self.dot_sha256}")
+            parts.append(f"dot-sha256={encode(self.dot_sha256)}")
         if self.entity is not None:
-            parts.append(f"entity={quote(self.entity, safe='')}")
+            parts.append(f"entity={encode(self.entity, safe='')}")
         return " ".join(parts)
 
     @classmethod
@@ -58,13 +64,23 @@ class Header:
         fields = dict(item.split("=", 1) for item in match.group(1).split())
         if "ref" not in fields or "format" not in fields:
             return None
-        entity = fields.get("entity")
+        entity, digest = fields.get("entity"), fields.get("dot-sha256")
         return cls(
-            ref=fields["ref"],
-            format=fields["format"],
-            dot_sha256=fields.get("dot-sha256"),
-            entity=unquote(entity) if entity is not None else None,
+            ref=unquote(fields["ref"], errors="surrogatepass"),
+            format=unquote(fields["format"]),
+            dot_sha256=unquote(digest) if digest is not None else None,
+            entity=unquote(entity, errors="surrogatepass") if entity is not None else None,
         )
+
+
+def encode(value: str, safe: str = _SAFE) -> str:
+    """``value`` percent-encoded for a header: ASCII letters, digits and ``safe`` stay, the
+    rest (``-``, spaces, ``%``, control and non-ASCII characters) becomes ``%XX`` (UTF-8).
+
+    ``urllib.parse.quote`` never encodes ``-``, so it is encoded here: two of them in a row
+    would end an XML comment early, and ``--`` is not allowed inside one.
+    """
+    return quote(value, safe=safe, errors="surrogatepass").replace("-", "%2D")
 
 
 def sha256_text(text: str) -> str:
@@ -133,4 +149,4 @@ def read_header(data: bytes) -> Header | None:
     return Header.parse(data[:4096].decode("utf-8", errors="replace"))
 
 
-__all__ = ["MARK", "Header", "read_header", "read_png", "read_svg", "sha256_text", "stamp_png", "stamp_svg"]
+__all__ = ["MARK", "Header", "encode", "read_header", "read_png", "read_svg", "sha256_text", "stamp_png", "stamp_svg"]

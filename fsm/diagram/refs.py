@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from fsm.errors import FsmError
@@ -34,7 +36,14 @@ def load_lifecycle(ref: str) -> type[Lifecycle]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise LifecycleNotFound(ref, f"module {module_name!r} cannot be imported ({err})") from err
+        hint = ""
+        missing = getattr(err, "name", None)
+        if isinstance(err, ModuleNotFoundError) and missing and (module_name + ".").startswith(missing + "."):
+            hint = (
+                f"; {module_name!r} is looked for on sys.path: run from the folder that holds it, "
+                "or add that folder to PYTHONPATH"
+            )
+        raise LifecycleNotFound(ref, f"module {module_name!r} cannot be imported ({err}){hint}") from err
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)
@@ -45,4 +54,13 @@ def load_lifecycle(ref: str) -> type[Lifecycle]:
     return obj
 
 
-__all__ = ["BUILTINS", "LifecycleNotFound", "load_lifecycle", "ref_of"]
+def cwd_on_path() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` does, so that
+    ``fsm diagram mymodule:Flow`` finds ``mymodule.py`` in the folder it is run from (a
+    console script has its own folder there instead, not the current one)."""
+    cwd = os.getcwd()
+    if not any(entry in ("", ".", cwd) for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
+__all__ = ["BUILTINS", "LifecycleNotFound", "cwd_on_path", "load_lifecycle", "ref_of"]
