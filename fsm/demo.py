@@ -16,13 +16,12 @@ from typing import Any
 import signals
 from fsm.clock import ManualClock, SystemClock
 from fsm.engine import Engine
-from fsm.errors import ConfigError, FsmError, LeaseLost
+from fsm.errors import FsmError, LeaseLost
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping import Reaper
 from fsm.records import Lease
 from stores.base import Store
-from stores.factory import DEFAULT_URL
-from stores.memory import MemoryStore
+from stores.factory import DEFAULT_URL, open_store
 
 DEMO_PREFIX = "fsm_demo_"
 """The demo's table prefix on a SQL store, apart from the default ``fsm_`` tables."""
@@ -39,22 +38,9 @@ def register(sub: Any) -> None:
 
 
 def open_simulated(url: str, clock: ManualClock) -> Store:
-    """A store whose ``now`` follows ``clock`` (so the demo can skip an hour)."""
-    if url == "memory://":
-        return MemoryStore(clock)
-    from sqlalchemy.exc import ArgumentError
-
-    from stores.factory import safe_url
-    from stores.sql import SqlStore
-
-    try:
-        # its own tables: the demo's simulated hour must never move an application's entities
-        return SqlStore(url, clock=clock, table_prefix=DEMO_PREFIX)
-    except ModuleNotFoundError as err:
-        hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
-        raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err
-    except ArgumentError as err:
-        raise ConfigError(f"cannot open {safe_url(url)}: {err}") from err
+    """A store whose ``now`` follows ``clock`` (so the demo can skip an hour), in tables of
+    its own: the demo's simulated hour must never move an application's entities."""
+    return open_store(url, table_prefix=DEMO_PREFIX, clock=clock)
 
 
 def say(text: str = "") -> None:

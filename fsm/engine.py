@@ -278,36 +278,23 @@ class Engine:
         if owner is not None:
             _text("owner", owner)
         try:
-            return self._fire_once(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
-        except LeaseLost as err:
-            if lease is not None:
-                self._lease_lost(lease, err)
-            raise
-
-    def _fire_once(
-        self,
-        entity_id: str,
-        event: str,
-        actor: Actor,
-        lease: Lease | None,
-        idempotency_key: str | None,
-        reason: str | None,
-        data: Mapping[str, Any] | None,
-        owner: str | None,
-    ) -> FireResult:
-        if idempotency_key is None:
-            return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
-        replay = self._replay(entity_id, event, idempotency_key)
-        if replay is not None:
-            return replay
-        try:
-            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
-        except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
-            # a concurrent call with the same key (a retried webhook) may have committed
-            # between our lookup and our read: then this is a replay, not a refusal
+            if idempotency_key is None:
+                return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
             replay = self._replay(entity_id, event, idempotency_key)
             if replay is not None:
                 return replay
+            try:
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+            except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
+                # a concurrent call with the same key (a retried webhook) may have committed
+                # between our lookup and our read: then this is a replay, not a refusal
+                replay = self._replay(entity_id, event, idempotency_key)
+                if replay is not None:
+                    return replay
+                raise
+        except LeaseLost as err:
+            if lease is not None:
+                self._lease_lost(lease, err)
             raise
 
     def _fire(

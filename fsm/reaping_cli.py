@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import signal
 import threading
 from datetime import timedelta
 from typing import Any
 
-from fsm.errors import ConfigError, FsmError
-from fsm.lifecycle import Lifecycle
+from fsm.diagram.refs import load_lifecycle
+from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, Reaper, ReapResult, validated_config
 
 log = logging.getLogger("fsm.reaper")
-
-
-def load_lifecycle(spec: str) -> type[Lifecycle]:
-    """``MODULE:Class`` -> the Lifecycle class, with a clear error when it is not one."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"expected MODULE:Class, got {spec!r}")
-    try:
-        value: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"cannot load {spec!r}: {err}") from err
-    if not (isinstance(value, type) and issubclass(value, Lifecycle) and hasattr(value, "table")):
-        raise ConfigError(f"{spec!r} is not a Lifecycle class")
-    return value
 
 
 def register(sub: Any) -> None:

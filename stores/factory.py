@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from fsm.clock import Clock
 from fsm.errors import ConfigError
 from stores.base import Store
 from stores.memory import MemoryStore
@@ -14,16 +15,19 @@ DEFAULT_URL = "sqlite:///fsm.db"
 """The embedded default: a SQLite file in the working directory."""
 
 
-def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_", create: bool = True) -> Store:
+def open_store(
+    url: str = DEFAULT_URL, *, table_prefix: str = "fsm_", create: bool = True, clock: Clock | None = None
+) -> Store:
     """A store for ``url``; SQL stores create their tables when missing (``create=True``).
 
     With ``create=False`` (readers such as ``fsm diagram --db``) nothing is created: a
     missing SQLite file or missing tables raise ``ConfigError``.  A URL SQLAlchemy cannot
     parse, or a database whose driver is not installed, raises ``ConfigError`` saying what
-    to do; an unreachable database raises ``StoreUnavailable``.
+    to do; an unreachable database raises ``StoreUnavailable``.  ``clock`` replaces the
+    store's own time (tests and simulations such as ``fsm demo``).
     """
     if url == "memory://":
-        return MemoryStore()
+        return MemoryStore(clock)
     from sqlalchemy.exc import ArgumentError
 
     from stores.sql import SqlStore  # imported on demand: the memory store needs no SQLAlchemy
@@ -35,7 +39,7 @@ def open_store(url: str = DEFAULT_URL, *, table_prefix: str = "fsm_", create: bo
         if not os.path.exists(path):
             raise ConfigError(f"no database file at {path!r} (nothing was created)")
     try:
-        return SqlStore(url, table_prefix=table_prefix, create=create)
+        return SqlStore(url, table_prefix=table_prefix, create=create, clock=clock)
     except ModuleNotFoundError as err:
         hint = " (pip install 'fsm-lifecycles[postgres]')" if "psycopg" in str(err) else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {err}{hint}") from err

@@ -161,3 +161,12 @@ def test_lease_lost_is_sent_when_a_fenced_off_holder_fires_or_releases(
     assert (
         isinstance(payload, LeasePayload) and payload.token == old.token and payload.snapshot.lease_owner == "rescuer"
     )
+
+
+def test_payload_models_mirror_every_field_of_the_records_they_carry() -> None:
+    """A field added to a record must reach the JSON a bridge forwards, not be dropped."""
+    from fsm.records import HistoryRecord, Lease, Snapshot
+    from signals import HistoryModel, LeaseModel, SnapshotModel
+
+    for model, record in ((SnapshotModel, Snapshot), (HistoryModel, HistoryRecord), (LeaseModel, Lease)):
+        assert tuple(model.model_fields) == record._fields, model.__name__
