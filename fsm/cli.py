@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], int]
 
-SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping_cli")
+SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli")
 """Modules exposing ``register(subparsers)``; a module not built yet is skipped."""
 
 

@@ -1,7 +1,7 @@
 """The store protocol: the only way the framework reads and writes entities.
 
 Every adapter (memory, SQLAlchemy on SQLite or PostgreSQL) implements :class:`Store` with
-the same semantics, pinned by one contract suite (``tests/contract``).  A store knows
+the same semantics, pinned by one contract suite (``tests/test_stores/test_store_contract.py``).  A store knows
 nothing of lifecycles or reaping: it applies compare-and-set writes whose guards it
 re-checks at the commit point, against its own clock.
 

@@ -78,7 +78,7 @@ def _sqlite(clock: ManualClock) -> Store:
 def isolated_postgres_store(clock: ManualClock | None = None, **options: object) -> Store:
     """A SqlStore on PostgreSQL with tables of its own (a unique prefix), dropped on close."""
     from stores.sql import SqlStore
-    from stores.sql_migrate import drop_schema
+    from stores.sql.migrate import drop_schema
 
     prefix = f"t{uuid.uuid4().hex[:10]}_"
     store = SqlStore(postgres_url(), clock=clock, table_prefix=prefix, **options)  # type: ignore[arg-type]
@@ -128,7 +128,7 @@ class SqlTarget:
         return engine
 
     def close(self) -> None:
-        from stores.sql_migrate import drop_schema
+        from stores.sql.migrate import drop_schema
 
         for store in self.stores:
             store.close()  # type: ignore[attr-defined]

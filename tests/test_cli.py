@@ -80,7 +80,7 @@ def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(
 ) -> None:
     import os
 
-    from stores.migrations.__main__ import main as migrations
+    from stores.sql.migrations.__main__ import main as migrations
 
     missing = f"{tmp_path}/missing.db"
     assert migrations(["current", f"sqlite:///{missing}"]) == 1 and not os.path.exists(missing)

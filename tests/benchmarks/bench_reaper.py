@@ -27,7 +27,7 @@ from harness import Measurement, Report
 from fsm import PipelineLifecycle
 from fsm.reaping import Reaper, ReaperConfig
 from stores.sql import SqlStore
-from stores.sql_schema import encode_sqlite_time
+from stores.sql.schema import encode_sqlite_time
 
 STALE = 1_000
 SIZES = (10_000, 1_000_000)
@@ -215,7 +215,7 @@ class PostgresBackend(Backend):
         return moved
 
     def close(self) -> None:
-        from stores.sql_migrate import drop_schema
+        from stores.sql.migrate import drop_schema
 
         self.conn.close()
         drop_schema(self.store.engine, table_prefix=self.prefix)

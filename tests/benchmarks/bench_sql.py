@@ -28,7 +28,7 @@ from harness import Report
 
 from fsm import Engine, PipelineLifecycle
 from stores.sql import SqlStore
-from stores.sql_schema import encode_sqlite_time
+from stores.sql.schema import encode_sqlite_time
 
 EVENTS = (("start", "queued", "running"), ("finish", "running", "finalizing"), ("succeed", "finalizing", "completed"))
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -173,7 +173,7 @@ def _raw_psycopg(url: str, prefix: str, n: int) -> tuple[Callable[[], Callable[[
 
 
 def _postgres_suite(report: Report, n: int) -> None:
-    from stores.sql_migrate import drop_schema
+    from stores.sql.migrate import drop_schema
 
     url = os.environ.get("FSM_TEST_POSTGRES_URL", DEFAULT_PG)
     prefix = f"bench{uuid.uuid4().hex[:8]}_"

@@ -1,0 +1,18 @@
+"""The engine: fires a lifecycle's events on stored entities through a store.
+
+- ``engine``: :class:`Engine`, whose ``fire`` reads as look up, judge, write, announce;
+- ``arguments``: every argument checked before anything is read or written (I10);
+- ``judge``: which branch of the compiled table an event takes;
+- ``writes``: the one compare-and-set write of a transition;
+- ``announce``: the signals sent after the commit;
+- ``reads`` and ``leases``: the engine's reads and its lease operations;
+- ``result``: :class:`FireResult`.
+"""
+
+from __future__ import annotations
+
+from fsm.engine.announce import announce
+from fsm.engine.engine import Engine
+from fsm.engine.result import FireResult
+
+__all__ = ["Engine", "FireResult", "announce"]

@@ -1,0 +1,199 @@
+"""The engine: fires a lifecycle's events on stored entities through a store.
+
+The engine never builds a StateChart: it looks the event up in the lifecycle's compiled
+table, evaluates the guards on the snapshot it read, and hands the store one
+compare-and-set write (version, plus the lease token where the actor must hold the lease,
+plus the store-side conditions of time- and row-dependent guards).  Signals go out after
+the commit.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from fsm.clock import Clock, new_owner_id
+from fsm.engine.announce import announce
+from fsm.engine.arguments import actor_arg, check_arguments, optional_lease, text, validate_data
+from fsm.engine.base import StoreClock
+from fsm.engine.judge import choose
+from fsm.engine.leases import EngineLeases
+from fsm.engine.result import FireResult
+from fsm.engine.writes import write_for
+from fsm.errors import (
+    ConditionFailed,
+    GuardRejected,
+    IdempotencyKeyReused,
+    LeaseLost,
+    StaleVersion,
+    TransitionNotAllowed,
+    UnknownEvent,
+)
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot
+from fsm.table import Branch
+from stores.base import Store
+
+
+class Engine(EngineLeases):
+    """Runs one lifecycle over one store.
+
+    Firing reads as: look the event up in the compiled table, judge its guards on the
+    snapshot (:mod:`fsm.engine.judge`), hand the store one compare-and-set write
+    (:mod:`fsm.engine.writes`), announce the committed transition
+    (:mod:`fsm.engine.announce`).  Reads and leases are in :mod:`fsm.engine.reads` and
+    :mod:`fsm.engine.leases`.
+
+    ``clock`` is used to pre-evaluate time guards (default: the store's own clock); the
+    store re-checks them at commit with its clock either way.  ``owner`` is this engine's
+    owner id for leases, unique per process run unless given.
+    """
+
+    def __init__(
+        self,
+        lifecycle: type[Lifecycle],
+        store: Store,
+        *,
+        clock: Clock | None = None,
+        policy: Policy | None = None,
+        owner: str | None = None,
+    ) -> None:
+        if not isinstance(lifecycle, type) or not issubclass(lifecycle, Lifecycle) or not hasattr(lifecycle, "table"):
+            raise TypeError(f"Engine needs a Lifecycle subclass with states, got {lifecycle!r}")
+        self.lifecycle = lifecycle
+        self.kind: str = lifecycle.kind
+        self.table = lifecycle.table
+        self.store = store
+        self.clock: Clock = clock or StoreClock(store)
+        self.policy: Policy = policy or lifecycle.policy
+        self.owner: str = owner or new_owner_id()
+        self._events = frozenset(self.table.events)
+
+    # -- creating ------------------------------------------------------------------------
+
+    def create(
+        self,
+        entity_id: str | None = None,
+        *,
+        data: Mapping[str, Any] | None = None,
+        concurrency_key: str | None = None,
+    ) -> Snapshot:
+        """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
+        entity_id = uuid.uuid4().hex if entity_id is None else text("entity_id", entity_id)
+        if concurrency_key is not None:
+            text("concurrency_key", concurrency_key)
+        check_arguments(None, None, data)
+        clean = self._validate({} if data is None else dict(data), entity_id=None)
+        return self.store.create(
+            NewEntity(
+                id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean
+            )
+        )
+
+    def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
+        return validate_data(self.lifecycle.data_model, self.kind, data, entity_id)
+
+    # -- firing --------------------------------------------------------------------------
+
+    def fire(
+        self,
+        entity_id: str,
+        event: str,
+        *,
+        lease: Lease | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        actor: Actor | str = Actor.WORKER,
+        owner: str | None = None,
+    ) -> FireResult:
+        """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
+
+        ``lease`` is the caller's lease for transitions that require holding it.
+        ``data`` is a patch merged into the entity's data (top-level keys) and validated
+        against the lifecycle's data model; guards judge the merged data.  ``owner`` is who takes the lease on a
+        transition that acquires one (default: this engine's owner id).  Firing again with
+        the same ``idempotency_key`` returns the first result and writes nothing.
+
+        Raises ``UnknownEvent``, ``UnknownEntity``, ``TransitionNotAllowed``,
+        ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
+        ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
+        """
+        if event not in self._events:
+            raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
+        actor = actor_arg(actor)
+        check_arguments(reason, idempotency_key, data)
+        text("entity_id", entity_id)
+        optional_lease(lease)
+        if owner is not None:
+            text("owner", owner)
+        try:
+            if idempotency_key is None:
+                return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
+            replay = self._replay(entity_id, event, idempotency_key)
+            if replay is not None:
+                return replay
+            try:
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+            except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
+                # a concurrent call with the same key (a retried webhook) may have committed
+                # between our lookup and our read: then this is a replay, not a refusal
+                replay = self._replay(entity_id, event, idempotency_key)
+                if replay is not None:
+                    return replay
+                raise
+        except LeaseLost as err:
+            if lease is not None:
+                self._lease_lost(lease, err)
+            raise
+
+    def _fire(
+        self,
+        entity_id: str,
+        event: str,
+        actor: Actor,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+    ) -> FireResult:
+        snap = self.store.get(entity_id)
+        if snap.kind != self.kind or snap.state not in self.table.configurations:
+            snap = self.get(entity_id)  # raises the precise error
+        patch: dict[str, Any] | None = None
+        new_data: dict[str, Any] | None = None
+        judged = snap
+        if data is not None:  # guards judge the entity as the event would leave its data
+            patch = copy.deepcopy(dict(data))  # the caller may reuse its dict; history must not change
+            new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
+            judged = snap._replace(data=new_data)
+        branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
+        write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
+        try:
+            new, record = self.store.apply(write)
+        except IdempotencyKeyReused:
+            assert idempotency_key is not None
+            replay = self._replay(entity_id, event, idempotency_key)
+            if replay is None:  # pragma: no cover - the store said the key exists
+                raise
+            return replay
+        self._announce(new, record, branch)
+        return FireResult(new, record)
+
+    def _replay(self, entity_id: str, event: str, key: str) -> FireResult | None:
+        recorded = self.store.find_transition(entity_id, key)
+        if recorded is None:
+            return None
+        if recorded.event != event:
+            raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=event)
+        return FireResult(self.get(entity_id), recorded, replayed=True)
+
+    def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
+        announce(self.kind, snap, record, branch)
+
+
+__all__ = ["Engine"]

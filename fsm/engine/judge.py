@@ -1,0 +1,72 @@
+"""Judging an event: which branch of the compiled table the entity takes, if any."""
+
+from __future__ import annotations
+
+from fsm.clock import Clock
+from fsm.errors import GuardRejected, LeaseLost, TransitionNotAllowed
+from fsm.guards import GuardContext
+from fsm.policy import Policy
+from fsm.records import Actor, Lease, Snapshot
+from fsm.table import Branch, CompiledTable
+from stores.base import Store
+
+
+def choose(
+    table: CompiledTable,
+    policy: Policy,
+    clock: Clock,
+    store: Store,
+    snap: Snapshot,
+    event: str,
+    actor: Actor,
+    lease: Lease | None,
+) -> Branch:
+    """The first branch of ``event`` from the entity's state that ``actor`` may take now.
+
+    Guards are judged on ``snap`` (the store re-checks the time- and row-dependent ones at
+    commit).  Raises ``TransitionNotAllowed``, ``GuardRejected``, or ``LeaseLost`` when the
+    only thing refused is holding the lease.
+    """
+    branches = table.branches_for(snap.state, event)
+    if not branches:
+        if snap.state in table.finals:
+            detail = f"{snap.state!r} is final"
+        else:
+            allowed = [e for e in table.events if table.branches_for(snap.state, e)]
+            detail = f"events from {snap.state!r}: {', '.join(allowed) or 'none'}"
+        raise TransitionNotAllowed(entity_id=snap.id, event=event, state=snap.state, actor=actor.value, detail=detail)
+    mine = [b for b in branches if b.actor is actor]
+    if mine and not mine[0].guards:
+        return mine[0]  # the common worker case: nothing to evaluate
+    if not mine:
+        others = sorted({b.actor.value for b in branches})
+        raise TransitionNotAllowed(
+            entity_id=snap.id,
+            event=event,
+            state=snap.state,
+            actor=actor.value,
+            detail=f"{event!r} is a {'/'.join(others)} transition",
+        )
+    ctx = GuardContext(
+        snapshot=snap,
+        clock=clock,
+        lease=lease,
+        policy=policy,
+        newer_sibling=lambda: store.has_newer_sibling(snap.id),
+    )
+    failed: dict[str, list[str]] = {}
+    for branch in mine:
+        refused = [
+            g.name if expected else f"not {g.name}"
+            for g, expected in branch.guards
+            if bool(g.check(ctx)) is not expected
+        ]
+        if not refused:
+            return branch
+        failed[branch.label] = refused
+    if lease is not None and all(r == ["holds_lease"] for r in failed.values()):
+        raise LeaseLost(snap.id, expected_token=lease.token, found_token=snap.lease_token, owner=lease.owner)
+    raise GuardRejected(entity_id=snap.id, event=event, state=snap.state, failed=failed)
+
+
+__all__ = ["choose"]

@@ -1,0 +1,88 @@
+"""Leases through the engine: acquire, renew within the state's budget, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import signals
+from fsm.engine.announce import announce_lease_lost
+from fsm.engine.arguments import check_ttl, lease_arg, text
+from fsm.engine.reads import EngineReads
+from fsm.errors import LeaseLost, TransitionNotAllowed
+from fsm.records import Lease, Snapshot
+from signals import LeasePayload
+
+
+class EngineLeases(EngineReads):
+    """``acquire_lease``, ``renew_lease`` and ``release_lease``.
+
+    A lease is not a transition: none of these bumps the version or writes history.
+    """
+
+    def acquire_lease(self, entity_id: str, *, owner: str | None = None, ttl: timedelta | None = None) -> Lease:
+        """Take the lease of a non-final entity whose lease is free or expired (token + 1).
+
+        Not a transition: no version bump, no history row.  Raises ``LeaseLost`` when a
+        live lease is held by someone else.
+        """
+        check_ttl(ttl)
+        if owner is not None:
+            text("owner", owner)
+        snap = self.get(entity_id)
+        if snap.state in self.table.finals:
+            raise TransitionNotAllowed(
+                entity_id=entity_id,
+                event="acquire_lease",
+                state=snap.state,
+                actor="worker",
+                detail=f"{snap.state!r} is final",
+            )
+        new = self.store.acquire_lease(
+            entity_id,
+            owner=owner or self.owner,
+            ttl=ttl or self.policy.lease_ttl,
+            budget=self.policy.budget_for(snap.state),
+            expect_version=snap.version,
+        )
+        signals.send(signals.lease_acquired, self.kind, lambda: LeasePayload.of(self.kind, new))
+        lease = new.lease
+        assert lease is not None
+        return lease
+
+    def renew_lease(self, lease: Lease, *, ttl: timedelta | None = None) -> Lease:
+        """Extend a live lease; never past the state's renewal budget.
+
+        Raises ``LeaseLost`` (and sends ``lease_lost``) when the lease is no longer
+        current: taken over, expired, or out of budget.  The holder must stop.
+        """
+        check_ttl(ttl)
+        snap = self.get(lease_arg(lease).entity_id)
+        try:
+            new = self.store.renew_lease(
+                lease.entity_id,
+                owner=lease.owner,
+                token=lease.token,
+                ttl=ttl or self.policy.lease_ttl,
+                budget=self.policy.budget_for(snap.state),
+            )
+        except LeaseLost as err:
+            self._lease_lost(lease, err)
+            raise
+        renewed = new.lease
+        assert renewed is not None
+        return renewed
+
+    def release_lease(self, lease: Lease) -> Snapshot:
+        """Give a lease up (owner and expiry cleared); raises ``LeaseLost`` if not current."""
+        self.get(lease_arg(lease).entity_id)
+        try:
+            return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
+        except LeaseLost as err:
+            self._lease_lost(lease, err)
+            raise
+
+    def _lease_lost(self, lease: Lease, err: LeaseLost) -> None:
+        announce_lease_lost(self.kind, self.store, lease, err)
+
+
+__all__ = ["EngineLeases"]

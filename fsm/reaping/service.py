@@ -1,0 +1,342 @@
+"""The reaper: expires what is dead, never what is alive.
+
+Shaped like River's job rescuer: a validated config with named defaults, ``run_once()``
+as the unit of work and of test, candidates in keyset batches, log and continue.
+
+For each lifecycle it derives its *rules* from the compiled table: every reaper branch
+(``expire``, ``supersede``, ``reclaim``...), with the store conditions of its guards.  A
+rule whose guards all have store conditions runs set-based: the database finds the
+candidates (indexed predicates, keyset pages) and moves a page in one statement that
+re-checks every condition per row, so a renewal or a completion that lands between the
+read and the write wins and is counted as a lost race.  A rule with a guard only Python
+can evaluate runs row by row through the engine, with the same compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+
+from pydantic import ValidationError
+
+import signals
+from fsm.clock import Clock, new_owner_id
+from fsm.engine import Engine, announce
+from fsm.errors import ConfigError, FsmError, GuardRejected, MalformedRow, StoreUnavailable
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.reaping.config import (
+    ReaperConfig,
+    ReapPolicy,
+    ReapResult,
+)
+from fsm.reaping.leader import LeaderLease
+from fsm.reaping.rules import Rule, plan_rules
+from fsm.records import (
+    Actor,
+    BatchWrite,
+    HistoryRecord,
+    LeaseChange,
+    Snapshot,
+)
+from signals import ReaperErrorPayload, ReaperTickPayload
+from stores.base import Store
+
+log = logging.getLogger("fsm.reaper")
+
+
+class Reaper:
+    """Fails or reclaims entities whose holder is gone; never touches a fresh lease (I1).
+
+    ``policies`` maps each lifecycle to reap to its policy (``None``: the lifecycle's own
+    default) or is a list of lifecycles; values may be :class:`ReapPolicy` to add
+    ``max_active``.  ``run_once()`` is one tick; ``start()``/``stop()`` run ticks on a
+    thread every ``config.interval``.  A tick never raises (I9).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        policies: Mapping[type[Lifecycle], Policy | ReapPolicy | None] | Iterable[type[Lifecycle]],
+        config: ReaperConfig | Mapping[str, object] | None = None,
+        *,
+        clock: Clock | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = validated_config(config)
+        self.owner = owner or new_owner_id("reaper:")
+        items = policies.items() if isinstance(policies, Mapping) else ((lc, None) for lc in policies)
+        reap_policies: list[ReapPolicy] = []
+        problems: list[str] = []
+        for lifecycle, given in items:
+            if not (isinstance(lifecycle, type) and issubclass(lifecycle, Lifecycle) and hasattr(lifecycle, "table")):
+                problems.append(f"{lifecycle!r} is not a Lifecycle class")
+                continue
+            if isinstance(given, ReapPolicy):
+                if given.lifecycle is not lifecycle:
+                    problems.append(
+                        f"the policy given for {lifecycle.__name__} is a ReapPolicy of {given.lifecycle.__name__}"
+                    )
+                    continue
+                rp = given
+            else:
+                rp = ReapPolicy(lifecycle=lifecycle, policy=given or lifecycle.policy)
+            problems += rp.check_backstop(self.config.interval)
+            reap_policies.append(rp)
+        if not reap_policies and not problems:
+            problems.append("the reaper needs at least one lifecycle")
+        if problems:
+            raise ConfigError("invalid reaper config: " + "; ".join(problems), problems=problems)
+        self.policies = reap_policies
+        self.engines = [
+            Engine(rp.lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
+        ]
+        self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        if self.config.leader and getattr(store, "binding", None) is not None:
+            raise ConfigError(
+                "leader=True needs a store with the library's own tables: on a store bound to an application "
+                "table the reserved leader row would land in that table; give the leader its own SqlStore"
+            )
+        self.leader = LeaderLease(store, self.owner, self.config.effective_leader_ttl) if self.config.leader else None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.ticks = 0
+
+    # -- one tick ------------------------------------------------------------------------
+
+    def run_once(self, *, dry_run: bool = False) -> ReapResult:
+        """Run one tick: every rule, in keyset pages.  Never raises."""
+        result = ReapResult(dry_run=dry_run, enabled=self.config.enabled)
+        started = time.perf_counter()
+        if self.config.enabled:
+            try:
+                if self.leader is not None and not dry_run and not self.leader.try_lead():
+                    result.leading = False
+                    return self._finish(result, started, dry_run)
+                for rule in self.rules:
+                    self._run_rule(rule, result, dry_run)
+            except Exception as err:  # the store failed mid-tick: log, and the next tick runs as scheduled
+                result.errors += 1
+                log.exception("reaper tick failed")
+                self._signal_error(err, None)
+        return self._finish(result, started, dry_run)
+
+    def _finish(self, result: ReapResult, started: float, dry_run: bool) -> ReapResult:
+        result.duration_s = time.perf_counter() - started
+        self.ticks += 1
+        counts = result.counts()
+        signals.send(
+            signals.reaper_tick,
+            "reaper",
+            lambda: ReaperTickPayload(counts=counts, duration_s=result.duration_s, dry_run=dry_run),
+        )
+        return result
+
+    def _run_rule(self, rule: Rule, result: ReapResult, dry_run: bool) -> None:
+        after: str | None = None
+        batch = self.config.batch_size
+        branch = rule.branch
+        while True:
+            page, exhausted = self._page(rule, after, batch, result)
+            if not page:
+                return
+            after = page[-1].id
+            if dry_run:  # a row two rules would move is listed once, as the first rule would take it
+                listed = {(kind, entity_id) for kind, entity_id, _, _ in result.would_move}
+                if not rule.set_based:  # Python guards the store could not filter: judge them here
+                    page = [s for s in page if rule.engine.would_fire(s, branch.event, Actor.REAPER) is not None]
+                result.would_move += [
+                    (rule.engine.kind, s.id, branch.event, branch.target)
+                    for s in page
+                    if (rule.engine.kind, s.id) not in listed
+                ]
+            elif rule.set_based:
+                self._move_page(rule, page, result)
+            else:
+                for snap in page:
+                    self._move_one(rule, snap, result)
+            if exhausted:
+                return
+
+    def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> tuple[list[Snapshot], bool]:
+        """The next keyset page of candidates and whether the rule is exhausted.
+
+        A row that cannot be decoded spoils a page query: the page is then read one row at
+        a time up to the bad row, which is counted, logged and stepped over, and the rest
+        of the page is read normally again.
+        """
+        kind, source = rule.engine.kind, rule.branch.source
+        found: list[Snapshot] = []
+        cursor = after
+        while len(found) < limit:
+            want = limit - len(found)
+            try:
+                rows = self.store.candidates(kind, source, rule.require, limit=want, after_id=cursor)
+            except MalformedRow:
+                try:
+                    one = self.store.candidates(kind, source, rule.require, limit=1, after_id=cursor)
+                except MalformedRow as err:
+                    self._bad_row(err.entity_id, err, result)
+                    cursor = err.entity_id
+                    continue
+                if not one:  # pragma: no cover - the page query just saw a row here
+                    return found, True
+                found.append(one[0])
+                cursor = one[0].id
+                continue
+            found += rows
+            return found, len(rows) < want
+        return found, False
+
+    def _batch(self, rule: Rule, ids: tuple[str, ...]) -> BatchWrite:
+        branch = rule.branch
+        acquires = branch.lease_effect is LeaseChange.ACQUIRE
+        return BatchWrite(
+            ids=ids,
+            kind=rule.engine.kind,
+            event=branch.event,
+            source=branch.source,
+            target=branch.target,
+            actor=Actor.REAPER.value,
+            require=rule.require,
+            lease_change=branch.lease_effect,
+            new_owner=self.owner if acquires else None,  # a reclaim hands the lease to this reaper
+            lease_ttl=rule.engine.policy.lease_ttl if acquires else None,
+            bump_attempt=branch.bump_attempt,
+            bump_reclaims=branch.bump_reclaims,
+            reason=branch.reason,
+        )
+
+    def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
+        write = self._batch(rule, tuple(s.id for s in page))
+        try:
+            moved = self.store.apply_batch(write)
+        except (StoreUnavailable, ConfigError):
+            raise  # not a bad row: the whole tick fails, is logged, and the next one retries
+        except (MalformedRow, FsmError, ValueError, TypeError):
+            # one bad row spoils a set-based page: redo it row by row and skip the bad one
+            log.warning("%s: a page of %d failed; retrying row by row", rule.name, len(page), exc_info=True)
+            for snap in page:
+                self._move_one(rule, snap, result)
+            return
+        result.lost_races += len(page) - len(moved)
+        for snap, record in moved:
+            self._moved(rule, snap, record, result)
+
+    def _move_one(self, rule: Rule, snap: Snapshot, result: ReapResult) -> None:
+        branch = rule.branch
+        try:
+            if rule.set_based:
+                one = self._batch(rule, (snap.id,))
+                moved = self.store.apply_batch(one)
+                if not moved:
+                    result.lost_races += 1
+                for new, record in moved:
+                    self._moved(rule, new, record, result)
+                return
+            fired = rule.engine.fire(snap.id, branch.event, actor=Actor.REAPER)
+        except (StoreUnavailable, ConfigError):
+            raise
+        except MalformedRow as err:
+            self._bad_row(snap.id, err, result)
+            return
+        except GuardRejected:
+            result.refused += 1  # a guard only Python can judge said no: not a race
+            return
+        except FsmError:
+            result.lost_races += 1  # moved, renewed, completed or deleted since the read
+            return
+        except Exception as err:
+            self._bad_row(snap.id, err, result)
+            return
+        # the engine chose the branch of this event that holds now (maybe not this rule's):
+        # the entity moved either way, and the engine sent its signals
+        result.moved[rule.name] += 1
+        self._log_move(rule, fired.snapshot, fired.record)
+
+    def _moved(self, rule: Rule, snap: Snapshot, record: HistoryRecord, result: ReapResult) -> None:
+        result.moved[rule.name] += 1
+        self._log_move(rule, snap, record)
+        announce(rule.engine.kind, snap, record, rule.branch)
+
+    @staticmethod
+    def _log_move(rule: Rule, snap: Snapshot, record: HistoryRecord) -> None:
+        log.info(
+            "%s %s: %s -> %s (%s) [reason=%s, version=%d, token=%d]",
+            rule.engine.kind,
+            snap.id,
+            record.source,
+            record.target,
+            record.event,
+            record.reason,
+            snap.version,
+            snap.lease_token,
+        )
+
+    def _bad_row(self, entity_id: str, err: BaseException, result: ReapResult) -> None:
+        result.bad_rows += 1
+        log.error("skipping entity %s: %s", entity_id, err, exc_info=err)
+        self._signal_error(err, entity_id)
+
+    @staticmethod
+    def _signal_error(err: BaseException, entity_id: str | None) -> None:
+        try:
+            signals.send(
+                signals.reaper_error, "reaper", lambda: ReaperErrorPayload(error=repr(err), entity_id=entity_id)
+            )
+        except Exception:  # pragma: no cover - signals.send already isolates receivers
+            log.exception("reaper_error signal failed")
+
+    # -- on a schedule -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run ticks every ``config.interval`` on a daemon thread; a second start is a no-op."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            # each loop has its own stop event: a start racing a stop never revives the old loop
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="fsm-reaper", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the schedule promptly (a tick in progress finishes); a second stop is a no-op."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if self.leader is not None:
+            try:
+                self.leader.resign()  # a standby takes over at its next tick, not after the TTL
+            except Exception:
+                log.exception("could not resign the leader lease; it expires on its own")
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self, stop: threading.Event) -> None:
+        interval = self.config.interval.total_seconds()
+        while not stop.is_set():
+            result = self.run_once()
+            log.info("reaper tick: %s", result.summary())
+            stop.wait(interval)
+
+
+def validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:
+    """A ``ReaperConfig`` from itself or a mapping; a bad value is a ``ConfigError`` naming it."""
+    if isinstance(config, ReaperConfig):
+        return config
+    try:
+        return ReaperConfig.model_validate(dict(config or {}))
+    except ValidationError as err:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("invalid reaper config: " + "; ".join(problems), problems=problems) from None
+
+
+__all__ = ["Reaper", "validated_config"]

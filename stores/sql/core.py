@@ -1,0 +1,75 @@
+"""The plumbing every part of the SQL store shares: its state, its clock, one statement.
+
+:class:`SqlCore` holds what :class:`stores.sql.SqlStore` sets up (statements, connections,
+flavor, clock, child tables) and the few helpers its parts use: the write's ``now``, running
+one statement on the calling thread's connection, re-reading a row to diagnose a refused
+write.  The parts (``sql_leases``, ``sql_reaper``, ``sql``) are mixins over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fsm.clock import Clock
+from fsm.records import Snapshot
+from stores.sql.children import ChildIO, attach
+from stores.sql.connections import Connections, unavailable
+from stores.sql.dialect import Flavor, Statements
+from stores.sql.rows import snapshot_of
+from stores.sql.schema import decode_time
+
+ATTEMPTS = 3
+"""Tries of a write whose refusal the re-read could not explain (the row moved in between)."""
+
+
+class SqlCore:
+    """State and helpers shared by the SQL store's parts."""
+
+    clock: Clock | None
+    _sql: Statements
+    _f: Flavor
+    _sqlite: bool
+    _conns: Connections
+    _errors: tuple[type[BaseException], ...]
+    _integrity: tuple[type[BaseException], ...]
+    _status: Callable[[str], str] | None
+    _children: list[ChildIO]
+
+    def _now(self) -> datetime | None:
+        """The write's ``now`` in Python: the clock's, SQLite's wall clock, or None (server)."""
+        if self.clock is not None:
+            return self.clock.now()
+        return datetime.now(UTC) if self._sqlite else None
+
+    def _run(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """One statement (autocommit); all rows fetched, so SQLite finishes it at once."""
+        cur = self._conns.slot().cursor
+        try:
+            cur.execute(sql, params)
+            return cur.fetchall()  # type: ignore[no-any-return]
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    def _attach(self, snaps: list[Snapshot]) -> list[Snapshot]:
+        """``snaps`` with their child rows loaded (bound tables with children only)."""
+        return attach(self._children, self._conns.slot().cursor, snaps) if self._children else snaps
+
+    def _current(self, entity_id: str) -> tuple[Snapshot | None, datetime]:
+        """The row as it is now, and the store's now, for diagnosing a refused write."""
+        now = self._now()
+        rows = self._run(self._sql.diagnose, {"id": entity_id, "now": None if now is None else self._f.time(now)})
+        if not rows:
+            return None, now or datetime.now(UTC)
+        return snapshot_of(rows[0]), now if now is not None else decode_time(rows[0][15])
+
+    def _time_params(self, params: dict[str, Any], now: datetime | None, ttl: timedelta | None) -> None:
+        """``now`` (when bound) and ``now + ttl`` as the dialect takes them."""
+        f = self._f
+        if now is not None:
+            params["now"] = f.time(now)
+        params["ttl"] = None if ttl is None else f.offset(now, ttl)
+
+
+__all__ = ["ATTEMPTS", "SqlCore"]

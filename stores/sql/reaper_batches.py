@@ -1,0 +1,119 @@
+"""The reaper's set-based reads and writes of the SQL store (DESIGN sections 5 and 6).
+
+``candidates`` is a keyset-paged query answered from the reaper indexes;
+``apply_batch`` moves every still-qualifying row in one transaction.  On PostgreSQL that
+is one statement: a CTE claims the rows with ``FOR UPDATE SKIP LOCKED`` (a row another
+reaper is moving is skipped, not waited for), the ``UPDATE`` re-checks every condition
+against ``statement_timestamp()``, and the history rows are inserted from its
+``RETURNING``.  On SQLite (one writer at a time under ``BEGIN IMMEDIATE``) the
+``UPDATE ... RETURNING`` is followed by one ``INSERT ... SELECT`` of the history rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from fsm.errors import MalformedRow
+from fsm.records import BatchWrite, Condition, HistoryRecord, Snapshot
+from stores.sql.connections import unavailable
+from stores.sql.core import SqlCore
+from stores.sql.dialect import condition_shape
+from stores.sql.rows import snapshot_of
+from stores.sql.schema import decode_time
+
+log = logging.getLogger("stores.sql")
+
+
+class ReaperOps(SqlCore):
+    """``candidates`` and ``apply_batch`` of :class:`stores.sql.SqlStore`."""
+
+    def candidates(
+        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
+    ) -> list[Snapshot]:
+        """See :meth:`stores.Store.candidates`.  A row that cannot be decoded raises
+        ``MalformedRow`` naming it (the reaper counts it, logs it and steps over it)."""
+        sql = self._sql.candidates(condition_shape(require), require, after_id is not None)
+        now = self._now()
+        params: dict[str, Any] = {"kind": kind, "state": state, "limit": limit, "after": after_id}
+        self._time_params(params, now, None)
+        self._sql.condition_params(params, require, now)
+        found = [snapshot_of(row) for row in self._run(sql, params)]
+        return self._attach(found)
+
+    def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        """See :meth:`stores.Store.apply_batch`.  Rows whose data is not a readable JSON
+        object never qualify; a row that still fails to decode is logged and left alone."""
+        if not batch.ids:
+            return []
+        sql = self._sql.batch(
+            batch.lease_change,
+            batch.lease_ttl is not None,
+            condition_shape(batch.require),
+            batch.require,
+            (batch.bump_attempt, batch.bump_reclaims),
+        )
+        ids = list(dict.fromkeys(batch.ids))
+        params: dict[str, Any] = {
+            "kind": batch.kind,
+            "source": batch.source,
+            "target": batch.target,
+            "event": batch.event,
+            "actor": batch.actor,
+            "reason": batch.reason,
+            "new_owner": batch.new_owner,
+        }
+        if self._status is not None:
+            params["status"] = self._status(batch.target)
+        while ids:
+            now = self._now()
+            params["ids"] = self._f.ids(ids)
+            self._time_params(params, now, batch.lease_ttl)
+            self._sql.condition_params(params, batch.require, now)
+            try:
+                moved = self._batch_sqlite(sql, params, now) if self._sqlite else self._batch_pg(sql, params)
+            except MalformedRow as err:  # SQLite only: rolled back; move the others without it
+                log.error("skipping malformed %s %r: %s", batch.kind, err.entity_id, err.reason)
+                ids.remove(err.entity_id)
+                continue
+            order = {entity_id: i for i, entity_id in enumerate(batch.ids)}
+            snaps = self._attach(sorted((s for s, _ in moved), key=lambda s: order[s.id]))
+            at = {s.id: when for s, when in moved}
+            return [
+                (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
+                                  s.lease_token, batch.reason, None, at[s.id], None))
+                for s in snaps
+            ]  # fmt: skip
+        return []
+
+    def _batch_sqlite(self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None) -> list[Any]:
+        slot = self._conns.slot()
+        cur = slot.cursor
+        assert now is not None
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(sql[0], params)
+                moved = [(snapshot_of(r), now) for r in cur.fetchall()]
+                if moved:
+                    cur.execute(sql[1], {**params, "moved": self._f.ids([s.id for s, _ in moved])})
+                cur.execute("COMMIT")
+            except BaseException:
+                slot.conn.rollback()
+                raise
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+        return moved
+
+    def _batch_pg(self, sql: tuple[str, ...], params: dict[str, Any]) -> list[Any]:
+        moved = []
+        for row in self._run(sql[0], params):
+            try:
+                moved.append((snapshot_of(row), decode_time(row[15])))
+            except MalformedRow as err:  # committed already; cannot happen for jsonb objects
+                log.error("moved a malformed row %r: %s", err.entity_id, err.reason)
+        return moved
+
+
+__all__ = ["ReaperOps"]

@@ -1,0 +1,63 @@
+"""How a stored row becomes a record, and data becomes JSON text.
+
+Decoding runs on every read and write, so it is positional and allocation-light.  A row
+that cannot be decoded (broken or non-object JSON, a NULL leaf state, an unreadable
+timestamp) raises :class:`~fsm.errors.MalformedRow` naming the entity, never a bare
+``ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fsm.errors import InvalidData, MalformedRow
+from fsm.records import HistoryRecord, Snapshot
+from stores.sql.schema import decode_time
+
+
+def dumps_data(value: Any, entity_id: str) -> str:
+    """``value`` as compact JSON text; not JSON-serialisable -> ``InvalidData`` (nothing written)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InvalidData(
+            lifecycle="store", entity_id=entity_id, errors=[{"loc": ("data",), "msg": f"not JSON: {err}"}]
+        ) from None
+
+
+def snapshot_of(row: Sequence[Any]) -> Snapshot:
+    """A row (entity columns in Snapshot order) as a Snapshot, or ``MalformedRow``."""
+    try:
+        state, data, exp = row[2], row[14], row[6]
+        if state is None:
+            raise ValueError("no state (leaf state column is NULL)")
+        if data.__class__ is str:
+            data = {} if data == "{}" else json.loads(data)
+        if data.__class__ is not dict:
+            raise ValueError(f"data is not a JSON object: {str(data)[:60]!r}")
+        # positional: this runs on every read and write
+        return Snapshot(
+            row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
+            decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
+            row[12], row[13], data,
+        )  # fmt: skip
+    except (ValueError, TypeError, AttributeError) as err:
+        raise MalformedRow(str(row[0]), reason=str(err)) from None
+
+
+def history_of(row: Sequence[Any]) -> HistoryRecord:
+    """A history row (columns in HistoryRecord order) as a record, or ``MalformedRow``."""
+    try:
+        data = row[10]
+        if data.__class__ is str:
+            data = json.loads(data)
+        return HistoryRecord(
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], decode_time(row[9]), data
+        )
+    except (ValueError, TypeError, AttributeError) as err:
+        raise MalformedRow(str(row[0]), reason=f"history row {row[1]}: {err}") from None
+
+
+__all__ = ["dumps_data", "history_of", "snapshot_of"]

@@ -1,0 +1,308 @@
+"""The tables the SQL store owns, their indexes, and how a timestamp is stored.
+
+Three tables, named ``{prefix}entities``, ``{prefix}history`` and ``{prefix}effects``
+(DESIGN section 5), plus ``{prefix}alembic_version`` for migrations.  The entity table is
+replaced by an application's own table when the store is bound to one
+(:mod:`stores.sql.binding`); history and effects are always the library's.
+
+Timestamps: PostgreSQL stores ``timestamptz`` (microseconds, compared and added in SQL).
+SQLite has no timestamp type, so a timestamp is fixed-width ISO-8601 text in UTC,
+``YYYY-MM-DD HH:MM:SS.ffffff+00:00``: text order is time order (the reaper's range scans
+and ``<`` guards work on the index), it round-trips microseconds exactly, and it stays
+readable in the ``sqlite3`` shell.
+
+The schema here and the Alembic migrations in ``stores/migrations`` must agree; a test
+compares the two with SQLAlchemy inspection.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+HEAD_REVISION = "0001"
+"""The newest migration; a schema stamped with it needs no upgrade."""
+
+ENTITY_COLUMNS = (
+    "id",
+    "kind",
+    "state",
+    "version",
+    "lease_owner",
+    "lease_token",
+    "lease_expires_at",
+    "state_entered_at",
+    "created_at",
+    "updated_at",
+    "deleted",
+    "concurrency_key",
+    "attempt",
+    "reclaims",
+    "data",
+)
+"""Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
+
+HISTORY_COLUMNS = (
+    "entity_id",
+    "seq",
+    "event",
+    "source",
+    "target",
+    "actor",
+    "lease_token",
+    "reason",
+    "idempotency_key",
+    "at",
+    "data",
+)
+"""History columns, in :class:`fsm.records.HistoryRecord` field order."""
+
+TIME_COLUMNS = frozenset({"lease_expires_at", "state_entered_at", "created_at", "updated_at"})
+
+ID_LENGTH = 255
+NAME_LENGTH = 64
+
+
+def encode_sqlite_time(value: datetime) -> str:
+    """An aware datetime as the fixed-width UTC text SQLite stores."""
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: the store only takes aware (UTC) datetimes")
+    return value.astimezone(UTC).isoformat(" ", "microseconds")
+
+
+def decode_time(value: Any) -> datetime:
+    """A stored timestamp (SQLite text, or a driver datetime) as an aware UTC datetime.
+
+    A naive value (a bound application column of type ``timestamp without time zone``,
+    read on a UTC session) is taken as UTC.
+    """
+    if value.__class__ is str:
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+    return value  # type: ignore[no-any-return]
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC timestamp: ``timestamptz`` on PostgreSQL, fixed-width text on SQLite."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(sa.String(32))
+        return dialect.type_descriptor(sa.DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name != "sqlite":
+            return value
+        return encode_sqlite_time(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        return None if value is None else decode_time(value)
+
+
+class JsonDocument(TypeDecorator[Any]):
+    """A JSON document: ``jsonb`` on PostgreSQL, text on SQLite (TEXT affinity, kept as written)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(sa.Text())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None or dialect.name == "postgresql":
+            return value
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, str):
+            return json.loads(value)
+        return value
+
+
+def json_default() -> sa.TextClause:
+    """Server default of a data column: an empty object."""
+    return sa.text("'{}'")
+
+
+def entity_columns(names: dict[str, str], *, kind_default: str | None = None) -> list[sa.Column[Any]]:
+    """The entity columns under physical ``names`` (logical -> physical).
+
+    Library-owned tables get them all, ``NOT NULL`` where a row always has a value; a bound
+    application table gets only the missing ones, where ``kind_default`` fills ``kind``
+    and the rest is nullable or has a server default, so adding them is additive.
+    """
+    bound = kind_default is not None
+    cols: dict[str, sa.Column[Any]] = {
+        "id": sa.Column(names["id"], sa.String(ID_LENGTH), primary_key=True),
+        "kind": sa.Column(
+            names["kind"],
+            sa.String(NAME_LENGTH),
+            nullable=False,
+            server_default=sa.text(_sql_literal(kind_default)) if kind_default is not None else None,
+        ),
+        "state": sa.Column(names["state"], sa.String(NAME_LENGTH), nullable=bound),
+        "version": sa.Column(names["version"], sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        "lease_owner": sa.Column(names["lease_owner"], sa.String(ID_LENGTH), nullable=True),
+        "lease_token": sa.Column(names["lease_token"], sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        "lease_expires_at": sa.Column(names["lease_expires_at"], UtcDateTime(), nullable=True),
+        "state_entered_at": sa.Column(names["state_entered_at"], UtcDateTime(), nullable=bound),
+        "created_at": sa.Column(names["created_at"], UtcDateTime(), nullable=bound),
+        "updated_at": sa.Column(names["updated_at"], UtcDateTime(), nullable=False),
+        "deleted": sa.Column(names["deleted"], sa.Boolean(), nullable=False, server_default=sa.false()),
+        "concurrency_key": sa.Column(names["concurrency_key"], sa.String(ID_LENGTH), nullable=True),
+        "attempt": sa.Column(names["attempt"], sa.Integer(), nullable=False, server_default=sa.text("0")),
+        "reclaims": sa.Column(names["reclaims"], sa.Integer(), nullable=False, server_default=sa.text("0")),
+        "data": sa.Column(names["data"], JsonDocument(), nullable=False, server_default=json_default()),
+    }
+    return [cols[name] for name in ENTITY_COLUMNS]
+
+
+def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa.Index]:
+    """The reaper's indexes (DESIGN sections 5 and 6), named ``ix_{stem}_...``.
+
+    - ``lease``: ``(kind, state, lease_expires_at, updated_at)`` finds expired leases by a
+      range on the expiry, and lease-less idle rows by ``lease_expires_at IS NULL`` plus a
+      range on ``updated_at`` (the trailing column makes that branch exact too);
+    - ``idle``: ``(kind, state, updated_at)``, rows by last update;
+    - ``siblings``: ``(kind, concurrency_key, state, created_at)``, the ``NewerSibling`` probe.
+    """
+    c = table.c
+    return [
+        sa.Index(
+            f"ix_{stem}_lease",
+            c[names["kind"]],
+            c[names["state"]],
+            c[names["lease_expires_at"]],
+            c[names["updated_at"]],
+        ),
+        sa.Index(f"ix_{stem}_idle", c[names["kind"]], c[names["state"]], c[names["updated_at"]]),
+        sa.Index(
+            f"ix_{stem}_siblings",
+            c[names["kind"]],
+            c[names["concurrency_key"]],
+            c[names["state"]],
+            c[names["created_at"]],
+        ),
+    ]
+
+
+def build_metadata(
+    prefix: str,
+    *,
+    schema: str | None = None,
+    bound_table: str | None = None,
+    bound_id_column: str = "id",
+) -> sa.MetaData:
+    """Tables of one store: entities (unless bound), history, effects, version table.
+
+    With ``bound_table``, history and effects reference that application table's id
+    column; a stub of it (its id only) is in the metadata for the foreign keys, and is never
+    created by the library.
+    """
+    md = sa.MetaData(schema=schema)
+    if bound_table is None:
+        names = {n: n for n in ENTITY_COLUMNS}
+        entities = sa.Table(f"{prefix}entities", md, *entity_columns(names))
+        entity_indexes(entities, f"{prefix}entities", names)
+        ref = f"{entities.fullname}.id"
+    else:
+        stub = sa.Table(bound_table, md, sa.Column(bound_id_column, sa.String(ID_LENGTH), primary_key=True))
+        stub.info["bound"] = True
+        ref = f"{stub.fullname}.{bound_id_column}"
+    history_table(md, prefix, ref)
+    effects_table(md, prefix, ref)
+    version_table(md, prefix)
+    return md
+
+
+def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
+    """Append-only history; ``(entity_id, seq)`` is the key, ``idempotency_key`` unique per entity."""
+    table = sa.Table(
+        f"{prefix}history",
+        md,
+        sa.Column(
+            "entity_id",
+            sa.String(ID_LENGTH),
+            sa.ForeignKey(entity_ref, ondelete="CASCADE", name=f"fk_{prefix}history_entity"),
+            primary_key=True,
+        ),
+        sa.Column("seq", sa.BigInteger(), primary_key=True, autoincrement=False),
+        sa.Column("event", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("source", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("target", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("actor", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("lease_token", sa.BigInteger(), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("idempotency_key", sa.String(ID_LENGTH), nullable=True),
+        sa.Column("at", UtcDateTime(), nullable=False),
+        sa.Column("data", JsonDocument(), nullable=True),
+    )
+    sa.Index(f"ux_{prefix}history_key", table.c.entity_id, table.c.idempotency_key, unique=True)
+    return table
+
+
+def effects_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
+    """Recorded side-effect results (DESIGN section 7), one per ``(entity_id, key)``."""
+    return sa.Table(
+        f"{prefix}effects",
+        md,
+        sa.Column(
+            "entity_id",
+            sa.String(ID_LENGTH),
+            sa.ForeignKey(entity_ref, ondelete="CASCADE", name=f"fk_{prefix}effects_entity"),
+            primary_key=True,
+        ),
+        sa.Column("key", sa.String(ID_LENGTH), primary_key=True),
+        sa.Column("status", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("lease_token", sa.BigInteger(), nullable=True),
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        sa.Column("result", JsonDocument(), nullable=True),
+        sa.Column("recorded_at", UtcDateTime(), nullable=True),
+    )
+
+
+def version_table(md: sa.MetaData, prefix: str) -> sa.Table:
+    """Alembic's version table, per prefix, laid out as Alembic creates it.
+
+    Its own name keeps the library's migrations apart from the application's Alembic
+    history in the same database.
+    """
+    return sa.Table(
+        f"{prefix}alembic_version",
+        md,
+        sa.Column("version_num", sa.String(32), nullable=False),
+        sa.PrimaryKeyConstraint("version_num", name=f"{prefix}alembic_version_pkc"),
+    )
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+__all__ = [
+    "ENTITY_COLUMNS",
+    "HEAD_REVISION",
+    "HISTORY_COLUMNS",
+    "JsonDocument",
+    "UtcDateTime",
+    "build_metadata",
+    "decode_time",
+    "effects_table",
+    "encode_sqlite_time",
+    "entity_columns",
+    "entity_indexes",
+    "history_table",
+    "version_table",
+]

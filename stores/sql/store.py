@@ -1,0 +1,459 @@
+"""The SQL store: SQLite (the embedded default) and PostgreSQL, on SQLAlchemy 2.
+
+``SqlStore`` implements :class:`stores.Store` with the memory store's semantics, pinned by
+the contract suite.  Each write is one statement (PostgreSQL) or one ``BEGIN IMMEDIATE``
+transaction (SQLite) whose ``WHERE`` re-checks the guard: version, lease owner and token,
+and every condition, against the database's clock.  A write that matches no row changed
+nothing; the store then re-reads the row to raise the error the memory store would
+(``UnknownEntity``, ``IdempotencyKeyReused``, ``StaleVersion``, ``LeaseLost``,
+``ConditionFailed``).  If the re-read finds nothing wrong (the row changed in between,
+e.g. a lease expired), the write is simply tried again.
+
+What runs where:
+- SQLAlchemy: the engine and its URL, schema (``stores.sql.schema``), migrations
+  (``stores.sql.migrate``), inspection and the existing-table binding;
+- the DBAPI connection of the calling thread (``stores.sql.connections``): every store call, with
+  SQL written once per dialect (``stores.sql.dialect``).
+
+Time: with ``clock=None`` a PostgreSQL store takes ``now`` from the server inside each
+statement; SQLite (embedded: the server is this process) binds the wall clock.  With a
+``clock`` (tests), its time is bound on every dialect.
+
+Failures: an unreachable or restarting database raises ``StoreUnavailable`` (cause
+chained; a broken connection is replaced on the next call); a row that cannot be decoded
+raises ``MalformedRow`` naming the entity.  A connection lost *during* a commit leaves the
+outcome unknown, as with any database: retry with an idempotency key to make it safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from fsm.clock import Clock
+from fsm.errors import (
+    ConditionFailed,
+    ConfigError,
+    EntityExists,
+    FsmError,
+    IdempotencyKeyReused,
+    LeaseLost,
+    MalformedRow,
+    StaleVersion,
+    StoreUnavailable,
+    UnknownEntity,
+)
+from fsm.records import (
+    HistoryRecord,
+    NewEntity,
+    NewerSibling,
+    Snapshot,
+    TransitionWrite,
+    condition_holds,
+)
+from stores.sql.binding import TableBinding, bound_layout, missing_columns, owned_layout
+from stores.sql.children import ChildIO, attach, split_data
+from stores.sql.connections import (
+    Connections,
+    create_engine,
+    driver_errors,
+    enable_wal,
+    is_memory,
+    setup_postgres,
+    setup_sqlite,
+    unavailable,
+)
+from stores.sql.core import ATTEMPTS
+from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
+from stores.sql.leases import LeaseOps
+from stores.sql.migrate import current_revision, ensure_schema
+from stores.sql.reaper_batches import ReaperOps
+from stores.sql.rows import dumps_data, history_of, snapshot_of
+from stores.sql.schema import HEAD_REVISION, decode_time
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "sqlite:///fsm.db"
+_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
+_PUBLIC = (
+    "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
+    "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch",
+)  # fmt: skip
+
+
+def _schema_of(binding: TableBinding | None) -> str | None:
+    return binding.schema if binding is not None else None
+
+
+class _Refused(Exception):
+    """The guarded statement matched no row."""
+
+
+class SqlStore(LeaseOps, ReaperOps):
+    """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
+
+    ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
+    or an engine.  ``clock``: bind this clock's time instead of the server's (tests).
+    ``table_prefix``: names the tables ``{prefix}entities``/``history``/``effects``.
+    ``create``: create or upgrade the library's tables (Alembic) on start; otherwise they
+    must be current.  ``binding``: run on an application's existing table
+    (:class:`stores.sql.binding.TableBinding`).  ``schema``: PostgreSQL schema of the tables.
+    ``busy_timeout``: seconds a SQLite writer waits for the write lock.
+    ``sqlite_synchronous``: ``FULL`` (default: a commit survives power loss) or ``NORMAL``
+    (WAL-safe, faster; the last commits may roll back on power loss).
+
+    Thread-safe: each thread uses its own connection (see :mod:`stores.sql.connections`).  Not
+    fork-safe: create the store in the process that uses it.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.Engine = DEFAULT_URL,
+        *,
+        clock: Clock | None = None,
+        table_prefix: str = "fsm_",
+        create: bool = True,
+        binding: TableBinding | None = None,
+        schema: str | None = None,
+        busy_timeout: float = 5.0,
+        sqlite_synchronous: str = "FULL",
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not _PREFIX.match(table_prefix):
+            raise ConfigError(f"table_prefix {table_prefix!r} must be an identifier of at most 31 characters")
+        if isinstance(url_or_engine, sa.Engine):
+            engine, self._owns_engine = url_or_engine, False
+        else:
+            engine = create_engine(url_or_engine, busy_timeout=busy_timeout, **(engine_options or {}))
+            self._owns_engine = True
+        name = engine.dialect.name
+        if name not in {"sqlite", "postgresql"} or (name == "postgresql" and engine.dialect.driver != "psycopg"):
+            raise ConfigError(f"SqlStore runs on sqlite or postgresql+psycopg, not {engine.url.drivername!r}")
+        self.engine = engine
+        self.clock = clock
+        self.table_prefix = table_prefix
+        self.binding = binding
+        self.schema = schema
+        self._sqlite = name == "sqlite"
+        self._f = SqliteFlavor(False) if self._sqlite else PostgresFlavor(db_clock=clock is None)
+        layout = (
+            owned_layout(engine.dialect, table_prefix, schema)
+            if binding is None
+            else bound_layout(engine.dialect, table_prefix, binding)
+        )
+        self._sql = Statements(layout, self._f)
+        self._status = binding.status_for if binding is not None and binding.status_column else None
+        self._children = (
+            [ChildIO(c, engine.dialect, self._f, layout.binding.schema) for c in layout.children]
+            if layout.binding
+            else []
+        )
+        memory = self._sqlite and is_memory(engine.url)
+        setup = setup_sqlite(int(busy_timeout * 1000), sqlite_synchronous) if self._sqlite else setup_postgres
+        self._integrity, self._errors = driver_errors(name)
+        self._conns = Connections(engine, setup, shared=memory, errors=self._errors)
+        opening: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, *self._errors)
+        try:
+            if self._sqlite and not memory:
+                enable_wal(engine)
+            if create:
+                ensure_schema(engine, table_prefix=table_prefix, schema=schema, binding=binding)
+            else:
+                current = current_revision(engine, table_prefix=table_prefix, schema=schema or _schema_of(binding))
+                if current != HEAD_REVISION:
+                    raise ConfigError(
+                        f"the store's tables are at revision {current or '(none)'}, not {HEAD_REVISION}: "
+                        f"run `python -m stores.migrations upgrade URL` (or stores.sql.upgrade) or pass create=True"
+                    )
+            if binding is not None and (absent := missing_columns(engine, binding)):
+                raise ConfigError(
+                    f"table {binding.table!r} lacks the binding's columns",
+                    problems=[
+                        f"missing: {', '.join(absent)}",
+                        "add them with stores.sql.binding.add_missing_columns(engine, binding), or "
+                        "add_binding_columns(op, binding) in the application's Alembic migration",
+                    ],
+                )
+        except opening as err:
+            self.close()
+            raise StoreUnavailable(f"cannot open the store at {engine.url!r}: {getattr(err, 'orig', err)}") from err
+        except BaseException:
+            self.close()
+            raise
+        if self._conns.lock is not None:  # one shared in-memory connection: serialise every call
+            for method in _PUBLIC:
+                setattr(self, method, _locked(getattr(self, method), self._conns.lock))
+
+    def close(self) -> None:
+        """Close this store's connections (and its engine, if it created it)."""
+        self._conns.close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self.engine.url!r}, table_prefix={self.table_prefix!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The clock's time if the store has one, else the database's (SQLite: this machine's)."""
+        when = self._now()
+        if when is not None:
+            return when
+        return decode_time(self._run(self._sql.now_query, {})[0][0])
+
+    def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
+        """See :meth:`stores.Store.get`: one indexed read on the calling thread's connection."""
+        rows = self._run(self._sql.get, {"id": entity_id})
+        if not rows or (rows[0][10] and not include_deleted):
+            raise UnknownEntity(entity_id)
+        snap = snapshot_of(rows[0])
+        return self._attach([snap])[0] if self._children else snap
+
+    def history(self, entity_id: str) -> list[HistoryRecord]:
+        """See :meth:`stores.Store.history` (soft-deleted entities keep theirs)."""
+        rows = self._run(self._sql.history, {"id": entity_id})
+        if not rows and not self._run(self._sql.exists, {"id": entity_id}):
+            raise UnknownEntity(entity_id)
+        return [history_of(r) for r in rows]
+
+    def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
+        """See :meth:`stores.Store.find_transition`."""
+        rows = self._run(self._sql.find, {"id": entity_id, "key": idempotency_key})
+        return history_of(rows[0]) if rows else None
+
+    def has_newer_sibling(self, entity_id: str) -> bool:
+        """See :meth:`stores.Store.has_newer_sibling` (the same EXISTS the guard runs)."""
+        rows = self._run(self._sql.sibling, {"id": entity_id})
+        if not rows or rows[0][0]:
+            raise UnknownEntity(entity_id)
+        return bool(rows[0][1])
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def create(self, entity: NewEntity) -> Snapshot:
+        """See :meth:`stores.Store.create`: ``INSERT ... ON CONFLICT DO NOTHING``, no row back
+        means the id exists."""
+        data, children = split_data(self._children, entity.data) if self._children else (entity.data, {})
+        now = self._now()
+        params: dict[str, Any] = {
+            "id": entity.id,
+            "kind": entity.kind,
+            "state": entity.state,
+            "ck": entity.concurrency_key,
+            "data": dumps_data(data, entity.id),
+        }
+        self._time_params(params, now, None)
+        if self._status is not None:
+            params["status"] = self._status(entity.state)
+        rows = self._write(self._sql.create(()), params, entity.id, children)
+        if not rows:
+            raise EntityExists(entity.id)
+        return self._attach([snapshot_of(rows[0])])[0]
+
+    def _write(self, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]) -> list[Any]:
+        """A single-statement write, plus child rows in the same transaction when given."""
+        if not children:
+            return self._run(sql, params)
+        slot = self._conns.slot()
+        cur = slot.cursor
+        try:
+            if self._sqlite:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    rows = self._write_children(cur, sql, params, entity_id, children)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    slot.conn.rollback()
+                    raise
+                return rows
+            with slot.conn.transaction():
+                return self._write_children(cur, sql, params, entity_id, children)
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    def _write_children(
+        self, cur: Any, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]
+    ) -> list[Any]:
+        cur.execute(sql, params)
+        rows: list[Any] = cur.fetchall()
+        if rows:
+            for io in self._children:
+                if io.child.key in children:
+                    io.save(cur, entity_id, children[io.child.key])
+        return rows
+
+    def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        """See :meth:`stores.Store.apply`: one guarded statement (PostgreSQL) or transaction
+        (SQLite) writes the row and its history row; a refusal is diagnosed by re-reading."""
+        entity_id = write.entity_id
+        require = write.require
+        sql = self._sql.apply(
+            write.lease_change,
+            write.lease_ttl is not None,
+            write.expect_token is not None,
+            condition_shape(require) if require else (),
+            require,
+            write.bump_attempt,
+            write.bump_reclaims,
+            write.data is not None,
+        )
+        children: dict[str, Any] = {}
+        data_text: str | None = None
+        if write.data is not None:
+            data = write.data
+            if self._children:
+                data, children = split_data(self._children, data)
+            data_text = dumps_data(data, entity_id)
+        patch = write.data_patch
+        patch_text = None if patch is None else dumps_data(patch, entity_id)
+        params: dict[str, Any] = {
+            "id": entity_id,
+            "version": write.expect_version,
+            "owner": write.expect_owner,
+            "token": write.expect_token,
+            "event": write.event,
+            "target": write.target,
+            "actor": write.actor,
+            "reason": write.reason,
+            "key": write.idempotency_key,
+            "patch": patch_text,
+            "data": data_text,
+            "new_owner": write.new_owner,
+        }
+        if self._status is not None:
+            params["status"] = self._status(write.target)
+            params["source"] = write.source
+        integrity = False
+        for _ in range(ATTEMPTS):
+            now = self._now()
+            self._time_params(params, now, write.lease_ttl)
+            if require:
+                self._sql.condition_params(params, require, now)
+            try:
+                snap, source, at = (self._apply_sqlite if self._sqlite else self._apply_pg)(sql, params, now, children)
+                record = HistoryRecord(
+                    entity_id, snap.version, write.event, source, write.target, write.actor, snap.lease_token,
+                    write.reason, write.idempotency_key, at, None if patch_text is None else json.loads(patch_text),
+                )  # fmt: skip
+                return snap, record
+            except _Refused:
+                pass
+            except self._integrity:
+                integrity = True
+            failure = self._diagnose_apply(write)
+            if failure is not None:
+                raise failure
+        if integrity:
+            raise MalformedRow(entity_id, reason="history and entity row disagree (a history seq is taken)")
+        raise ConditionFailed(entity_id, condition=",".join(c.name for c in require) or "compare_and_set")
+
+    def _apply_sqlite(
+        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any]
+    ) -> tuple[Snapshot, str, datetime]:
+        slot = self._conns.slot()
+        cur = slot.cursor
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(sql[0], params)
+                inserted = cur.fetchall()
+                if not inserted:
+                    raise _Refused
+                cur.execute(sql[1], params)
+                snap = snapshot_of(cur.fetchall()[0])  # decoded before COMMIT: a bad row rolls back
+                if children:
+                    for io in self._children:
+                        if io.child.key in children:
+                            io.save(cur, snap.id, children[io.child.key])
+                    snap = attach(self._children, cur, [snap])[0]
+                elif self._children:
+                    snap = attach(self._children, cur, [snap])[0]
+                cur.execute("COMMIT")
+            except BaseException:
+                slot.conn.rollback()
+                raise
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+        assert now is not None
+        return snap, inserted[0][0], now
+
+    def _apply_pg(
+        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any]
+    ) -> tuple[Snapshot, str, datetime]:
+        slot = self._conns.slot()
+        cur = slot.cursor
+        try:
+            if self._children:
+                with slot.conn.transaction():
+                    rows = self._write_children(cur, sql[0], params, params["id"], children)
+                    if rows:
+                        snap = attach(self._children, cur, [snapshot_of(rows[0])])[0]
+            else:
+                cur.execute(sql[0], params)
+                rows = cur.fetchall()
+                if rows:
+                    snap = snapshot_of(rows[0])
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+        if not rows:
+            raise _Refused
+        return snap, rows[0][15], decode_time(rows[0][16])
+
+    def _diagnose_apply(self, write: TransitionWrite) -> FsmError | None:
+        """Why the guarded write matched no row, in the contract's order; None if it should pass now."""
+        entity_id = write.entity_id
+        row, now = self._current(entity_id)
+        if row is None or row.deleted:
+            return UnknownEntity(entity_id)
+        key = write.idempotency_key
+        if key is not None:
+            recorded = self.find_transition(entity_id, key)
+            if recorded is not None:
+                return IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=write.event)
+        if row.version != write.expect_version:
+            return StaleVersion(entity_id, expected=write.expect_version, found=row.version)
+        if row.state != write.source:  # a bound table's application changed its status column
+            return ConditionFailed(entity_id, condition=f"state is {row.state!r}, not {write.source!r}")
+        if write.expect_token is not None and (
+            row.lease_token != write.expect_token or row.lease_owner != write.expect_owner
+        ):
+            return LeaseLost(
+                entity_id, expected_token=write.expect_token, found_token=row.lease_token, owner=write.expect_owner
+            )
+        for cond in write.require:
+            sibling = self.has_newer_sibling(entity_id) if isinstance(cond, NewerSibling) else None
+            if not condition_holds(cond, row, now, sibling):
+                return ConditionFailed(entity_id, condition=cond.name)
+        return None
+
+    def soft_delete(self, entity_id: str) -> Snapshot:
+        """See :meth:`stores.Store.soft_delete`.  A malformed row is deleted all the same
+        (it is how one gets rid of it); ``MalformedRow`` then says its content is unreadable."""
+        params: dict[str, Any] = {"id": entity_id}
+        self._time_params(params, self._now(), None)
+        rows = self._run(self._sql.soft_delete, params)
+        if not rows:
+            raise UnknownEntity(entity_id)
+        return self._attach([snapshot_of(rows[0])])[0]
+
+
+def _locked(method: Callable[..., Any], lock: Any) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return call
+
+
+__all__ = ["DEFAULT_URL", "SqlStore"]

@@ -1,0 +1,142 @@
+"""Alembic migrations of the library's tables: the same schema as ``create=True``, and an
+upgrade path (``upgrade``, ``downgrade``, the ``python -m stores.migrations`` command)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.script import ScriptDirectory
+from conftest import SqlTarget
+
+from stores.sql import SqlStore, create_engine
+from stores.sql.binding import TableBinding
+from stores.sql.migrate import MIGRATIONS, current_revision, downgrade, drop_schema, upgrade
+from stores.sql.schema import HEAD_REVISION
+
+TABLES = ("entities", "history", "effects", "alembic_version")
+
+
+def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) -> dict[str, Any]:
+    """Everything inspection tells about the tables, with the prefix taken out of names."""
+    inspector = sa.inspect(engine)
+
+    def plain(name: str | None) -> str | None:
+        return None if name is None else name.replace(prefix, "{p}")
+
+    found: dict[str, Any] = {}
+    for short in tables:
+        table = f"{prefix}{short}"
+        found[short] = {
+            "columns": [
+                (c["name"], str(c["type"]), c["nullable"], str(c["default"]).replace(prefix, "{p}"))
+                for c in inspector.get_columns(table)
+            ],
+            "pk": inspector.get_pk_constraint(table)["constrained_columns"],
+            "indexes": sorted(
+                (plain(i["name"]), tuple(i["column_names"]), bool(i["unique"])) for i in inspector.get_indexes(table)
+            ),
+            "fks": sorted(
+                (plain(f["name"]), plain(f["referred_table"]), tuple(f["constrained_columns"]), str(f["options"]))
+                for f in inspector.get_foreign_keys(table)
+            ),
+        }
+    return found
+
+
+def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarget) -> None:
+    sql_target.store()  # create=True: create_all + stamp
+    migrated = f"m{sql_target.prefix}"
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    upgrade(engine, table_prefix=migrated)  # Alembic, revision by revision
+    try:
+        created_schema, migrated_schema = _schema(engine, sql_target.prefix), _schema(engine, migrated)
+        assert created_schema == migrated_schema
+        assert created_schema["entities"]["indexes"] == [
+            ("ix_{p}entities_idle", ("kind", "state", "updated_at"), False),
+            ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False),
+            ("ix_{p}entities_siblings", ("kind", "concurrency_key", "state", "created_at"), False),
+        ]
+        assert ("ux_{p}history_key", ("entity_id", "idempotency_key"), True) in created_schema["history"]["indexes"]
+        assert current_revision(engine, table_prefix=migrated) == HEAD_REVISION
+    finally:
+        drop_schema(engine, table_prefix=migrated)
+
+
+def test_upgrading_a_current_database_changes_nothing_and_create_false_accepts_it(sql_target: SqlTarget) -> None:
+    store = sql_target.store()
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    before = _schema(engine, sql_target.prefix)
+    upgrade(engine, table_prefix=sql_target.prefix)
+    assert _schema(engine, sql_target.prefix) == before
+    from fsm.records import NewEntity
+
+    store.create(NewEntity("e1", "job", "queued"))
+    assert sql_target.store(create=False).get("e1").state == "queued"
+
+
+def test_downgrade_to_base_drops_the_tables_and_create_true_builds_them_again(sql_target: SqlTarget) -> None:
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    upgrade(engine, table_prefix=sql_target.prefix)
+    downgrade(engine, "base", table_prefix=sql_target.prefix)
+    names = set(sa.inspect(engine).get_table_names())
+    assert not {f"{sql_target.prefix}{t}" for t in TABLES[:3]} & names
+    assert current_revision(engine, table_prefix=sql_target.prefix) is None
+    sql_target.store()  # an emptied version table: create=True upgrades through Alembic
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION
+
+
+def test_the_head_revision_constant_is_the_newest_migration() -> None:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == HEAD_REVISION
+
+
+def test_the_migration_command_upgrades_and_reports_the_revision(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+
+    def cli(*args: str, check: bool = True) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "stores.migrations", *args], capture_output=True, text=True, check=check
+        )
+        return run.stdout.strip() + run.stderr.strip()
+
+    assert "no database file" in cli("current", url, check=False)  # and none is created
+    assert cli("upgrade", url).startswith("upgrade: done")
+    assert cli("current", url) == HEAD_REVISION
+    store = SqlStore(url, create=False)
+    store.close()
+
+
+def test_a_bound_store_migrates_history_and_effects_referencing_the_app_table(tmp_path: object) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path}/app.db")
+    with engine.begin() as conn:
+        conn.execute(sa.text('CREATE TABLE jobs (job_id TEXT PRIMARY KEY, "updatedAt" TEXT NOT NULL)'))
+    binding = TableBinding(table="jobs", kind="job", columns={"id": "job_id", "updated_at": "updatedAt"})
+    upgrade(engine, binding=binding)
+    try:
+        names = set(sa.inspect(engine).get_table_names())
+        assert {"fsm_history", "fsm_effects", "fsm_alembic_version"} <= names and "fsm_entities" not in names
+        (fk,) = sa.inspect(engine).get_foreign_keys("fsm_history")
+        assert (fk["referred_table"], fk["referred_columns"]) == ("jobs", ["job_id"])
+    finally:
+        engine.dispose()
+
+
+def test_tables_without_a_version_are_not_silently_adopted(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/fsm.db"
+    SqlStore(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE fsm_alembic_version"))
+    engine.dispose()
+    with pytest.raises(Exception, match="without a migration version"):
+        SqlStore(url)
