@@ -15,7 +15,10 @@ from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
+    EffectFailed,
     EntityExists,
+    EntityMovedOn,
+    Fenced,
     FsmError,
     GuardRejected,
     IdempotencyKeyReused,
@@ -31,7 +34,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, LeaseChange, Snapshot
+from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, Snapshot
 
 if TYPE_CHECKING:
     from statemachine import State
@@ -86,8 +89,12 @@ __all__ = [
     "CompiledTable",
     "ConditionFailed",
     "ConfigError",
+    "EffectFailed",
+    "EffectRecord",
     "Engine",
     "EntityExists",
+    "EntityMovedOn",
+    "Fenced",
     "FireResult",
     "FsmError",
     "Guard",

@@ -16,7 +16,7 @@ from typing import Any
 import signals
 from fsm.clock import ManualClock, SystemClock
 from fsm.engine import Engine
-from fsm.errors import FsmError, LeaseLost
+from fsm.errors import Fenced, FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping import Reaper
 from fsm.records import Lease
@@ -123,13 +123,15 @@ def jobs_demo(store: Store, clock: ManualClock, run_id: str) -> None:
     slow_worker = Engine(JobLifecycle, store, clock=clock, owner=f"worker-a-{run_id}")
     dead_worker = Engine(JobLifecycle, store, clock=clock, owner=f"worker-b-{run_id}")
     reaper = Reaper(store, [JobLifecycle], clock=clock)
+    rescuer = Engine(JobLifecycle, store, clock=clock, owner=f"worker-c-{run_id}")
     rescue: dict[str, Lease] = {}
 
     def resume_finalization(sender: str, payload: Any) -> None:
-        # a reclaim hands the finalizer lease to a new owner; this receiver plays that owner
-        lease = store.get(payload.snapshot.id).lease
-        if payload.snapshot.id == dead and lease is not None:
-            rescue["lease"] = lease
+        # a reclaim fences the dead owner and leaves the lease free: a worker claims it
+        if payload.snapshot.id == dead:
+            for snap in rescuer.claim(limit=10):
+                if snap.id == dead and snap.lease is not None:
+                    rescue["lease"] = snap.lease
 
     slow, dead = f"job-{run_id}-deploy-staging", f"job-{run_id}-crashed"
     slow_worker.create(slow)
@@ -163,11 +165,11 @@ def jobs_demo(store: Store, clock: ManualClock, run_id: str) -> None:
     say(f"  {slow}: completed by its own finalizer, never expired nor reclaimed")
     try:
         dead_worker.fire(dead, "complete", lease=dead_lease)
-    except LeaseLost as err:
+    except Fenced as err:
         say(f"  the dead monitor's late write is refused: {err}")
     new_lease = rescue["lease"]
     slow_worker.fire(dead, "complete", lease=new_lease)
-    say(f"  {dead}: reclaimed once, completed by the new owner (token {new_lease.token})")
+    say(f"  {dead}: reclaimed once, claimed and completed by a new owner (token {new_lease.token})")
     history = " -> ".join(f"{r.event}" for r in store.history(dead))
     say(f"  history of {dead}: {history}")
 

@@ -3,6 +3,22 @@
 Every error the library raises derives from :class:`FsmError` and carries the facts a
 caller needs to react (entity id, event, state, expected and found version or token) as
 attributes, not only in the message.  A refused write never changes a row (I10).
+
+The tree::
+
+    FsmError
+    ├── InvalidDefinition          a lifecycle class breaks a rule (at class creation)
+    ├── ConfigError                a policy, config or store setting is invalid
+    ├── InvalidArgument            ill-typed argument (also a ValueError)
+    ├── UnknownEntity, EntityExists, UnknownEvent
+    ├── TransitionNotAllowed, GuardRejected, ConditionFailed, IdempotencyKeyReused
+    ├── StaleVersion               another writer got there first (I3)
+    ├── Fenced                     the caller no longer owns the work: stop (one except)
+    │   ├── LeaseLost              the lease was taken over, expired or its budget spent
+    │   └── EntityMovedOn          the reaper moved the entity away from its holder
+    ├── EffectFailed               a recorded effect failed and its policy says: do not retry
+    ├── InvalidData, MalformedRow
+    └── StoreUnavailable
 """
 
 from __future__ import annotations
@@ -103,7 +119,19 @@ class StaleVersion(FsmError):
         super().__init__(f"entity {entity_id!r} is at version {found}, the write expected version {expected}")
 
 
-class LeaseLost(FsmError):
+class Fenced(FsmError):
+    """The caller no longer owns the work on this entity and must stop.
+
+    The base of every fencing refusal (DESIGN section 7), so that a worker needs one
+    ``except Fenced`` to learn it: its lease was taken over or lapsed (:class:`LeaseLost`),
+    or the reaper moved the entity away from it (:class:`EntityMovedOn`).  Nothing the
+    fenced caller tried to write was written.
+    """
+
+    entity_id: str
+
+
+class LeaseLost(Fenced):
     """The caller's lease (owner, token) is no longer the entity's current, live lease."""
 
     def __init__(
@@ -124,6 +152,33 @@ class LeaseLost(FsmError):
             f"the entity holds token {found_token}"
         )
         super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class EntityMovedOn(Fenced):
+    """A lease holder's entity was moved on without it: expired, requeued or reclaimed by the
+    reaper (or finished by another holder).  ``state`` is where the entity is now."""
+
+    def __init__(self, entity_id: str, *, state: str, token: int | None, found_token: int, owner: str | None) -> None:
+        self.entity_id = entity_id
+        self.state = state
+        self.expected_token = token
+        self.found_token = found_token
+        self.owner = owner
+        super().__init__(
+            f"entity {entity_id!r} moved on without its holder {owner!r} (token {token}): it is now in "
+            f"{state!r} with token {found_token}; stop working on it"
+        )
+
+
+class EffectFailed(FsmError):
+    """A side effect whose recorded outcome is a failure, and whose policy says the next
+    owner must not run it again.  ``error`` is the recorded error (type and message)."""
+
+    def __init__(self, entity_id: str, *, key: str, error: Any) -> None:
+        self.entity_id = entity_id
+        self.key = key
+        self.error = error
+        super().__init__(f"effect {key!r} of entity {entity_id!r} failed and is not retried: {error}")
 
 
 class ConditionFailed(FsmError):
@@ -184,7 +239,10 @@ class StoreUnavailable(FsmError):
 __all__ = [
     "ConditionFailed",
     "ConfigError",
+    "EffectFailed",
     "EntityExists",
+    "EntityMovedOn",
+    "Fenced",
     "FsmError",
     "GuardRejected",
     "IdempotencyKeyReused",

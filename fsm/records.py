@@ -102,6 +102,66 @@ class HistoryRecord(NamedTuple):
     data: dict[str, Any] | None = None
 
 
+class EffectRecord(NamedTuple):
+    """The recorded outcome of one side effect, at most one per ``(entity_id, key)`` (I4).
+
+    ``status`` is ``"succeeded"`` (``result`` is the JSON result) or ``"failed"``
+    (``result`` is ``{"error": {"type": ..., "message": ...}}``).  ``lease_token`` is the
+    token of the holder that recorded it; ``attempts`` counts the recorded executions (a
+    failed effect retried by a later owner records again).
+    """
+
+    entity_id: str
+    key: str
+    status: str
+    lease_token: int | None
+    attempts: int
+    result: Any
+    recorded_at: datetime | None
+
+
+EFFECT_SUCCEEDED = "succeeded"
+EFFECT_FAILED = "failed"
+EFFECT_PROGRESS = "progress"
+PROGRESS_KEY = "fsm:progress"
+"""The ledger row that carries a keeper's progress details (its status is ``progress``);
+user effect keys may not start with ``fsm:``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimStart:
+    """How a claim starts an entity waiting in ``source``: the unguarded worker transition
+    that takes the lease (``queued -> running`` for a job)."""
+
+    source: str
+    target: str
+    event: str
+    bump_attempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What ``Store.claim`` needs: take up to ``limit`` of the oldest claimable entities of
+    ``kind`` for ``owner``.
+
+    Claimable: a live entity in a ``starts`` source state (it is started: one transition,
+    history row, token + 1), or in a ``resumes`` state with no lease owner (a reclaimed
+    finalizer: its lease is taken, token + 1, no transition).  Leases expire at
+    ``now + ttl``, capped by the state's renewal ``budgets``.
+    """
+
+    kind: str
+    owner: str
+    limit: int
+    ttl: timedelta
+    starts: tuple[ClaimStart, ...] = ()
+    resumes: tuple[str, ...] = ()
+    budgets: tuple[tuple[str, timedelta], ...] = ()
+
+    def budget_for(self, state: str) -> timedelta | None:
+        return dict(self.budgets).get(state)
+
+
 @dataclass(frozen=True, slots=True)
 class NewEntity:
     """What ``Store.create`` needs; the store stamps times and version 0."""
@@ -228,11 +288,18 @@ def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_si
 
 __all__ = [
     "COUNTERS",
+    "EFFECT_FAILED",
+    "EFFECT_PROGRESS",
+    "EFFECT_SUCCEEDED",
+    "PROGRESS_KEY",
     "Actor",
     "BatchWrite",
+    "ClaimRequest",
+    "ClaimStart",
     "Condition",
     "CounterAtLeast",
     "CounterBelow",
+    "EffectRecord",
     "HistoryRecord",
     "Lease",
     "LeaseChange",

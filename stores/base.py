@@ -10,10 +10,21 @@ Errors are the typed ones of :mod:`fsm.errors`; a method that raises has changed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from fsm.records import BatchWrite, Condition, HistoryRecord, NewEntity, Snapshot, TransitionWrite
+from fsm.records import (
+    BatchWrite,
+    ClaimRequest,
+    Condition,
+    EffectRecord,
+    HistoryRecord,
+    Lease,
+    NewEntity,
+    Snapshot,
+    TransitionWrite,
+)
 
 
 @runtime_checkable
@@ -135,6 +146,76 @@ class Store(Protocol):
         row gets version + 1 and a history row (``seq`` = new version) in that transaction.
         Returns the moved rows with their history rows, in ``batch.ids`` order.
         """
+        ...
+
+    # -- durable work: the effects ledger, claiming, listing -----------------------------------
+
+    def effect(self, entity_id: str, key: str) -> EffectRecord | None:
+        """The recorded outcome of effect ``key`` of the entity, or ``None``."""
+        ...
+
+    def effects(self, entity_id: str) -> list[EffectRecord]:
+        """Every recorded effect of the entity, by key.  Not found -> ``UnknownEntity``."""
+        ...
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        """Record an effect's outcome under the caller's lease, checked in the recording
+        statement: the entity's lease owner and token must still be ``owner`` and ``token``.
+
+        Returns ``(record, True)`` when this call recorded it.  When a record exists whose
+        status is not in ``replace``, it is returned as ``(existing, False)`` and nothing is
+        written: the first result wins (I4).  Checked in this order: not found ->
+        ``UnknownEntity``; the lease is not the caller's -> ``LeaseLost`` (a late result is
+        never recorded); then the existing record.  ``result`` must be JSON.
+        """
+        ...
+
+    def run(
+        self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
+    ) -> tuple[EffectRecord, bool]:
+        """Run a side effect at most as often as needed, and record its outcome exactly once.
+
+        A recorded success (or a recorded failure when not ``retry_failed``) is returned as
+        ``(record, False)`` and ``fn`` is not called.  Otherwise ``fn(idempotency_key)``
+        runs (the key is stable across owners: ``"{entity_id}:{key}"``) and its result is
+        recorded with :meth:`record_effect` under ``lease``: ``(record, True)``.  If ``fn``
+        raises, the failure is recorded with its error and the exception propagates.  A
+        holder whose lease was taken over meanwhile gets ``LeaseLost``; its result is not
+        recorded.
+        """
+        ...
+
+    def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        """Take up to ``request.limit`` of the oldest claimable entities (see
+        :class:`~fsm.records.ClaimRequest`), each with a new lease token for
+        ``request.owner``.
+
+        Concurrent claimers never take the same entity: PostgreSQL locks the candidates with
+        ``FOR UPDATE SKIP LOCKED`` (a row another claimer holds is skipped, not waited for),
+        SQLite takes the write lock first (``BEGIN IMMEDIATE``), the memory store its lock.
+        A row that cannot be read is stepped over.  Returns the claimed entities, oldest first.
+        """
+        ...
+
+    def entities(
+        self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        """Live entities of ``kind`` (in ``state`` if given) ordered by id, with id >
+        ``after_id`` (keyset paging), at most ``limit``.  Read-only; for dashboards and CLIs."""
+        ...
+
+    def count_states(self, kind: str) -> dict[str, int]:
+        """How many live entities of ``kind`` are in each state."""
         ...
 
 

@@ -23,7 +23,10 @@ from fsm.errors import (
 )
 from fsm.records import (
     BatchWrite,
+    ClaimRequest,
+    ClaimStart,
     Condition,
+    EffectRecord,
     HistoryRecord,
     LeaseChange,
     NewEntity,
@@ -32,14 +35,17 @@ from fsm.records import (
     TransitionWrite,
     condition_holds,
 )
+from stores.ledger import LedgerRun, check_effect_key, json_result
 
 
-class MemoryStore:
+class MemoryStore(LedgerRun):
     """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
-        self._lock = threading.Lock()
+        # re-entrant: a claim starts entities through apply and acquire_lease under it
+        self._lock = threading.RLock()
+        self._effects: dict[str, dict[str, EffectRecord]] = {}
         self._rows: dict[str, Snapshot] = {}
         self._history: dict[str, list[HistoryRecord]] = {}
         self._keys: dict[tuple[str, str], HistoryRecord] = {}
@@ -303,6 +309,122 @@ class MemoryStore:
             new = row._replace(deleted=True, updated_at=self.clock.now())
             self._rows[entity_id] = new
             return new
+
+    # -- durable work: the effects ledger, claiming, listing ----------------------------------
+
+    def effect(self, entity_id: str, key: str) -> EffectRecord | None:
+        return self._effects.get(entity_id, {}).get(key)
+
+    def effects(self, entity_id: str) -> list[EffectRecord]:
+        if entity_id not in self._rows:
+            raise UnknownEntity(entity_id)
+        with self._lock:
+            return [r for _, r in sorted(self._effects.get(entity_id, {}).items())]
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        check_effect_key(key)
+        stored = copy.deepcopy(json_result(result, "an effect result"))
+        with self._lock:
+            row = self._live(entity_id)
+            if row.lease_owner != owner or row.lease_token != token:
+                raise LeaseLost(
+                    entity_id,
+                    expected_token=token,
+                    found_token=row.lease_token,
+                    owner=owner,
+                    detail=f"the result of effect {key!r} was not recorded",
+                )
+            effects = self._effects.setdefault(entity_id, {})
+            existing = effects.get(key)
+            if existing is not None and existing.status not in replace:
+                return existing, False
+            attempts = 1 if existing is None else existing.attempts + 1
+            record = EffectRecord(entity_id, key, status, token, attempts, stored, self.clock.now())
+            effects[key] = record
+            return record, True
+
+    def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        starts = {s.source: s for s in request.starts}
+        resumes = set(request.resumes)
+        claimed: list[Snapshot] = []
+        with self._lock:
+            waiting = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.kind == request.kind
+                    and not r.deleted
+                    and (r.state in starts or (r.state in resumes and r.lease_owner is None))
+                ),
+                key=lambda r: (r.created_at, r.id),
+            )
+            for row in waiting:
+                if len(claimed) >= request.limit:
+                    break
+                start = starts.get(row.state)
+                try:
+                    if start is not None:
+                        claimed.append(self._start(row, start, request))
+                    else:
+                        budget = request.budget_for(row.state)
+                        claimed.append(
+                            self.acquire_lease(
+                                row.id, owner=request.owner, ttl=request.ttl, budget=budget, expect_version=row.version
+                            )
+                        )
+                except LeaseLost:
+                    continue  # its budget is spent: the reaper will fail it
+        return claimed
+
+    def _start(self, row: Snapshot, start: ClaimStart, request: ClaimRequest) -> Snapshot:
+        write = TransitionWrite(
+            row.id,
+            start.event,
+            row.state,
+            start.target,
+            "worker",
+            row.version,
+            lease_change=LeaseChange.ACQUIRE,
+            new_owner=request.owner,
+            lease_ttl=request.ttl,
+            bump_attempt=start.bump_attempt,
+        )
+        return self.apply(write)[0]
+
+    def entities(
+        self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        with self._lock:
+            found = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.kind == kind
+                    and not r.deleted
+                    and (state is None or r.state == state)
+                    and (after_id is None or r.id > after_id)
+                ),
+                key=lambda r: r.id,
+            )
+        return found[:limit]
+
+    def count_states(self, kind: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self._lock:
+            for r in self._rows.values():
+                if r.kind == kind and not r.deleted:
+                    counts[r.state] = counts.get(r.state, 0) + 1
+        return counts
 
 
 def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:

@@ -10,6 +10,7 @@ import pytest
 from fsm import (
     ConditionFailed,
     Engine,
+    EntityMovedOn,
     GuardRejected,
     JobLifecycle,
     LeaseLost,
@@ -96,10 +97,14 @@ def test_I3_a_write_with_an_old_token_is_refused_after_a_takeover(jobs: Engine, 
     assert old is not None
     jobs.fire("j1", "exited", lease=old)
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
-    jobs.fire("j1", "reclaim", actor=REAPER, owner="other")
+    jobs.fire("j1", "reclaim", actor=REAPER)  # fences the old holder: token 2, lease free
+    with pytest.raises(EntityMovedOn) as moved:
+        jobs.fire("j1", "complete", lease=old)
+    assert (moved.value.expected_token, moved.value.found_token) == (1, 2)
+    jobs.claim(owner="other")  # token 3
     with pytest.raises(LeaseLost) as info:
         jobs.fire("j1", "complete", lease=old)
-    assert (info.value.expected_token, info.value.found_token) == (1, 2)
+    assert (info.value.expected_token, info.value.found_token) == (1, 3)
     with pytest.raises(LeaseLost):
         jobs.renew_lease(old)
     assert jobs.get("j1").state == "finalizing" and jobs.history("j1")[-1].event == "reclaim"
@@ -162,7 +167,8 @@ def test_I6_history_seq_runs_1_to_version_without_gaps(jobs: Engine, clock: Manu
     assert lease is not None
     jobs.fire("j1", "exited", lease=lease)
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
-    new = jobs.fire("j1", "reclaim", actor=REAPER).lease
+    jobs.fire("j1", "reclaim", actor=REAPER)
+    new = jobs.claim()[0].lease  # taking a reclaimed lease is not a transition
     assert new is not None
     jobs.renew_lease(new)  # renewals never touch version or history
     jobs.fire("j1", "complete", lease=new)

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from conftest import frozen
 
-from fsm import Engine, FsmError, GuardRejected, LeaseLost, ManualClock, TransitionNotAllowed
+from fsm import Engine, EntityMovedOn, FsmError, GuardRejected, LeaseLost, ManualClock, TransitionNotAllowed
 from fsm.records import Lease
 
 REAPER = "reaper"
@@ -93,15 +93,18 @@ def test_reclaim_is_refused_while_the_finalizer_lease_is_fresh(jobs: Engine, clo
     refused(jobs, "j1", GuardRejected, "reclaim", actor=REAPER)
 
 
-def test_reclaim_hands_a_stale_finalizer_to_a_new_owner_with_a_new_token(jobs: Engine, clock: ManualClock) -> None:
+def test_reclaim_fences_a_stale_finalizer_and_a_worker_claims_it_to_resume(jobs: Engine, clock: ManualClock) -> None:
     old = finalizing(jobs)
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
     result = jobs.fire("j1", "reclaim", actor=REAPER, owner="reaper-9")
     assert result.state == "finalizing" and result.record.reason == "reclaimed"
-    new = result.lease
-    assert new is not None and new.owner == "reaper-9" and new.token == old.token + 1
-    assert result.snapshot.reclaims == 1
-    refused(jobs, "j1", LeaseLost, "complete", lease=old)  # the old finalizer is fenced off
+    assert result.lease is None, "the reaper never becomes the owner"
+    assert result.snapshot.lease_token == old.token + 1 and result.snapshot.reclaims == 1
+    refused(jobs, "j1", EntityMovedOn, "complete", lease=old)  # the old finalizer is fenced off
+    (claimed,) = jobs.claim(owner="worker-2")
+    new = claimed.lease
+    assert new is not None and new.owner == "worker-2" and new.token == old.token + 2
+    refused(jobs, "j1", LeaseLost, "complete", lease=old)
     assert jobs.fire("j1", "complete", lease=new).state == "completed"
 
 

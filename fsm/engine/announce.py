@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signals
-from fsm.errors import FsmError, LeaseLost
+from fsm.errors import Fenced, FsmError
 from fsm.records import HistoryRecord, Lease, LeaseChange, Snapshot
 from fsm.table import Branch
 from signals import LeasePayload, TransitionPayload
@@ -28,11 +28,11 @@ def announce(kind: str, snap: Snapshot, record: HistoryRecord, branch: Branch) -
         signals.send(signals.expired, kind, transition_payload)
     elif branch.event == "reclaim":
         signals.send(signals.reclaimed, kind, transition_payload)
-    if branch.lease_effect is LeaseChange.ACQUIRE:
+    if branch.lease_effect is LeaseChange.ACQUIRE and snap.lease_owner is not None:  # a reaper's fence takes none
         signals.send(signals.lease_acquired, kind, lambda: LeasePayload.of(kind, snap))
 
 
-def announce_lease_lost(kind: str, store: Store, lease: Lease, err: LeaseLost) -> None:
+def announce_lease_lost(kind: str, store: Store, lease: Lease, err: Fenced) -> None:
     """Tell ``lease_lost`` receivers that a holder found its lease gone (after the refusal)."""
     if not signals.lease_lost.receivers:
         return

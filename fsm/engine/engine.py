@@ -18,12 +18,13 @@ from fsm.clock import Clock, new_owner_id
 from fsm.engine.announce import announce
 from fsm.engine.arguments import actor_arg, check_arguments, optional_lease, text, validate_data
 from fsm.engine.base import StoreClock
-from fsm.engine.judge import choose
-from fsm.engine.leases import EngineLeases
+from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
+from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
+    Fenced,
     GuardRejected,
     IdempotencyKeyReused,
     LeaseLost,
@@ -38,7 +39,7 @@ from fsm.table import Branch
 from stores.base import Store
 
 
-class Engine(EngineLeases):
+class Engine(EngineWork):
     """Runs one lifecycle over one store.
 
     Firing reads as: look the event up in the compiled table, judge its guards on the
@@ -133,7 +134,7 @@ class Engine(EngineLeases):
         try:
             if idempotency_key is None:
                 return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
-            replay = self._replay(entity_id, event, idempotency_key)
+            replay = self._replay(entity_id, event, idempotency_key, lease)
             if replay is not None:
                 return replay
             try:
@@ -141,11 +142,11 @@ class Engine(EngineLeases):
             except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
                 # a concurrent call with the same key (a retried webhook) may have committed
                 # between our lookup and our read: then this is a replay, not a refusal
-                replay = self._replay(entity_id, event, idempotency_key)
+                replay = self._replay(entity_id, event, idempotency_key, lease)
                 if replay is not None:
                     return replay
                 raise
-        except LeaseLost as err:
+        except Fenced as err:
             if lease is not None:
                 self._lease_lost(lease, err)
             raise
@@ -164,6 +165,8 @@ class Engine(EngineLeases):
         snap = self.store.get(entity_id)
         if snap.kind != self.kind or snap.state not in self.table.configurations:
             snap = self.get(entity_id)  # raises the precise error
+        if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
+            self._check_holder(snap, lease)  # a holder that lost the work never fires with it
         patch: dict[str, Any] | None = None
         new_data: dict[str, Any] | None = None
         judged = snap
@@ -177,20 +180,41 @@ class Engine(EngineLeases):
             new, record = self.store.apply(write)
         except IdempotencyKeyReused:
             assert idempotency_key is not None
-            replay = self._replay(entity_id, event, idempotency_key)
+            replay = self._replay(entity_id, event, idempotency_key, lease)
             if replay is None:  # pragma: no cover - the store said the key exists
                 raise
             return replay
         self._announce(new, record, branch)
         return FireResult(new, record)
 
-    def _replay(self, entity_id: str, event: str, key: str) -> FireResult | None:
+    def _replay(self, entity_id: str, event: str, key: str, lease: Lease | None) -> FireResult | None:
         recorded = self.store.find_transition(entity_id, key)
         if recorded is None:
             return None
         if recorded.event != event:
             raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=event)
-        return FireResult(self.get(entity_id), recorded, replayed=True)
+        snap = self.get(entity_id)
+        if lease is not None:
+            # a fenced holder retrying its own fire must learn it lost the work, not be
+            # told that the new owner's record was its success
+            self._check_holder(snap, lease)
+        return FireResult(snap, recorded, replayed=True)
+
+    def _check_holder(self, snap: Snapshot, lease: Lease) -> None:
+        """Raise the fencing error if ``lease`` is no longer the entity's (see ``judge.fenced``).
+
+        Entering a final state clears the lease: a holder that finished the entity itself
+        is not fenced (the table then says the state is final); one whose entity somebody
+        else finished is."""
+        if snap.lease_owner == lease.owner and snap.lease_token == lease.token:
+            return
+        if snap.state in self.table.finals and snap.lease_token == lease.token:
+            history = self.store.history(snap.id)
+            if history and history[-1].actor == "worker" and history[-1].lease_token == lease.token:
+                return
+        stop = fenced(snap, lease)
+        if stop is not None:
+            raise stop
 
     def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
         announce(self.kind, snap, record, branch)

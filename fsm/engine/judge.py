@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsm.clock import Clock
-from fsm.errors import GuardRejected, LeaseLost, TransitionNotAllowed
+from fsm.errors import EntityMovedOn, Fenced, GuardRejected, LeaseLost, TransitionNotAllowed
 from fsm.guards import GuardContext
 from fsm.policy import Policy
 from fsm.records import Actor, Lease, Snapshot
@@ -69,4 +69,27 @@ def choose(
     raise GuardRejected(entity_id=snap.id, event=event, state=snap.state, failed=failed)
 
 
-__all__ = ["choose"]
+def fenced(snap: Snapshot, lease: Lease) -> Fenced | None:
+    """Why a caller presenting ``lease`` no longer owns the entity, or ``None`` if it does.
+
+    A holder whose lease was taken over (another owner or token) gets ``LeaseLost``; one
+    whose entity the reaper moved away (expired, requeued, reclaimed: the owner cleared
+    or the token bumped with nobody holding it) gets ``EntityMovedOn``.  Both are
+    :class:`~fsm.errors.Fenced`, so a worker stops on either.
+    """
+    if snap.lease_owner == lease.owner and snap.lease_token == lease.token:
+        return None
+    if snap.lease_owner is None:
+        return EntityMovedOn(
+            snap.id, state=snap.state, token=lease.token, found_token=snap.lease_token, owner=lease.owner
+        )
+    return LeaseLost(
+        snap.id,
+        expected_token=lease.token,
+        found_token=snap.lease_token,
+        owner=lease.owner,
+        detail=f"now held by {snap.lease_owner}" if snap.lease_owner != lease.owner else "",
+    )
+
+
+__all__ = ["choose", "fenced"]

@@ -8,7 +8,7 @@ import signals
 from fsm.engine.announce import announce_lease_lost
 from fsm.engine.arguments import check_ttl, lease_arg, text
 from fsm.engine.reads import EngineReads
-from fsm.errors import LeaseLost, TransitionNotAllowed
+from fsm.errors import Fenced, LeaseLost, TransitionNotAllowed
 from fsm.records import Lease, Snapshot
 from signals import LeasePayload
 
@@ -81,7 +81,7 @@ class EngineLeases(EngineReads):
             self._lease_lost(lease, err)
             raise
 
-    def _lease_lost(self, lease: Lease, err: LeaseLost) -> None:
+    def _lease_lost(self, lease: Lease, err: Fenced) -> None:
         announce_lease_lost(self.kind, self.store, lease, err)
 
 

@@ -30,7 +30,9 @@ def write_for(
     change = branch.lease_effect
     new_owner: str | None = None
     ttl: timedelta | None = None
-    if change is LeaseChange.ACQUIRE:
+    if change is LeaseChange.ACQUIRE and branch.actor_name == "reaper":
+        ttl = policy.lease_ttl  # the reaper fences (token + 1) and leaves the lease free for a claim
+    elif change is LeaseChange.ACQUIRE:
         new_owner = owner or (lease.owner if lease is not None else default_owner)
         ttl = policy.lease_ttl
     # positional: this runs once per transition and keyword calls cost twice as much

@@ -204,7 +204,9 @@ class Reaper:
             actor=Actor.REAPER.value,
             require=rule.require,
             lease_change=branch.lease_effect,
-            new_owner=self.owner if acquires else None,  # a reclaim hands the lease to this reaper
+            # a reclaim fences the dead holder (token + 1) and leaves the lease free for a
+            # claim until its TTL runs out: the reaper never becomes the owner
+            new_owner=None,
             lease_ttl=rule.engine.policy.lease_ttl if acquires else None,
             bump_attempt=branch.bump_attempt,
             bump_reclaims=branch.bump_reclaims,

@@ -60,6 +60,7 @@ from fsm.records import (
 )
 from stores.sql.binding import TableBinding, bound_layout, missing_columns, owned_layout
 from stores.sql.children import ChildIO, attach, split_data
+from stores.sql.claims import ClaimOps
 from stores.sql.connections import (
     Connections,
     create_engine,
@@ -72,6 +73,7 @@ from stores.sql.connections import (
 )
 from stores.sql.core import ATTEMPTS
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
+from stores.sql.effects import EffectOps
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
 from stores.sql.reaper_batches import ReaperOps
@@ -85,6 +87,7 @@ _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch",
+    "effect", "effects", "record_effect", "run", "claim", "entities", "count_states",
 )  # fmt: skip
 
 
@@ -96,7 +99,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -362,8 +365,10 @@ class SqlStore(LeaseOps, ReaperOps):
     ) -> tuple[Snapshot, str, datetime]:
         slot = self._conns.slot()
         cur = slot.cursor
+        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
         try:
-            cur.execute("BEGIN IMMEDIATE")
+            if own:
+                cur.execute("BEGIN IMMEDIATE")
             try:
                 cur.execute(sql[0], params)
                 inserted = cur.fetchall()
@@ -378,9 +383,11 @@ class SqlStore(LeaseOps, ReaperOps):
                     snap = attach(self._children, cur, [snap])[0]
                 elif self._children:
                     snap = attach(self._children, cur, [snap])[0]
-                cur.execute("COMMIT")
+                if own:
+                    cur.execute("COMMIT")
             except BaseException:
-                slot.conn.rollback()
+                if own:
+                    slot.conn.rollback()
                 raise
         except self._errors as err:
             raise unavailable(err, self._conns) from err

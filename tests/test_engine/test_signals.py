@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import signals
-from fsm import Engine, LeaseLost, ManualClock
+from fsm import Engine, Fenced, LeaseLost, ManualClock
 from signals import LeasePayload, TransitionPayload
 
 
@@ -83,22 +83,26 @@ def test_lease_signals_on_acquire_reclaim_and_lost_renewal(
     assert lease is not None
     jobs.fire("j1", "exited", lease=lease)
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
-    jobs.fire("j1", "reclaim", actor="reaper", owner="rescuer")
+    jobs.fire("j1", "reclaim", actor="reaper")
     with pytest.raises(LeaseLost):
         jobs.renew_lease(lease)
+    (claimed,) = jobs.claim(owner="rescuer")
     names = [name for name, _, _ in received]
     assert names == [
         "transitioned",
         "lease_acquired",
         "transitioned",
         "transitioned",
-        "reclaimed",
-        "lease_acquired",
+        "reclaimed",  # the reaper fences: no lease is acquired by it
         "lease_lost",
+        "lease_acquired",  # the claim
     ]
     reclaimed = received[4][2]
-    assert isinstance(reclaimed, TransitionPayload) and reclaimed.snapshot.lease_owner == "rescuer"
-    lost = received[-1][2]
+    assert isinstance(reclaimed, TransitionPayload) and reclaimed.snapshot.lease_owner is None
+    assert reclaimed.snapshot.lease_token == lease.token + 1
+    acquired = received[-1][2]
+    assert isinstance(acquired, LeasePayload) and acquired.owner == "rescuer" and acquired.token == lease.token + 2
+    lost = received[-2][2]
     assert isinstance(lost, LeasePayload) and lost.token == lease.token and lost.owner == lease.owner
 
 
@@ -150,9 +154,10 @@ def test_lease_lost_is_sent_when_a_fenced_off_holder_fires_or_releases(
     assert old is not None
     jobs.fire("j1", "exited", lease=old)
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
-    jobs.fire("j1", "reclaim", actor="reaper", owner="rescuer")
+    jobs.fire("j1", "reclaim", actor="reaper")
+    jobs.claim(owner="rescuer")
     received.clear()
-    with pytest.raises(LeaseLost):
+    with pytest.raises(Fenced):
         jobs.fire("j1", "complete", lease=old)
     with pytest.raises(LeaseLost):
         jobs.release_lease(old)

@@ -1,0 +1,201 @@
+"""The engine's durable-work operations: claim, the effects ledger, listing, progress.
+
+Each is a store-protocol operation plus what only the engine knows: which transitions
+start an entity and which states a holder resumes (from the compiled table), the data
+model a recorded result is validated against, and the signals to send after the commit.
+The keeper and the worker (:mod:`fsm.work`) are built on these.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+import signals
+from fsm.engine.arguments import lease_arg, text
+from fsm.engine.leases import EngineLeases
+from fsm.errors import EffectFailed, Fenced, InvalidArgument, InvalidData, LeaseLost
+from fsm.records import (
+    EFFECT_FAILED,
+    EFFECT_PROGRESS,
+    PROGRESS_KEY,
+    Actor,
+    ClaimRequest,
+    ClaimStart,
+    EffectRecord,
+    Lease,
+    LeaseChange,
+    Snapshot,
+)
+from fsm.table import CompiledTable
+from signals import EffectPayload, LeasePayload
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_CLAIM = 1000
+
+
+def claim_plan(table: CompiledTable) -> tuple[tuple[ClaimStart, ...], tuple[str, ...]]:
+    """What a claim may take, read off the table.
+
+    Starts: every unguarded worker transition that takes the lease (``queued -> running``
+    of a job).  Resumes: every state whose work needs the lease holder (a worker branch
+    out of it requires ``holds_lease``): an entity there with no lease owner was reclaimed
+    by the reaper, or released by a stopping worker, and waits for a new holder.
+    """
+    starts: dict[str, ClaimStart] = {}
+    resumes: list[str] = []
+    for branch in table.declared:
+        if branch.actor is not Actor.WORKER:
+            continue
+        if branch.lease_effect is LeaseChange.ACQUIRE and not branch.guards and branch.source not in starts:
+            starts[branch.source] = ClaimStart(branch.source, branch.target, branch.event, branch.bump_attempt)
+        if branch.holds_lease and branch.source not in resumes and branch.source not in table.finals:
+            resumes.append(branch.source)
+    return tuple(starts.values()), tuple(r for r in resumes if r not in starts)
+
+
+class EngineWork(EngineLeases):
+    """``claim``, ``run``, ``effects``, ``progress``, ``entities`` and ``counts``."""
+
+    def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
+        """Take up to ``limit`` of the oldest claimable entities of this lifecycle.
+
+        Queued entities are started (their lease-taking transition fires, token + 1);
+        entities waiting for a new holder (reclaimed finalizers) get a new lease, token + 1,
+        without a transition.  Concurrent claimers, in any process on any machine, never
+        take the same entity.  Each returned snapshot carries the caller's ``lease``.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+            raise InvalidArgument(f"limit must be an integer from 1 to {MAX_CLAIM}, not {limit!r}")
+        starts, resumes = claim_plan(self.table)
+        if not starts and not resumes:
+            raise InvalidArgument(f"lifecycle {self.kind!r} has nothing to claim: no transition takes the lease")
+        request = ClaimRequest(
+            kind=self.kind,
+            owner=self.owner if owner is None else text("owner", owner),
+            limit=limit,
+            ttl=self.policy.lease_ttl,
+            starts=starts,
+            resumes=resumes,
+            budgets=tuple(self.policy.renewal_budget.items()),
+        )
+        claimed = self.store.claim(request)
+        if claimed and signals.lease_acquired.receivers:
+            for snap in claimed:
+                signals.send(signals.lease_acquired, self.kind, functools.partial(LeasePayload.of, self.kind, snap))
+        return claimed
+
+    def run(
+        self,
+        entity_id: str,
+        key: str,
+        fn: Callable[[str], Any],
+        lease: Lease,
+        *,
+        model: type[M] | None = None,
+        retry_failed: bool = True,
+    ) -> Any:
+        """Run a side effect under ``lease`` and record its result exactly once (I4).
+
+        A recorded result is returned without calling ``fn``.  Otherwise
+        ``fn(idempotency_key)`` runs (the key, ``"{entity_id}:{key}"``, is the same for
+        every owner: hand it to the external system so that it can deduplicate too) and its
+        result is recorded only if ``lease`` is still current, checked in the recording
+        statement; a holder that lost its lease gets ``LeaseLost`` and records nothing.
+
+        ``model``: the result is a pydantic model, stored as JSON and validated again on
+        replay.  A failure is recorded with its error and re-raised; a later ``run`` retries
+        it unless ``retry_failed=False``, which raises ``EffectFailed`` instead.
+        ``effect_recorded`` is sent after the commit.
+        """
+        self.get(text("entity_id", entity_id))
+        lease_arg(lease)
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be callable, not {fn!r}")
+
+        def call(idempotency_key: str) -> Any:
+            result = fn(idempotency_key)
+            if model is not None:
+                if not isinstance(result, model):
+                    raise InvalidArgument(f"effect {key!r} must return a {model.__name__}, not {result!r}")
+                return result.model_dump(mode="json")
+            return result
+
+        try:
+            record, executed = self.store.run(entity_id, key, call, lease, retry_failed=retry_failed)
+        except Fenced as err:
+            if isinstance(err, LeaseLost):
+                self._lease_lost(lease, err)
+            raise
+        except Exception:
+            self._announce_effect(entity_id, key, lease, None, failed=True)
+            raise
+        if executed:
+            self._announce_effect(entity_id, key, lease, record.result, failed=record.status == EFFECT_FAILED)
+        if record.status == EFFECT_FAILED:
+            raise EffectFailed(entity_id, key=key, error=record.result)
+        if model is not None:
+            try:
+                return model.model_validate(record.result)
+            except ValidationError as err:
+                raise InvalidData(
+                    lifecycle=self.kind, entity_id=entity_id, errors=[dict(e) for e in err.errors()]
+                ) from None
+        return record.result
+
+    def _announce_effect(self, entity_id: str, key: str, lease: Lease, result: Any, *, failed: bool) -> None:
+        if not signals.effect_recorded.receivers:
+            return
+        recorded = self.store.effect(entity_id, key)
+        if recorded is None or recorded.lease_token != lease.token:
+            return  # nothing of this holder's was recorded
+        signals.send(
+            signals.effect_recorded,
+            self.kind,
+            lambda: EffectPayload(entity_id=entity_id, key=key, lease_token=lease.token, result=recorded.result),
+        )
+
+    def effects(self, entity_id: str) -> list[EffectRecord]:
+        """The entity's recorded effects (its keeper's progress row left out)."""
+        self.get(entity_id)
+        return [e for e in self.store.effects(entity_id) if e.key != PROGRESS_KEY]
+
+    def progress(self, entity_id: str) -> Any:
+        """The progress details the last holder's keeper recorded with a renewal, or None."""
+        self.get(entity_id)
+        row = self.store.effect(entity_id, PROGRESS_KEY)
+        return None if row is None else row.result
+
+    def record_progress(self, lease: Lease, details: Any) -> None:
+        """Record progress details under ``lease`` (as a Temporal heartbeat carries them);
+        the next owner reads them with :meth:`progress`.  Fenced like any holder write."""
+        lease_arg(lease)
+        self.store.record_effect(
+            lease.entity_id,
+            PROGRESS_KEY,
+            owner=lease.owner,
+            token=lease.token,
+            status=EFFECT_PROGRESS,
+            result=details,
+            replace=(EFFECT_PROGRESS,),
+        )
+
+    def entities(self, *, state: str | None = None, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        """Entities of this lifecycle by id, keyset-paged (``after_id``), optionally in one state."""
+        if state is not None and state not in self.table.configurations:
+            raise InvalidArgument(f"{self.kind} has no leaf state {state!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        return self.store.entities(self.kind, state=state, limit=limit, after_id=after_id)
+
+    def counts(self) -> dict[str, int]:
+        """How many entities of this lifecycle are in each leaf state (every leaf listed)."""
+        found = self.store.count_states(self.kind)
+        return {leaf: found.get(leaf, 0) for leaf in self.table.leaves} | found
+
+
+__all__ = ["MAX_CLAIM", "EngineWork", "claim_plan"]

@@ -1,0 +1,103 @@
+"""The effects ledger's one algorithm, shared by every store: look up, run, record.
+
+Each store provides the two primitives (``effect`` and ``record_effect``, whose lease
+check sits inside the recording statement); :class:`LedgerRun` builds ``run`` on them so
+that the memory, SQLite and PostgreSQL stores cannot drift apart in what "run an effect
+exactly once" means.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fsm.errors import InvalidArgument
+from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease
+
+MAX_KEY_LENGTH = 255
+
+
+def check_effect_key(key: object) -> str:
+    """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise InvalidArgument(f"an effect key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+    if key.startswith("fsm:") and key != PROGRESS_KEY:
+        raise InvalidArgument(f"effect keys starting with 'fsm:' are reserved, not {key!r}")
+    return key
+
+
+def json_result(result: Any, what: str) -> Any:
+    """``result`` if it is JSON (no NaN), else ``InvalidArgument``: the ledger stores JSON."""
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InvalidArgument(f"{what} must be JSON (or a pydantic model the caller names): {err}") from None
+    return result
+
+
+def error_of(err: BaseException) -> dict[str, Any]:
+    """How a failed effect's error is recorded."""
+    return {"error": {"type": type(err).__name__, "message": str(err)[:2000]}}
+
+
+def idempotency_key(entity_id: str, key: str) -> str:
+    """The key handed to an effect's function: the same for every owner that runs it."""
+    return f"{entity_id}:{key}"
+
+
+class LedgerRun:
+    """``run`` on top of a store's ``effect`` and ``record_effect``."""
+
+    def effect(self, entity_id: str, key: str) -> EffectRecord | None:  # pragma: no cover - provided by stores
+        raise NotImplementedError
+
+    def record_effect(  # pragma: no cover - provided by stores
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        raise NotImplementedError
+
+    def run(
+        self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
+    ) -> tuple[EffectRecord, bool]:
+        """See :meth:`stores.Store.run`."""
+        check_effect_key(key)
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"run needs the caller's Lease, not {lease!r}")
+        recorded = self.effect(entity_id, key)
+        if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
+            return recorded, False
+        replace = (EFFECT_FAILED,) if retry_failed else ()
+        try:
+            result = fn(idempotency_key(entity_id, key))
+        except Exception as err:
+            self.record_effect(
+                entity_id,
+                key,
+                owner=lease.owner,
+                token=lease.token,
+                status=EFFECT_FAILED,
+                result=error_of(err),
+                replace=replace,
+            )
+            raise
+        return self.record_effect(
+            entity_id,
+            key,
+            owner=lease.owner,
+            token=lease.token,
+            status=EFFECT_SUCCEEDED,
+            result=json_result(result, f"the result of effect {key!r}"),
+            replace=replace,
+        )
+
+
+__all__ = ["MAX_KEY_LENGTH", "LedgerRun", "check_effect_key", "error_of", "idempotency_key", "json_result"]

@@ -1,0 +1,146 @@
+"""Claiming and listing on SQL: workers take the oldest claimable entities.
+
+A claim is one transaction on the calling thread's connection: it selects the oldest
+claimable rows and locks them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent
+claimers divide the rows instead of waiting for each other; SQLite: ``BEGIN IMMEDIATE``
+takes the write lock first, so claimers queue), then starts each one through the store's
+own guarded ``apply`` (a transition with its history row) or takes its lease through
+``acquire_lease`` (a reclaimed finalizer).  Every write keeps its compare-and-set, so even
+a claimer that raced past the lock could not take an entity twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fsm.errors import LeaseLost, MalformedRow, StaleVersion
+from fsm.records import ClaimRequest, ClaimStart, LeaseChange, Snapshot, TransitionWrite
+from stores.sql.connections import unavailable
+from stores.sql.core import SqlCore
+from stores.sql.rows import snapshot_of
+
+log = logging.getLogger("fsm.store")
+
+
+class ClaimOps(SqlCore):
+    """``claim``, ``entities`` and ``count_states`` of :class:`stores.sql.SqlStore`."""
+
+    def _claim_sql(self) -> dict[str, str]:
+        found: dict[str, str] | None = getattr(self, "_claim_statements", None)
+        if found is not None:
+            return found
+        lay, f, sql = self._sql.L, self._f, self._sql
+        kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
+        live = f"{kind} = {f.p('kind')} AND NOT {deleted}"
+        claimable = (
+            f"{live} AND ({f.in_ids(state, 'starts')} OR ({f.in_ids(state, 'resumes')} "
+            f"AND {lay.ref('lease_owner', 'e')} IS NULL))"
+        )
+        lock = " FOR UPDATE SKIP LOCKED" if f.name == "postgresql" else ""
+        found = {
+            "claimable": (
+                f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql.E} AS e "
+                f"WHERE {claimable} ORDER BY {lay.ref('created_at', 'e')}, {lay.ref('id', 'e')} "
+                f"LIMIT {f.p('limit')}{lock}"
+            ),
+            "list": f"SELECT {sql.cols_e} FROM {sql.E} AS e WHERE {live}",
+            "count": f"SELECT {state}, COUNT(*) FROM {sql.E} AS e WHERE {live} GROUP BY {state}",
+        }
+        self._claim_statements = found
+        return found
+
+    def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        """See :meth:`stores.Store.claim`."""
+        params = {
+            "kind": request.kind,
+            "starts": self._f.ids([s.source for s in request.starts]),
+            "resumes": self._f.ids(list(request.resumes)),
+            "limit": request.limit,
+        }
+        starts = {s.source: s for s in request.starts}
+        slot = self._conns.slot()
+        cur = slot.cursor
+        try:
+            if self._sqlite:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    claimed = self._claim_locked(cur, params, starts, request)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    slot.conn.rollback()
+                    raise
+                return claimed
+            with slot.conn.transaction():
+                return self._claim_locked(cur, params, starts, request)
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    def _claim_locked(
+        self, cur: Any, params: dict[str, Any], starts: dict[str, ClaimStart], request: ClaimRequest
+    ) -> list[Snapshot]:
+        cur.execute(self._claim_sql()["claimable"], params)
+        rows = cur.fetchall()
+        claimed: list[Snapshot] = []
+        for entity_id, state, version in rows:
+            start = starts.get(state)
+            try:
+                if start is not None:
+                    write = TransitionWrite(
+                        entity_id,
+                        start.event,
+                        state,
+                        start.target,
+                        "worker",
+                        version,
+                        lease_change=LeaseChange.ACQUIRE,
+                        new_owner=request.owner,
+                        lease_ttl=request.ttl,
+                        bump_attempt=start.bump_attempt,
+                    )
+                    claimed.append(self.apply(write)[0])  # type: ignore[attr-defined]
+                else:
+                    claimed.append(
+                        self.acquire_lease(  # type: ignore[attr-defined]
+                            entity_id,
+                            owner=request.owner,
+                            ttl=request.ttl,
+                            budget=request.budget_for(state),
+                            expect_version=version,
+                        )
+                    )
+            except MalformedRow as err:
+                log.warning("claim stepped over a malformed row: %s", err)
+            except (LeaseLost, StaleVersion):
+                continue  # a spent budget (the reaper will fail it), or moved under a weaker lock
+        return claimed
+
+    def entities(
+        self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        """See :meth:`stores.Store.entities`.  A row that cannot be decoded is left out (and
+        logged); :meth:`count_states` still counts it."""
+        lay, f = self._sql.L, self._f
+        sql = self._claim_sql()["list"]
+        params: dict[str, Any] = {"kind": kind, "limit": limit}
+        if state is not None:
+            sql += f" AND {lay.ref('state', 'e')} = {f.p('state')}"
+            params["state"] = state
+        if after_id is not None:
+            sql += f" AND {lay.ref('id', 'e')} > {f.p('after')}"
+            params["after"] = after_id
+        sql += f" ORDER BY {lay.ref('id', 'e')} LIMIT {f.p('limit')}"
+        found = []
+        for row in self._run(sql, params):
+            try:
+                found.append(snapshot_of(row))
+            except MalformedRow as err:
+                log.warning("listing left out a malformed row: %s", err)
+        return self._attach(found)
+
+    def count_states(self, kind: str) -> dict[str, int]:
+        """See :meth:`stores.Store.count_states`."""
+        return {str(s): int(n) for s, n in self._run(self._claim_sql()["count"], {"kind": kind})}
+
+
+__all__ = ["ClaimOps"]

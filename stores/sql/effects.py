@@ -1,0 +1,134 @@
+"""The effects ledger on SQL: one guarded upsert records a result under the caller's lease.
+
+The lease check sits inside the recording statement (``INSERT .. SELECT .. FROM entities
+WHERE lease_owner = :owner AND lease_token = :token``; PostgreSQL also takes a share
+lock on the entity row, so a takeover waits for the recording to commit or the
+recording sees the takeover), so a holder fenced between running the effect and
+recording it records nothing.  ``ON CONFLICT .. DO UPDATE .. WHERE status IN (..)`` lets
+only a replaceable record (a failure to retry, a progress row) be overwritten: the first
+result wins (I4).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fsm.errors import LeaseLost, MalformedRow, UnknownEntity
+from fsm.records import EffectRecord
+from stores.ledger import LedgerRun, check_effect_key, json_result
+from stores.sql.core import ATTEMPTS, SqlCore
+from stores.sql.rows import dumps_data
+from stores.sql.schema import decode_time
+
+EFFECT_COLUMNS = "entity_id, key, status, lease_token, attempts, result, recorded_at"
+
+
+def effect_of(row: Any, text_json: bool) -> EffectRecord:
+    """A ledger row as an :class:`EffectRecord`, or ``MalformedRow``.  ``text_json``: the
+    result column holds JSON text (SQLite); PostgreSQL's jsonb arrives decoded."""
+    try:
+        result = row[5]
+        if text_json and result is not None:
+            result = json.loads(result)
+        return EffectRecord(
+            row[0], row[1], row[2], row[3], row[4], result, None if row[6] is None else decode_time(row[6])
+        )
+    except (ValueError, TypeError) as err:
+        raise MalformedRow(str(row[0]), reason=f"effect {row[1]!r}: {err}") from None
+
+
+class EffectOps(SqlCore, LedgerRun):
+    """``effect``, ``effects`` and ``record_effect`` of :class:`stores.sql.SqlStore`."""
+
+    def _effect_sql(self) -> dict[str, str]:
+        found: dict[str, str] | None = getattr(self, "_effect_statements", None)
+        if found is not None:
+            return found
+        lay, f = self._sql.L, self._f
+        ef, ent = lay.effects, lay.entities
+        c = lay.col
+        lock = " FOR SHARE" if f.name == "postgresql" else ""
+        insert = (
+            f"INSERT INTO {ef} ({EFFECT_COLUMNS}) "
+            f"SELECT e.{c['id']}, {f.p('key')}, {f.p('status')}, {f.p('token')}, 1, {f.json('result')}, {f.now} "
+            f"FROM {ent} AS e WHERE e.{c['id']} = {f.p('id')} AND NOT e.{c['deleted']} "
+            f"AND e.{c['lease_owner']} = {f.p('owner')} AND e.{c['lease_token']} = {f.p('token')}{lock} "
+            f"ON CONFLICT (entity_id, key) "
+        )
+        replace = (
+            "DO UPDATE SET status = excluded.status, lease_token = excluded.lease_token, "
+            f"attempts = {ef}.attempts + 1, result = excluded.result, recorded_at = excluded.recorded_at "
+            f"WHERE {f.in_ids(ef + '.status', 'replace')} "
+        )
+        returning = f"RETURNING {EFFECT_COLUMNS}"
+        found = {
+            "one": f"SELECT {EFFECT_COLUMNS} FROM {ef} WHERE entity_id = {f.p('id')} AND key = {f.p('key')}",
+            "all": f"SELECT {EFFECT_COLUMNS} FROM {ef} WHERE entity_id = {f.p('id')} ORDER BY key",
+            "record": insert + "DO NOTHING " + returning,
+            "record_or_replace": insert + replace + returning,
+        }
+        self._effect_statements = found
+        return found
+
+    def effect(self, entity_id: str, key: str) -> EffectRecord | None:
+        """See :meth:`stores.Store.effect`."""
+        rows = self._run(self._effect_sql()["one"], {"id": entity_id, "key": key})
+        return effect_of(rows[0], self._sqlite) if rows else None
+
+    def effects(self, entity_id: str) -> list[EffectRecord]:
+        """See :meth:`stores.Store.effects`."""
+        rows = self._run(self._effect_sql()["all"], {"id": entity_id})
+        if not rows and not self._run(self._sql.exists, {"id": entity_id}):
+            raise UnknownEntity(entity_id)
+        return [effect_of(r, self._sqlite) for r in rows]
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        """See :meth:`stores.Store.record_effect`."""
+        check_effect_key(key)
+        params: dict[str, Any] = {
+            "id": entity_id,
+            "key": key,
+            "owner": owner,
+            "token": token,
+            "status": status,
+            "result": dumps_data(json_result(result, "an effect result"), entity_id),
+        }
+        sql = self._effect_sql()["record_or_replace" if replace else "record"]
+        if replace:
+            params["replace"] = self._f.ids(replace)
+        for _ in range(ATTEMPTS):
+            now = self._now()
+            if now is not None:
+                params["now"] = self._f.time(now)
+            rows = self._run(sql, params)
+            if rows:
+                return effect_of(rows[0], self._sqlite), True
+            row, _ = self._current(entity_id)
+            if row is None or row.deleted:
+                raise UnknownEntity(entity_id)
+            if row.lease_owner != owner or row.lease_token != token:
+                raise LeaseLost(
+                    entity_id,
+                    expected_token=token,
+                    found_token=row.lease_token,
+                    owner=owner,
+                    detail=f"the result of effect {key!r} was not recorded",
+                )
+            existing = self.effect(entity_id, key)
+            if existing is not None and existing.status not in replace:
+                return existing, False
+        raise LeaseLost(entity_id, expected_token=token, found_token=None, owner=owner, detail="contended")
+
+
+__all__ = ["EffectOps", "effect_of"]
