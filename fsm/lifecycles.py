@@ -115,7 +115,9 @@ class JobLifecycle(Lifecycle):
     start = worker(queued.to(active), lease=LeaseChange.ACQUIRE, counts_attempt=True)
     exited = worker(active.running.to(active.finalizing, cond="holds_lease"))
     complete = worker(active.finalizing.to(completed, cond="holds_lease"))
-    fail = worker(active.finalizing.to(failed, cond="holds_lease"))
+    fail = worker(active.finalizing.to(failed, cond="holds_lease")) | worker(
+        active.running.to(failed, cond="holds_lease")
+    )
     expire = (
         reaper(active.running.to(queued, cond=["lease_stale", "attempts_left"]), reason="expired")
         | reaper(active.running.to(failed, cond="lease_stale"), reason="expired")

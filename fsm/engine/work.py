@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +33,9 @@ from fsm.records import (
 )
 from fsm.table import CompiledTable
 from signals import EffectPayload, LeasePayload
+
+if TYPE_CHECKING:
+    from fsm.work.keeper import LeaseKeeper
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -183,6 +187,16 @@ class EngineWork(EngineLeases):
             result=details,
             replace=(EFFECT_PROGRESS,),
         )
+
+    def keep(self, lease: Lease, *, period: timedelta | None = None) -> LeaseKeeper:
+        """A lease keeper for ``lease``: ``with engine.keep(lease) as held: ...``.
+
+        It renews every ``period`` (default: a third of the TTL) on a background thread,
+        within the state's renewal budget, and stops when the lease is lost; see
+        :mod:`fsm.work.keeper`."""
+        from fsm.work.keeper import LeaseKeeper  # the keeper sits above the engine it drives
+
+        return LeaseKeeper(self, lease_arg(lease), period=period)  # type: ignore[arg-type]
 
     def entities(self, *, state: str | None = None, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         """Entities of this lifecycle by id, keyset-paged (``after_id``), optionally in one state."""

@@ -3,10 +3,20 @@
 The row is protected by compare-and-set; the work needs four more parts, all on the
 store protocol:
 
-- the lease keeper, which renews a held lease in the background and tells the holder
-  when it is lost;
-- the effects ledger, which records each side effect's result exactly once per key, so
-  that a resumed finalization replays instead of re-running;
-- claiming, by which workers take queued and reclaimed entities (they are not handed them);
-- the worker, a small runtime of per-state handlers built from the three parts above.
+- the lease keeper (``keeper``), which renews a held lease in the background and tells
+  the holder when it is lost;
+- the effects ledger (``Engine.run`` on the stores' ``run``), which records each side
+  effect's result exactly once per key, so that a resumed finalization replays instead
+  of re-running;
+- claiming (``Engine.claim`` on the stores' ``claim``), by which workers take queued and
+  reclaimed entities (they are not handed them);
+- the worker (``worker``), a small runtime of per-state handlers built from the three
+  parts above.
 """
+
+from __future__ import annotations
+
+from fsm.work.keeper import AsyncLeaseKeeper, HeldLease, KeepResult, LeaseKeeper
+from fsm.work.worker import Job, Worker, WorkerStats
+
+__all__ = ["AsyncLeaseKeeper", "HeldLease", "Job", "KeepResult", "LeaseKeeper", "Worker", "WorkerStats"]

@@ -36,6 +36,7 @@ def test_every_guarded_branch_of_job_is_an_edge_including_all_three_expire_branc
     assert edges == [
         ("start", "queued", "active", "worker", ()),
         ("exited", "running", "finalizing", "worker", ("holds_lease",)),
+        ("fail", "running", "failed", "worker", ("holds_lease",)),
         ("expire", "running", "queued", "reaper", ("lease_stale", "attempts_left")),
         ("expire", "running", "failed", "reaper", ("lease_stale",)),
         ("complete", "finalizing", "completed", "worker", ("holds_lease",)),
