@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
     from fsm.table import Branch, CompiledTable
+    from fsm.work import AsyncLeaseKeeper, HeldLease, Job, LeaseKeeper, Worker
 
 _LAZY = {
     "State": "statemachine",
@@ -66,6 +67,11 @@ _LAZY = {
     "ReapResult": "fsm.reaping",
     "Branch": "fsm.table",
     "CompiledTable": "fsm.table",
+    "AsyncLeaseKeeper": "fsm.work",
+    "HeldLease": "fsm.work",
+    "Job": "fsm.work",
+    "LeaseKeeper": "fsm.work",
+    "Worker": "fsm.work",
 }
 
 
@@ -84,6 +90,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Actor",
+    "AsyncLeaseKeeper",
     "Branch",
     "Clock",
     "CompiledTable",
@@ -100,15 +107,18 @@ __all__ = [
     "Guard",
     "GuardContext",
     "GuardRejected",
+    "HeldLease",
     "HistoryRecord",
     "IdempotencyKeyReused",
     "InvalidArgument",
     "InvalidData",
     "InvalidDefinition",
+    "Job",
     "JobData",
     "JobLifecycle",
     "Lease",
     "LeaseChange",
+    "LeaseKeeper",
     "LeaseLost",
     "Lifecycle",
     "MalformedRow",
@@ -128,6 +138,7 @@ __all__ = [
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
+    "Worker",
     "guard",
     "new_owner_id",
     "reaper",

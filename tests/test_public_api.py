@@ -11,6 +11,7 @@ import stores
 
 FSM_API = {
     "Actor",
+    "AsyncLeaseKeeper",
     "Branch",
     "Clock",
     "CompiledTable",
@@ -27,15 +28,18 @@ FSM_API = {
     "Guard",
     "GuardContext",
     "GuardRejected",
+    "HeldLease",
     "HistoryRecord",
     "IdempotencyKeyReused",
     "InvalidArgument",
     "InvalidData",
     "InvalidDefinition",
+    "Job",
     "JobData",
     "JobLifecycle",
     "Lease",
     "LeaseChange",
+    "LeaseKeeper",
     "LeaseLost",
     "Lifecycle",
     "MalformedRow",
@@ -55,6 +59,7 @@ FSM_API = {
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
+    "Worker",
     "guard",
     "new_owner_id",
     "reaper",
@@ -101,3 +106,18 @@ def test_the_worker_and_reaper_helpers_are_not_shadowed_by_submodules() -> None:
     import fsm.reaping  # importing every submodule must keep the helpers intact
 
     assert callable(fsm.reaper) and callable(fsm.worker)
+
+
+def test_the_work_package_exports_exactly_its_pinned_names() -> None:
+    import fsm.work
+
+    assert set(fsm.work.__all__) == {
+        "AsyncLeaseKeeper",
+        "HeldLease",
+        "Job",
+        "KeepResult",
+        "LeaseKeeper",
+        "Worker",
+        "WorkerStats",
+    }
+    assert all(getattr(fsm.work, name) is not None for name in fsm.work.__all__)
