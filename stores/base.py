@@ -196,14 +196,15 @@ class Store(Protocol):
         ...
 
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
-        """Take up to ``request.limit`` of the oldest claimable entities (see
+        """Take up to ``request.limit`` claimable entities (see
         :class:`~fsm.records.ClaimRequest`), each with a new lease token for
-        ``request.owner``.
+        ``request.owner``: entities to resume first (work already under way), then entities
+        to start; within each, the longest unchanged (``updated_at``, then id) first.
 
         Concurrent claimers never take the same entity: PostgreSQL locks the candidates with
         ``FOR UPDATE SKIP LOCKED`` (a row another claimer holds is skipped, not waited for),
         SQLite takes the write lock first (``BEGIN IMMEDIATE``), the memory store its lock.
-        A row that cannot be read is stepped over.  Returns the claimed entities, oldest first.
+        A row that cannot be read is stepped over.  Returns the claimed entities in that order.
         """
         ...
 

@@ -366,7 +366,8 @@ class MemoryStore(LedgerRun):
                     and not r.deleted
                     and (r.state in starts or (r.state in resumes and r.lease_owner is None))
                 ),
-                key=lambda r: (r.created_at, r.id),
+                # resumes first (work already under way), then the longest unchanged
+                key=lambda r: (r.state not in resumes, r.updated_at, r.id),
             )
             for row in waiting:
                 if len(claimed) >= request.limit:

@@ -1,7 +1,8 @@
 """Claiming and listing on SQL: workers take the oldest claimable entities.
 
-A claim is one transaction on the calling thread's connection: it selects the oldest
-claimable rows and locks them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent
+A claim is one transaction on the calling thread's connection: for each claimable state
+(resumes first: work already under way; then starts) it selects the rows unchanged the
+longest and locks them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent
 claimers divide the rows instead of waiting for each other; SQLite: ``BEGIN IMMEDIATE``
 takes the write lock first, so claimers queue), then starts each one through the store's
 own guarded ``apply`` (a transition with its history row) or takes its lease through
@@ -33,17 +34,18 @@ class ClaimOps(SqlCore):
         lay, f, sql = self._sql.L, self._f, self._sql
         kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
         live = f"{kind} = {f.p('kind')} AND NOT {deleted}"
-        claimable = (
-            f"{live} AND ({f.in_ids(state, 'starts')} OR ({f.in_ids(state, 'resumes')} "
-            f"AND {lay.ref('lease_owner', 'e')} IS NULL))"
-        )
         lock = " FOR UPDATE SKIP LOCKED" if f.name == "postgresql" else ""
+        # one state at a time, longest unchanged first: an index range scan on the reaper's
+        # (kind, state, updated_at) index that stops after ``limit`` unlocked rows, so a
+        # claim costs the same whatever the backlog
+        pick = (
+            f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql.E} AS e "
+            f"WHERE {live} AND {state} = {f.p('state')}"
+        )
+        order = f" ORDER BY {lay.ref('updated_at', 'e')}, {lay.ref('id', 'e')} LIMIT {f.p('limit')}{lock}"
         found = {
-            "claimable": (
-                f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql.E} AS e "
-                f"WHERE {claimable} ORDER BY {lay.ref('created_at', 'e')}, {lay.ref('id', 'e')} "
-                f"LIMIT {f.p('limit')}{lock}"
-            ),
+            "start": pick + order,
+            "resume": pick + f" AND {lay.ref('lease_owner', 'e')} IS NULL" + order,
             "list": f"SELECT {sql.cols_e} FROM {sql.E} AS e WHERE {live}",
             "count": f"SELECT {state}, COUNT(*) FROM {sql.E} AS e WHERE {live} GROUP BY {state}",
         }
@@ -52,68 +54,73 @@ class ClaimOps(SqlCore):
 
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
         """See :meth:`stores.Store.claim`."""
-        params = {
-            "kind": request.kind,
-            "starts": self._f.ids([s.source for s in request.starts]),
-            "resumes": self._f.ids(list(request.resumes)),
-            "limit": request.limit,
-        }
-        starts = {s.source: s for s in request.starts}
         slot = self._conns.slot()
         cur = slot.cursor
         try:
             if self._sqlite:
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    claimed = self._claim_locked(cur, params, starts, request)
+                    claimed = self._claim_locked(cur, request)
                     cur.execute("COMMIT")
                 except BaseException:
                     slot.conn.rollback()
                     raise
                 return claimed
             with slot.conn.transaction():
-                return self._claim_locked(cur, params, starts, request)
+                return self._claim_locked(cur, request)
         except self._errors as err:
             raise unavailable(err, self._conns) from err
 
-    def _claim_locked(
-        self, cur: Any, params: dict[str, Any], starts: dict[str, ClaimStart], request: ClaimRequest
-    ) -> list[Snapshot]:
-        cur.execute(self._claim_sql()["claimable"], params)
-        rows = cur.fetchall()
+    def _claim_locked(self, cur: Any, request: ClaimRequest) -> list[Snapshot]:
+        """Pick and take, resumes first (work already under way), then starts."""
+        statements = self._claim_sql()
         claimed: list[Snapshot] = []
-        for entity_id, state, version in rows:
-            start = starts.get(state)
-            try:
-                if start is not None:
-                    write = TransitionWrite(
-                        entity_id,
-                        start.event,
-                        state,
-                        start.target,
-                        "worker",
-                        version,
-                        lease_change=LeaseChange.ACQUIRE,
-                        new_owner=request.owner,
-                        lease_ttl=request.ttl,
-                        bump_attempt=start.bump_attempt,
-                    )
-                    claimed.append(self.apply(write)[0])  # type: ignore[attr-defined]
-                else:
-                    claimed.append(
-                        self.acquire_lease(  # type: ignore[attr-defined]
-                            entity_id,
-                            owner=request.owner,
-                            ttl=request.ttl,
-                            budget=request.budget_for(state),
-                            expect_version=version,
-                        )
-                    )
-            except MalformedRow as err:
-                log.warning("claim stepped over a malformed row: %s", err)
-            except (LeaseLost, StaleVersion):
-                continue  # a spent budget (the reaper will fail it), or moved under a weaker lock
+        picks: list[tuple[str, ClaimStart | None]] = [(s, None) for s in request.resumes]
+        picks += [(s.source, s) for s in request.starts]
+        for state, start in picks:
+            left = request.limit - len(claimed)
+            if left <= 0:
+                break
+            params = {"kind": request.kind, "state": state, "limit": left}
+            cur.execute(statements["resume" if start is None else "start"], params)
+            for entity_id, _, version in cur.fetchall():
+                taken = self._take(entity_id, state, version, start, request)
+                if taken is not None:
+                    claimed.append(taken)
         return claimed
+
+    def _take(
+        self, entity_id: str, state: str, version: int, start: ClaimStart | None, request: ClaimRequest
+    ) -> Snapshot | None:
+        try:
+            if start is not None:
+                write = TransitionWrite(
+                    entity_id,
+                    start.event,
+                    state,
+                    start.target,
+                    "worker",
+                    version,
+                    lease_change=LeaseChange.ACQUIRE,
+                    new_owner=request.owner,
+                    lease_ttl=request.ttl,
+                    bump_attempt=start.bump_attempt,
+                )
+                snap: Snapshot = self.apply(write)[0]  # type: ignore[attr-defined]
+                return snap
+            taken: Snapshot = self.acquire_lease(  # type: ignore[attr-defined]
+                entity_id,
+                owner=request.owner,
+                ttl=request.ttl,
+                budget=request.budget_for(state),
+                expect_version=version,
+            )
+            return taken
+        except MalformedRow as err:
+            log.warning("claim stepped over a malformed row: %s", err)
+        except (LeaseLost, StaleVersion):
+            pass  # a spent budget (the reaper will fail it), or moved under a weaker lock
+        return None
 
     def entities(
         self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None

@@ -1,0 +1,68 @@
+"""Claiming on SQL: its pick is an index range scan whatever the backlog (no sort of every
+claimable row), and it is one transaction that a claimer on another connection skips."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+
+from fsm import ManualClock
+from stores.sql import SqlStore
+
+
+def test_the_claim_pick_walks_the_state_index_in_order_on_sqlite(tmp_path: object) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=ManualClock())
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 5000) "
+                "INSERT INTO fsm_entities (id, kind, state, state_entered_at, created_at, updated_at) "
+                "SELECT 'e' || n, 'job', 'queued', 't', 't', 't' FROM g"
+            )
+            conn.exec_driver_sql("ANALYZE")
+        for which in ("start", "resume"):
+            sql = store._claim_sql()[which]
+            with store.engine.connect() as conn:
+                plan = conn.exec_driver_sql(
+                    f"EXPLAIN QUERY PLAN {sql}", {"kind": "job", "state": "queued", "limit": 5}
+                ).fetchall()
+            text = " | ".join(str(row[-1]) for row in plan)
+            assert "USING INDEX ix_fsm_entities_idle" in text, text
+            # no sort of the whole backlog: at most the ties on updated_at are ordered by id
+            assert "TEMP B-TREE FOR ORDER BY" not in text, text
+    finally:
+        store.close()
+
+
+def test_the_claim_pick_is_an_index_scan_without_a_sort_on_postgres() -> None:
+    from conftest import isolated_postgres_store
+
+    store = isolated_postgres_store(ManualClock())
+    try:
+        assert isinstance(store, SqlStore)
+        table = f"{store.table_prefix}entities"
+        with store.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {table} (id, kind, state, state_entered_at, created_at, updated_at)"
+                    " SELECT 'e' || g, 'job', CASE WHEN g % 10 = 0 THEN 'running' ELSE 'queued' END,"
+                    " now(), now(), now() - g * interval '1 second' FROM generate_series(1, 20000) AS g"
+                )
+            )
+            conn.execute(sa.text(f"ANALYZE {table}"))
+        raw = store._conns.slot().cursor
+        for which in ("start", "resume"):
+            raw.execute(
+                f"EXPLAIN {store._claim_sql()[which]}",
+                {"kind": "job", "state": "queued", "limit": 5, "now": datetime.now(UTC) + timedelta(0)},
+            )
+            plan = "\n".join(r[0] for r in raw.fetchall())
+            assert f"Index Scan using ix_{table}_idle" in plan, plan
+            assert "Seq Scan" not in plan, plan
+            # no sort of the whole backlog: at most the ties on updated_at are ordered by id
+            assert all(
+                line.strip().startswith("->  Incremental Sort") for line in plan.splitlines() if "Sort  " in line
+            )
+    finally:
+        store.close()
