@@ -42,6 +42,7 @@ from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
 from fsm.records import Actor, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
+from fsm.unsupported import refuse_unsupported
 
 FINALIZING = "finalizing"
 
@@ -134,6 +135,7 @@ class LifecycleMeta(StateMachineMetaclass):
             raise InvalidDefinition(f"{name}: {err}") from err
         if not cls.states:
             return
+        refuse_unsupported(name, cls, cls.guards, _FRAMEWORK_NAMES)
         if "kind" not in attrs:
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
@@ -221,7 +223,15 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         """
         if leaf not in cls.table.configurations:
             raise InvalidDefinition(f"{cls.__name__} has no leaf state {leaf!r}")
-        return cls(start_value=leaf, listeners=[_GuardOracle(cls.guards, guards)])
+        # the engine persists state ids; python-statemachine starts from a state *value*,
+        # which differs from the id for a state declared with State(value=...)
+        value = next(s.value for s in cls.states_map.values() if s.id == leaf)
+        return cls(start_value=value, listeners=[_GuardOracle(cls.guards, guards)])
+
+
+_FRAMEWORK_NAMES = frozenset(dir(Lifecycle)) | frozenset(Lifecycle.__annotations__) | {"_declared_transitions"}
+"""Names an event may not take: python-statemachine binds each event as a class attribute,
+so an event named ``restore`` would silently replace :meth:`Lifecycle.restore`."""
 
 
 __all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]
