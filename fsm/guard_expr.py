@@ -45,6 +45,7 @@ def guard_names(expr: str, *, unless: bool, where: str) -> list[str]:
     (``"a and b"``, python-statemachine's ``"a ^ b"``).  An ``unless`` names one guard:
     ``unless="a and b"`` means *not (a and b)*, a disjunction the table cannot express.
     """
+    label = f"unless={expr!r}" if unless else f"cond={expr!r}"
     if expr.isidentifier():
         # python-statemachine's own shortcut: a lone identifier is a name, even one that
         # its operator replacement would read as an operator (a guard named ``v``)
@@ -52,7 +53,7 @@ def guard_names(expr: str, *, unless: bool, where: str) -> list[str]:
     try:
         tree = ast.parse(replace_operators(expr), mode="eval").body
     except SyntaxError:
-        raise InvalidDefinition(f"{where}: guard expression {expr!r} does not parse; {_ADVICE}") from None
+        raise InvalidDefinition(f"{where}: guard expression {label} does not parse; {_ADVICE}") from None
     if isinstance(tree, ast.Name):
         return [tree.id]
     conjunction = (
@@ -68,9 +69,10 @@ def guard_names(expr: str, *, unless: bool, where: str) -> list[str]:
     if conjunction:
         assert isinstance(tree, ast.BoolOp)
         return [v.id for v in tree.values if isinstance(v, ast.Name)]
-    hint = " (or unless='name' to negate one guard)" if "negation" in _operator_of(tree) else ""
+    negation = "negation" in _operator_of(tree) and not unless
+    hint = " (or unless='name' to negate one guard)" if negation else ""
     raise InvalidDefinition(
-        f"{where}: guard expression {expr!r} uses {_operator_of(tree)}: {_ADVICE}{hint}; the table "
+        f"{where}: guard expression {label} uses {_operator_of(tree)}: {_ADVICE}{hint}; the table "
         "evaluates a guard name, a list of names (cond=['a', 'b']) or their conjunction ('a and b')"
     )
 
