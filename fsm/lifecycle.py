@@ -17,10 +17,12 @@
         succeed = worker(active.finalizing.to(done, cond="holds_lease"))
         expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
 
-At class creation the framework checks the rules a reaper depends on (``finalizing`` is a
-sub-state of a compound active state; no reaper transition leaves ``finalizing`` without
-the ``lease_stale`` guard), resolves every guard name, and compiles the class once into a
-:class:`~fsm.table.CompiledTable` that the engine runs.
+At class creation the framework refuses every python-statemachine feature the compiled
+table would not run as python-statemachine does (callbacks, history states, wildcard and
+dotted events, guard operators: :mod:`fsm.unsupported`), checks the rules a reaper depends
+on (``finalizing`` is a sub-state of a compound active state; no reaper transition leaves
+``finalizing`` without the ``lease_stale`` guard), resolves every guard name, and compiles
+the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 """
 
 from __future__ import annotations

@@ -36,13 +36,18 @@ def _active(machine: Lifecycle) -> set[str]:
     return {s.id for s in machine.configuration}
 
 
-def check_agreement(lifecycle: type[Lifecycle], steps: Sequence[tuple[str, Mapping[str, bool]]]) -> None:
+def check_agreement(
+    lifecycle: type[Lifecycle],
+    steps: Sequence[tuple[str, Mapping[str, bool]]],
+    start: str | None = None,
+) -> None:
     """Raise :class:`Disagreement` at the first step where the table and python-statemachine
-    differ (accepted vs refused, or the active states)."""
+    differ (accepted vs refused, or the active states).  Both start in the leaf ``start``
+    (default: the initial one)."""
     table = lifecycle.table
     values: dict[str, bool] = {}
-    reference = lifecycle.restore(table.initial, values)  # its guards read `values` live
-    leaf = table.initial
+    leaf = table.initial if start is None else start
+    reference = lifecycle.restore(leaf, values)  # its guards read `values` live
     for n, (event, outcome) in enumerate(steps, 1):
         values.clear()
         values.update(outcome)
