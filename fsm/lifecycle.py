@@ -137,7 +137,7 @@ class LifecycleMeta(StateMachineMetaclass):
             raise InvalidDefinition(f"{name}: {err}") from err
         if not cls.states:
             return
-        refuse_unsupported(name, cls, cls.guards, _FRAMEWORK_NAMES)
+        refuse_unsupported(name, cls, cls.guards, Lifecycle)
         if "kind" not in attrs:
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
@@ -229,11 +229,6 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         # which differs from the id for a state declared with State(value=...)
         value = next(s.value for s in cls.states_map.values() if s.id == leaf)
         return cls(start_value=value, listeners=[_GuardOracle(cls.guards, guards)])
-
-
-_FRAMEWORK_NAMES = frozenset(dir(Lifecycle)) | frozenset(Lifecycle.__annotations__) | {"_declared_transitions"}
-"""Names an event may not take: python-statemachine binds each event as a class attribute,
-so an event named ``restore`` would silently replace :meth:`Lifecycle.restore`."""
 
 
 __all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]

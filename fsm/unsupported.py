@@ -189,9 +189,10 @@ def _conventions(cls: Any) -> dict[str, str]:
     return names
 
 
-def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard]) -> None:
+def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard], base: type) -> None:
     """Every callback python-statemachine would run: arguments and decorators on states and
-    transitions, and methods (or events, or guards) named by its conventions."""
+    transitions, and methods (or events, or guards) named by its conventions.  ``base`` is
+    the framework's own class: what it defines is the framework's, not a user callback."""
     for where, spec in _explicit_callbacks(cls):
         if spec.group is CallbackGroup.VALIDATOR:
             raise InvalidDefinition(
@@ -208,8 +209,8 @@ def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard]) -> None:
                 f"{name}: guard {convention!r} is named like the python-statemachine callback run {when}, "
                 "which it would also be called as; rename the guard"
             )
-        if hasattr(cls, convention):
-            value = getattr(cls, convention)
+        value = getattr(cls, convention, None)
+        if value is not None and value is not getattr(base, convention, None):
             what = "event" if isinstance(value, Event) else "method" if callable(value) else "attribute"
             raise InvalidDefinition(
                 f"{name}: {what} {convention!r} is, by its name, a python-statemachine callback run {when}; "
@@ -217,13 +218,21 @@ def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard]) -> None:
             )
 
 
-def refuse_unsupported(name: str, cls: Any, guards: Mapping[str, Guard], framework: frozenset[str]) -> None:
-    """Run every refusal of this module on a freshly created Lifecycle class."""
+def framework_names(base: type) -> frozenset[str]:
+    """Names an event may not take: python-statemachine binds each event as a class
+    attribute, so an event named ``restore`` would silently replace ``Lifecycle.restore``."""
+    declared = getattr(base, "__annotations__", {})  # ClassVars set per subclass (kind, table)
+    return frozenset(dir(base)) | frozenset(declared) | {"_declared_transitions"}
+
+
+def refuse_unsupported(name: str, cls: Any, guards: Mapping[str, Guard], base: type) -> None:
+    """Run every refusal of this module on a freshly created subclass of ``base`` (the
+    framework's ``Lifecycle``)."""
     refuse_history(name, cls)
     refuse_state_values(name, cls)
     refuse_flags(name, cls)
-    refuse_events(name, cls, guards, framework)
-    refuse_callbacks(name, cls, guards)
+    refuse_events(name, cls, guards, framework_names(base))
+    refuse_callbacks(name, cls, guards, base)
 
 
 __all__ = ["CALLBACK_ADVICE", "refuse_unsupported"]

@@ -105,3 +105,14 @@ def test_the_engine_refuses_a_dotted_name_python_statemachine_would_prefix_match
     with pytest.raises(UnknownEvent):
         engine.fire("k2", "abort.now")
     assert engine.get("k2").state == "running"
+
+
+def test_the_diagram_draws_an_accepted_chart_from_the_same_table() -> None:
+    """The definition check, the table and the diagram agree: every branch the table holds
+    for the chart is drawn (callbacks, which the diagram could not show, are refused)."""
+    from fsm.diagram import extract, to_mermaid
+
+    text = to_mermaid(extract(Kitchen))
+    for b in Kitchen.table.declared:
+        guards = f" [{', '.join(b.guard_names)}]" if b.guards else ""
+        assert f"{b.declared_on} --> {b.declared_target} : {b.event}{guards} (worker)" in text
