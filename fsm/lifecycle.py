@@ -17,10 +17,12 @@
         succeed = worker(active.finalizing.to(done, cond="holds_lease"))
         expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
 
-At class creation the framework checks the rules a reaper depends on (``finalizing`` is a
-sub-state of a compound active state; no reaper transition leaves ``finalizing`` without
-the ``lease_stale`` guard), resolves every guard name, and compiles the class once into a
-:class:`~fsm.table.CompiledTable` that the engine runs.
+At class creation the framework refuses every python-statemachine feature the compiled
+table would not run as python-statemachine does (callbacks, history states, wildcard and
+dotted events, guard operators: :mod:`fsm.unsupported`), checks the rules a reaper depends
+on (``finalizing`` is a sub-state of a compound active state; no reaper transition leaves
+``finalizing`` without the ``lease_stale`` guard), resolves every guard name, and compiles
+the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
 from fsm.records import Actor, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
+from fsm.unsupported import refuse_unsupported
 
 FINALIZING = "finalizing"
 
@@ -134,6 +137,7 @@ class LifecycleMeta(StateMachineMetaclass):
             raise InvalidDefinition(f"{name}: {err}") from err
         if not cls.states:
             return
+        refuse_unsupported(name, cls, cls.guards, Lifecycle)
         if "kind" not in attrs:
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
@@ -221,7 +225,10 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         """
         if leaf not in cls.table.configurations:
             raise InvalidDefinition(f"{cls.__name__} has no leaf state {leaf!r}")
-        return cls(start_value=leaf, listeners=[_GuardOracle(cls.guards, guards)])
+        # the engine persists state ids; python-statemachine starts from a state *value*,
+        # which differs from the id for a state declared with State(value=...)
+        value = next(s.value for s in cls.states_map.values() if s.id == leaf)
+        return cls(start_value=value, listeners=[_GuardOracle(cls.guards, guards)])
 
 
 __all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]

@@ -17,6 +17,7 @@ from statemachine import State
 from statemachine.transition import Transition
 
 from fsm.errors import InvalidDefinition
+from fsm.guard_expr import guard_names
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
 from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, LeaseChange
@@ -149,12 +150,15 @@ def _ancestors(state: State) -> list[State]:
     return chain
 
 
+def _holders(leaf: State) -> list[State]:
+    """The states whose transitions an event in ``leaf`` may take, in the order the
+    statechart tries them: the leaf first, then each ancestor outwards (a transition
+    declared on a sub-state overrides one declared on its parent)."""
+    return [leaf, *_ancestors(leaf)]
+
+
 def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> tuple[tuple[Guard, bool], ...]:
     found: list[tuple[Guard, bool]] = []
-    if list(transition.validators):
-        raise InvalidDefinition(
-            f"{where}: validators= are not supported (the engine would not run them); use a named guard"
-        )
     for spec in transition.cond:
         func: Any = spec.func
         if not isinstance(func, str):
@@ -162,20 +166,7 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
                 f"{where}: guards must be named (cond='name'), so they can be persisted, re-checked and drawn; "
                 f"got {func!r}"
             )
-        words = func.replace("(", " ( ").replace(")", " ) ").split()
-        if any(w in ("or", "not", "(", ")") for w in words):
-            raise InvalidDefinition(
-                f"{where}: guard expression {func!r} is not supported; list guard names "
-                "(cond=['a', 'b']) and use unless= for negation"
-            )
-        names = [w for w in words if w != "and"]
-        if not spec.expected_value and len(names) > 1:
-            # unless="a and b" means not (a and b): a disjunction of negations, no AND of them
-            raise InvalidDefinition(
-                f"{where}: unless={func!r} combines guards; write one guard per unless= entry "
-                "(unless=['a', 'b'] means neither a nor b)"
-            )
-        for name in names:
+        for name in guard_names(func, unless=not spec.expected_value, where=where):
             if name not in guards:
                 known = ", ".join(sorted(guards))
                 raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
@@ -196,7 +187,9 @@ def describe(transition: Transition) -> str:
 
 def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) -> CompiledTable:
     """Compile a StateChart's states into a :class:`CompiledTable`; refuses what a leaf id
-    cannot represent (parallel regions, history states, multi-target transitions)."""
+    cannot represent (parallel regions, multi-target transitions).  History states, callbacks
+    and event forms the table does not match are refused before, by
+    :func:`fsm.unsupported.refuse_unsupported`."""
     all_states = list(states)
     by_id = {s.id: s for s in all_states}
     for s in all_states:
@@ -212,8 +205,6 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                 )
         if s.parallel:
             raise InvalidDefinition(f"{name}: parallel state {s.id!r} is not supported (a leaf id cannot hold it)")
-        if s.is_history:
-            raise InvalidDefinition(f"{name}: history state {s.id!r} is not supported")
     leaves = [s for s in all_states if not s.is_compound]
     roots = [s for s in all_states if s.parent is None]
     initial_root = next((s for s in roots if s.initial), roots[0])
@@ -225,7 +216,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     branches: dict[tuple[str, str], list[Branch]] = {}
     events: list[str] = []
     for leaf in leaves:
-        for holder in [leaf, *_ancestors(leaf)]:
+        for holder in _holders(leaf):
             for t in holder.transitions:
                 if t.is_eventless or t.initial:
                     continue

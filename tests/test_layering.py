@@ -5,7 +5,8 @@ Test folders mirror the packages with a ``test_`` prefix (``tests/test_stores/sq
 
 1. the data model: records, clock, errors, policy;
 2. ``stores`` and ``signals``;
-3. the lifecycle declaration and its compiled table (guards, table, lifecycle, built-ins);
+3. the lifecycle declaration and its compiled table (guards, guard expressions, table, the
+   refusals of unsupported python-statemachine features, lifecycle, built-ins);
 4. the engine;
 5. the reaper, the durable work and the diagram export;
 6. the command lines and ``fsm.testing``.
@@ -28,7 +29,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (6, ("fsm.cli", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
     (5, ("fsm.reaping", "fsm.work", "fsm.diagram")),
     (4, ("fsm.engine",)),
-    (3, ("fsm.guards", "fsm.table", "fsm.lifecycle", "fsm.lifecycles")),
+    (3, ("fsm.guards", "fsm.guard_expr", "fsm.table", "fsm.unsupported", "fsm.lifecycle", "fsm.lifecycles")),
     (2, ("stores", "signals")),
     (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy")),
 ]

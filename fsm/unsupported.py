@@ -1,0 +1,238 @@
+"""What a Lifecycle may not declare: python-statemachine features the compiled table cannot
+run as python-statemachine runs them.
+
+The engine never builds a StateChart on the hot path: it reads a leaf state id, looks the
+event up in the compiled table and commits.  A feature that only lives inside a running
+StateChart (callbacks, history pseudo-states, prefix-matched events, error routing) would be
+accepted by python-statemachine and then silently do nothing, or something else, in the
+engine.  Each one is refused here at class creation, naming the feature, where it is
+declared and what to write instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from statemachine import HistoryState, State
+from statemachine.callbacks import CallbackGroup, CallbackSpec
+from statemachine.event import Event
+from statemachine.graph import iterate_states
+from statemachine.transition import Transition
+
+from fsm.errors import InvalidDefinition
+from fsm.guards import Guard
+
+CALLBACK_ADVICE = (
+    "the engine commits transitions without running python-statemachine callbacks. "
+    "Veto a transition with a named @guard; react to a committed transition with the "
+    "`transitioned` signal (sent after the commit); do a state's work in the worker's "
+    "handler for that state; run a side effect that must happen once through the effects ledger"
+)
+
+_GENERIC_CONVENTIONS = {
+    "prepare_event": "before every event",
+    "before_transition": "before every transition",
+    "on_transition": "on every transition",
+    "after_transition": "after every transition",
+    "on_enter_state": "on entering every state",
+    "on_exit_state": "on leaving every state",
+    "on_invoke_state": "on entering every state, as an invoked service",
+}
+
+_SCXML_PREFIXES = ("error_", "done_state_", "done_invoke_")
+"""Attribute names python-statemachine also registers under a dotted SCXML event id."""
+
+_GROUP_ARGUMENT = {
+    CallbackGroup.ENTER: "enter=",
+    CallbackGroup.EXIT: "exit=",
+    CallbackGroup.INVOKE: "invoke=",
+    CallbackGroup.BEFORE: "before=",
+    CallbackGroup.ON: "on=",
+    CallbackGroup.AFTER: "after=",
+}
+
+
+def _states(cls: Any) -> list[State]:
+    """Every state in the tree, history pseudo-states included (``states_map`` lists none)."""
+    return list(iterate_states(cls.states))
+
+
+def _transitions(cls: Any) -> Iterator[Transition]:
+    for state in _states(cls):
+        yield from state.transitions
+
+
+def _describe(t: Transition) -> str:
+    target = t.target.id if t.target is not None else "?"
+    return f"transition {t.event!r} from {t.source.id!r} to {target!r}"
+
+
+def refuse_history(name: str, cls: Any) -> None:
+    """History states: the engine persists one leaf id, and a history pseudo-state is none."""
+    for state in _states(cls):
+        if isinstance(state, HistoryState):
+            parent = state.parent.id if state.parent is not None else name
+            raise InvalidDefinition(
+                f"{name}: history state {state.id!r} ({state.type.value} history of {parent!r}) is not "
+                "supported: the engine persists one leaf state and restores from it, so it cannot remember "
+                "where a compound state was left; target the state to resume explicitly (one guarded "
+                "transition per state to resume, the choice kept in the entity's data)"
+            )
+    for t in _transitions(cls):
+        if any(target.is_history for target in t.targets):
+            raise InvalidDefinition(f"{name}: {_describe(t)} targets a history state, which is not supported")
+
+
+def refuse_state_values(name: str, cls: Any) -> None:
+    """Custom ``value=`` is allowed, but two states sharing one value would share one key of
+    ``states_map``, and one of them would vanish from the compiled table."""
+    seen: dict[Any, str] = {}
+    for state in _states(cls):
+        if state.value in seen:
+            raise InvalidDefinition(
+                f"{name}: states {seen[state.value]!r} and {state.id!r} share the value {state.value!r}; "
+                "state values must be unique (the engine persists state ids, values are for display)"
+            )
+        seen[state.value] = state.id
+
+
+def refuse_flags(name: str, cls: Any) -> None:
+    """StateChart switches whose python-statemachine meaning the engine does not have."""
+    if cls.allow_event_without_transition is not False:
+        raise InvalidDefinition(
+            f"{name}: allow_event_without_transition must stay False: the engine refuses an event with "
+            "no allowed transition (TransitionNotAllowed), it never ignores one"
+        )
+    if cls.catch_errors_as_events is not False:
+        raise InvalidDefinition(
+            f"{name}: catch_errors_as_events must stay False: errors are not routed as error.execution "
+            "events; a guard that raises propagates from fire and nothing is written"
+        )
+    if cls._class_listeners:
+        raise InvalidDefinition(
+            f"{name}: class-level listeners= hold callbacks, which are not supported: {CALLBACK_ADVICE}"
+        )
+
+
+def _event_ids(cls: Any) -> dict[str, Event]:
+    found: dict[str, Event] = {str(e): e for e in cls._events}
+    for t in _transitions(cls):
+        for e in t.events:
+            found.setdefault(str(e), e)
+    return found
+
+
+def refuse_events(name: str, cls: Any, guards: Mapping[str, Guard], framework: frozenset[str]) -> None:
+    """Event forms the table does not match as python-statemachine does, and event names
+    that would replace a framework attribute or shadow a guard."""
+    for event_id, event in _event_ids(cls).items():
+        if event_id == "*":
+            raise InvalidDefinition(
+                f"{name}: wildcard event '*' is not supported: python-statemachine fires it for every event, "
+                "the compiled table matches event names exactly; declare the events by name (event='a b c')"
+            )
+        if "." in event_id:
+            attr = event_id.replace(".", "_")
+            if attr.startswith(_SCXML_PREFIXES) and attr in cls.__dict__:
+                raise InvalidDefinition(
+                    f"{name}: event attribute {attr!r} also declares the SCXML event {event_id!r}, "
+                    "python-statemachine's error/done routing, which is not supported; rename it "
+                    "(without the error_/done_state_/done_invoke_ prefix)"
+                )
+            raise InvalidDefinition(
+                f"{name}: dotted event {event_id!r} is not supported: python-statemachine matches event "
+                "descriptors by dotted prefix ('error' also fires on 'error.timeout', 'error.*' on any "
+                "'error.' event), the compiled table matches names exactly; use a name without dots"
+            )
+        if event.delay:
+            raise InvalidDefinition(
+                f"{name}: event {event_id!r} has delay={event.delay!r}, which is not supported: the engine "
+                "fires an event when it is called; schedule the call yourself"
+            )
+        if event_id in framework:
+            raise InvalidDefinition(
+                f"{name}: event {event_id!r} would replace the framework's Lifecycle.{event_id}; rename the event"
+            )
+        if event_id in guards:
+            raise InvalidDefinition(
+                f"{name}: event {event_id!r} has the name of guard {event_id!r}; python-statemachine would "
+                f"resolve cond={event_id!r} to the event; rename one of them"
+            )
+
+
+def _explicit_callbacks(cls: Any) -> Iterator[tuple[str, CallbackSpec]]:
+    """Callbacks attached to a state or transition by argument or decorator (guards excluded:
+    the table compiles them)."""
+    for state in _states(cls):
+        for spec in state._specs:
+            if not spec.is_convention:
+                yield f"state {state.id!r}", spec
+        for t in state.transitions:
+            for spec in t._specs:
+                if not spec.is_convention and spec.group is not CallbackGroup.COND:
+                    yield _describe(t), spec
+
+
+def _conventions(cls: Any) -> dict[str, str]:
+    """The method names python-statemachine calls by naming convention for this chart, and
+    when it calls each."""
+    names = dict(_GENERIC_CONVENTIONS)
+    for state in _states(cls):
+        names[f"on_enter_{state.id}"] = f"on entering state {state.id!r}"
+        names[f"on_exit_{state.id}"] = f"on leaving state {state.id!r}"
+        names[f"on_invoke_{state.id}"] = f"on entering state {state.id!r}, as an invoked service"
+    for event_id in _event_ids(cls):
+        names[f"before_{event_id}"] = f"before event {event_id!r}"
+        names[f"on_{event_id}"] = f"on event {event_id!r}"
+        names[f"after_{event_id}"] = f"after event {event_id!r}"
+    return names
+
+
+def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard], base: type) -> None:
+    """Every callback python-statemachine would run: arguments and decorators on states and
+    transitions, and methods (or events, or guards) named by its conventions.  ``base`` is
+    the framework's own class: what it defines is the framework's, not a user callback."""
+    for where, spec in _explicit_callbacks(cls):
+        if spec.group is CallbackGroup.VALIDATOR:
+            raise InvalidDefinition(
+                f"{name}: {where}: validators= are not supported (the engine would not run them); use a named guard"
+            )
+        argument = _GROUP_ARGUMENT.get(spec.group, spec.group.name.lower())
+        raise InvalidDefinition(
+            f"{name}: {where}: callback {spec.attr_name!r} ({argument} / @{spec.group.name.lower()} "
+            f"decorator) is not supported: {CALLBACK_ADVICE}"
+        )
+    for convention, when in _conventions(cls).items():
+        if convention in guards:
+            raise InvalidDefinition(
+                f"{name}: guard {convention!r} is named like the python-statemachine callback run {when}, "
+                "which it would also be called as; rename the guard"
+            )
+        value = getattr(cls, convention, None)
+        if value is not None and value is not getattr(base, convention, None):
+            what = "event" if isinstance(value, Event) else "method" if callable(value) else "attribute"
+            raise InvalidDefinition(
+                f"{name}: {what} {convention!r} is, by its name, a python-statemachine callback run {when}; "
+                f"callbacks are not supported: {CALLBACK_ADVICE}"
+            )
+
+
+def framework_names(base: type) -> frozenset[str]:
+    """Names an event may not take: python-statemachine binds each event as a class
+    attribute, so an event named ``restore`` would silently replace ``Lifecycle.restore``."""
+    declared = getattr(base, "__annotations__", {})  # ClassVars set per subclass (kind, table)
+    return frozenset(dir(base)) | frozenset(declared) | {"_declared_transitions"}
+
+
+def refuse_unsupported(name: str, cls: Any, guards: Mapping[str, Guard], base: type) -> None:
+    """Run every refusal of this module on a freshly created subclass of ``base`` (the
+    framework's ``Lifecycle``)."""
+    refuse_history(name, cls)
+    refuse_state_values(name, cls)
+    refuse_flags(name, cls)
+    refuse_events(name, cls, guards, framework_names(base))
+    refuse_callbacks(name, cls, guards, base)
+
+
+__all__ = ["CALLBACK_ADVICE", "refuse_unsupported"]
