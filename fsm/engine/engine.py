@@ -9,14 +9,21 @@ the commit.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
 from fsm.engine.announce import announce
-from fsm.engine.arguments import actor_arg, check_arguments, optional_lease, text, validate_data
+from fsm.engine.arguments import (
+    actor_arg,
+    check_arguments,
+    event_arg,
+    optional_lease,
+    optional_text,
+    text,
+    validate_data,
+)
 from fsm.engine.base import StoreClock
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
@@ -27,12 +34,14 @@ from fsm.errors import (
     Fenced,
     GuardRejected,
     IdempotencyKeyReused,
+    InvalidArgument,
     LeaseLost,
     StaleVersion,
     TransitionNotAllowed,
     UnknownEvent,
 )
 from fsm.lifecycle import Lifecycle
+from fsm.limits import json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot
 from fsm.table import Branch
@@ -68,9 +77,13 @@ class Engine(EngineWork):
         self.kind: str = lifecycle.kind
         self.table = lifecycle.table
         self.store = store
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidArgument(f"clock must be a Clock (with a now() method), not {clock!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise InvalidArgument(f"policy must be a Policy, not {policy!r}")
         self.clock: Clock = clock or StoreClock(store)
         self.policy: Policy = policy or lifecycle.policy
-        self.owner: str = owner or new_owner_id()
+        self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
 
     # -- creating ------------------------------------------------------------------------
@@ -84,8 +97,7 @@ class Engine(EngineWork):
     ) -> Snapshot:
         """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
         entity_id = uuid.uuid4().hex if entity_id is None else text("entity_id", entity_id)
-        if concurrency_key is not None:
-            text("concurrency_key", concurrency_key)
+        optional_text("concurrency_key", concurrency_key)
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
         return self.store.create(
@@ -123,7 +135,7 @@ class Engine(EngineWork):
         ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
         ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
         """
-        if event not in self._events:
+        if event_arg(event) not in self._events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         actor = actor_arg(actor)
         check_arguments(reason, idempotency_key, data)
@@ -171,7 +183,8 @@ class Engine(EngineWork):
         new_data: dict[str, Any] | None = None
         judged = snap
         if data is not None:  # guards judge the entity as the event would leave its data
-            patch = copy.deepcopy(dict(data))  # the caller may reuse its dict; history must not change
+            # a JSON copy: the caller may reuse its dict, and history must not change with it
+            patch = json_copy(dict(data), lifecycle=self.kind, entity_id=snap.id)
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
         branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
