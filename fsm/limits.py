@@ -183,7 +183,7 @@ def check_json(value: Any, *, lifecycle: str = "store", entity_id: str | None = 
     json_copy(value, lifecycle=lifecycle, entity_id=entity_id)
 
 
-_SCALARS = (str, int, float, bool, type(None))
+_COLUMN_VALUES = (int, float, bool, datetime, type(None))
 
 
 def _copy(value: Any, loc: tuple[str | int, ...], depth: int) -> Any:
@@ -239,6 +239,21 @@ def check_new_entity(entity: object) -> NewEntity:
             lifecycle=entity.kind, entity_id=entity.id, errors=[{"loc": (), "msg": "data must be a JSON object"}]
         )
     check_json(entity.data, lifecycle=entity.kind, entity_id=entity.id)
+    if entity.columns is not None:
+        if not isinstance(entity.columns, dict):
+            raise InvalidArgument(f"columns must be a dict of column name to value, not {_shown(entity.columns)}")
+        for name, value in entity.columns.items():
+            check_id("column name", name)
+            if isinstance(value, str):
+                check_free_text(f"column {name!r}", value)
+            elif not isinstance(value, _COLUMN_VALUES) or (isinstance(value, float) and not math.isfinite(value)):
+                raise InvalidArgument(
+                    f"column {name!r} takes a str, int, float, bool, datetime or None, not {_shown(value)}"
+                )
+            elif isinstance(value, int) and not isinstance(value, bool):
+                check_int(f"column {name!r}", value, low=-MAX_INT64 - 1)
+            elif isinstance(value, datetime):
+                check_time(f"column {name!r}", value)
     return entity
 
 

@@ -18,6 +18,7 @@ from fsm.errors import (
     ConfigError,
     EntityExists,
     IdempotencyKeyReused,
+    InvalidArgument,
     LeaseLost,
     StaleVersion,
     UnknownEntity,
@@ -113,6 +114,8 @@ class MemoryStore(LedgerRun):
 
     def create(self, entity: NewEntity) -> Snapshot:
         check_new_entity(entity)
+        if entity.columns:
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
         with self._lock:
             if entity.id in self._rows:
                 raise EntityExists(entity.id)

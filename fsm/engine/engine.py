@@ -94,15 +94,25 @@ class Engine(EngineWork):
         *,
         data: Mapping[str, Any] | None = None,
         concurrency_key: str | None = None,
+        columns: Mapping[str, Any] | None = None,
     ) -> Snapshot:
-        """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
+        """Create an entity in the lifecycle's initial state; ``data`` is validated first.
+
+        ``columns``: values of a bound application table's own columns (one it declares
+        ``NOT NULL`` without a default); a store without such a table refuses them.
+        """
         entity_id = uuid.uuid4().hex if entity_id is None else text("entity_id", entity_id)
         optional_text("concurrency_key", concurrency_key)
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
         return self.store.create(
             NewEntity(
-                id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean
+                id=entity_id,
+                kind=self.kind,
+                state=self.table.initial,
+                concurrency_key=concurrency_key,
+                data=clean,
+                columns=None if columns is None else _columns(columns),
             )
         )
 
@@ -231,6 +241,12 @@ class Engine(EngineWork):
 
     def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
         announce(self.kind, snap, record, branch)
+
+
+def _columns(columns: object) -> dict[str, Any]:
+    if not isinstance(columns, Mapping):
+        raise InvalidArgument(f"columns must be a mapping of column name to value, not {type(columns).__name__}")
+    return dict(columns)
 
 
 __all__ = ["Engine"]
