@@ -57,8 +57,10 @@ class Engine(EngineWork):
     (:mod:`fsm.engine.announce`).  Reads and leases are in :mod:`fsm.engine.reads` and
     :mod:`fsm.engine.leases`.
 
-    ``clock`` is used to pre-evaluate time guards (default: the store's own clock); the
-    store re-checks them at commit with its clock either way.  ``owner`` is this engine's
+    Time guards (``lease_stale``, and any guard reading ``ctx.now``) are judged against the
+    store's clock, the one the store re-checks them with at commit: an application clock
+    behind the database must not keep a dead holder's entity unreaped (I2).  ``clock`` is
+    kept for compatibility; it must be a :class:`~fsm.clock.Clock`.  ``owner`` is this engine's
     owner id for leases, unique per process run unless given.
     """
 
