@@ -25,8 +25,9 @@ def choose(
     """The first branch of ``event`` from the entity's state that ``actor`` may take now.
 
     Guards are judged on ``snap`` (the store re-checks the time- and row-dependent ones at
-    commit), against the store's clock whatever ``clock`` is: staleness is the store's call.  Raises ``TransitionNotAllowed``, ``GuardRejected``, or ``LeaseLost`` when the
-    only thing refused is holding the lease.
+    commit), against the store's clock whatever ``clock`` is: staleness is the store's call.
+    Raises ``TransitionNotAllowed``, ``GuardRejected``, or ``LeaseLost`` when the only thing
+    refused is holding the lease.
     """
     branches = table.branches_for(snap.state, event)
     if not branches:

@@ -234,6 +234,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         try:
             if self._sqlite and not memory:
                 enable_wal(engine)
+            if binding is not None:  # first: a missing application table is a ConfigError naming it
+                self._app_columns = app_columns(engine, binding)
             if create:
                 ensure_schema(engine, table_prefix=table_prefix, schema=schema, binding=binding)
             else:
@@ -253,8 +255,6 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                     ],
                 )
             self._check_history_owner(engine, table_prefix, schema, binding)
-            if binding is not None:
-                self._app_columns = app_columns(engine, binding)
         except opening as err:
             self.close()
             if is_corrupt(err):  # not a database, or a corrupt one: say which file
