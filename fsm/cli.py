@@ -16,6 +16,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from fsm.errors import FsmError
+
 Handler = Callable[[argparse.Namespace], int]
 
 SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli")
@@ -53,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return handler(args)
+    except FsmError as err:  # a store problem a subcommand did not expect: one clean line, never a traceback
+        print(f"fsm {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `fsm demo | head`: the reader left; not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
         return 0

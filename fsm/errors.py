@@ -239,6 +239,7 @@ class StoreUnavailable(FsmError):
 __all__ = [
     "ConditionFailed",
     "ConfigError",
+    "ConstraintViolated",
     "EffectFailed",
     "EntityExists",
     "EntityMovedOn",
@@ -252,8 +253,34 @@ __all__ = [
     "LeaseLost",
     "MalformedRow",
     "StaleVersion",
+    "StoreCorrupt",
     "StoreUnavailable",
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
 ]
+
+
+class StoreCorrupt(StoreUnavailable):
+    """The store's database file (or its tables) cannot be read as a database: a garbage
+    header, a garbage page, a truncated file.  ``path`` names the file (or the URL).
+
+    Not transient like an outage: restore the file from a backup, or move it away.
+    """
+
+    def __init__(self, path: str, *, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"the store at {path} is corrupt or not a database: {reason}")
+
+
+class ConstraintViolated(InvalidArgument):
+    """The database refused a row the library itself considers valid: a constraint of an
+    application's table (a ``NOT NULL`` column of its own, a ``CHECK``...).  Nothing was
+    written; ``detail`` is the database's message.  Pass the application's own columns to
+    ``Engine.create(..., columns={...})``."""
+
+    def __init__(self, entity_id: str, *, detail: str) -> None:
+        self.entity_id = entity_id
+        self.detail = detail
+        super().__init__(f"the database refused entity {entity_id!r}: {detail}")

@@ -171,6 +171,9 @@ class NewEntity:
     state: str
     concurrency_key: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, Any] | None = None
+    """Values of a bound application table's own columns (a ``NOT NULL`` column of its
+    own); only a store bound to such a table takes them."""
 
 
 # -- conditions a store re-checks at the commit point -------------------------------------

@@ -26,6 +26,8 @@ def open_store(
     to do; an unreachable database raises ``StoreUnavailable``.  ``clock`` replaces the
     store's own time (tests and simulations such as ``fsm demo``).
     """
+    if not isinstance(url, str):
+        raise ConfigError(f"a store URL is a string, not {type(url).__name__}")
     if url == "memory://":
         return MemoryStore(clock)
     from sqlalchemy.exc import ArgumentError

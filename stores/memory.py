@@ -15,11 +15,23 @@ from typing import Any
 from fsm.clock import Clock, SystemClock
 from fsm.errors import (
     ConditionFailed,
+    ConfigError,
     EntityExists,
     IdempotencyKeyReused,
+    InvalidArgument,
     LeaseLost,
     StaleVersion,
     UnknownEntity,
+)
+from fsm.limits import (
+    check_batch_write,
+    check_id,
+    check_int,
+    check_lease_args,
+    check_new_entity,
+    check_page,
+    check_store_ttl,
+    check_transition_write,
 )
 from fsm.records import (
     BatchWrite,
@@ -42,6 +54,8 @@ class MemoryStore(LedgerRun):
     """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
 
     def __init__(self, clock: Clock | None = None) -> None:
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigError(f"clock must be a Clock (with a now() method), not {clock!r}")
         self.clock: Clock = clock or SystemClock()
         # re-entrant: a claim starts entities through apply and acquire_lease under it
         self._lock = threading.RLock()
@@ -63,21 +77,22 @@ class MemoryStore(LedgerRun):
         return row
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
-        row = self._rows.get(entity_id)
+        row = self._rows.get(check_id("entity id", entity_id))
         if row is None or (row.deleted and not include_deleted):
             raise UnknownEntity(entity_id)
         return row
 
     def history(self, entity_id: str) -> list[HistoryRecord]:
-        if entity_id not in self._rows:
+        if check_id("entity id", entity_id) not in self._rows:
             raise UnknownEntity(entity_id)
         with self._lock:
             return list(self._history[entity_id])
 
     def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
-        return self._keys.get((entity_id, idempotency_key))
+        return self._keys.get((check_id("entity id", entity_id), check_id("idempotency_key", idempotency_key)))
 
     def has_newer_sibling(self, entity_id: str) -> bool:
+        check_id("entity id", entity_id)
         with self._lock:
             return self._newer_sibling(self._live(entity_id))
 
@@ -98,6 +113,9 @@ class MemoryStore(LedgerRun):
     # -- writes --------------------------------------------------------------------------
 
     def create(self, entity: NewEntity) -> Snapshot:
+        check_new_entity(entity)
+        if entity.columns:
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
         with self._lock:
             if entity.id in self._rows:
                 raise EntityExists(entity.id)
@@ -123,6 +141,7 @@ class MemoryStore(LedgerRun):
             return row
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        check_transition_write(write)
         entity_id = write.entity_id
         with self._lock:
             row = self._rows.get(entity_id)
@@ -192,6 +211,7 @@ class MemoryStore(LedgerRun):
     def candidates(
         self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
     ) -> list[Snapshot]:
+        check_page(kind, state, limit, after_id)
         with self._lock:
             now = self.clock.now()
             found = sorted(
@@ -209,6 +229,7 @@ class MemoryStore(LedgerRun):
             return found[:limit]
 
     def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        check_batch_write(batch)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
             now = self.clock.now()
@@ -239,6 +260,8 @@ class MemoryStore(LedgerRun):
     def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
+        check_lease_args(entity_id, owner, ttl=check_store_ttl(ttl), budget=budget)
+        check_int("expect_version", expect_version)
         with self._lock:
             row = self._live(entity_id)
             if row.version != expect_version:
@@ -268,6 +291,7 @@ class MemoryStore(LedgerRun):
     def renew_lease(
         self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
     ) -> Snapshot:
+        check_lease_args(entity_id, owner, token=check_int("token", token), ttl=check_store_ttl(ttl), budget=budget)
         with self._lock:
             row = self._live(entity_id)
             now = self.clock.now()
@@ -295,6 +319,7 @@ class MemoryStore(LedgerRun):
             return new
 
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
+        check_lease_args(entity_id, owner, token=token)
         with self._lock:
             row = self._live(entity_id)
             if row.lease_owner != owner or row.lease_token != token:
@@ -304,6 +329,7 @@ class MemoryStore(LedgerRun):
             return new
 
     def soft_delete(self, entity_id: str) -> Snapshot:
+        check_id("entity id", entity_id)
         with self._lock:
             row = self._live(entity_id)
             new = row._replace(deleted=True, updated_at=self.clock.now())

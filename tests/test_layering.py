@@ -31,7 +31,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (4, ("fsm.engine",)),
     (3, ("fsm.guards", "fsm.guard_expr", "fsm.table", "fsm.unsupported", "fsm.lifecycle", "fsm.lifecycles")),
     (2, ("stores", "signals")),
-    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy")),
+    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits")),
 ]
 
 

@@ -2,12 +2,12 @@
 
 Every public entry point of the engine refuses ill-typed input here, with
 ``InvalidArgument`` or ``InvalidData``, so that the firing code only ever sees values of
-the types it declares.
+the types it declares.  The limits themselves (lengths, NUL, surrogates, JSON, durations,
+tokens) are :mod:`fsm.limits`, the rule every store applies too.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -15,6 +15,15 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from fsm.errors import InvalidArgument, InvalidData
+from fsm.limits import (
+    check_duration,
+    check_free_text,
+    check_id,
+    check_int,
+    check_optional_id,
+    check_time,
+    json_copy,
+)
 from fsm.records import Actor, Lease
 
 _ACTORS = tuple(a.value for a in Actor)
@@ -22,44 +31,60 @@ _ACTORS = tuple(a.value for a in Actor)
 
 def check_arguments(reason: object, idempotency_key: object, data: object) -> None:
     """Refuse an ill-typed reason, idempotency key or data patch."""
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidArgument(f"reason must be a string, not {type(reason).__name__}")
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
-        raise InvalidArgument(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+    if reason is not None:
+        check_free_text("reason", reason)
+    if idempotency_key is not None:
+        check_id("idempotency_key", idempotency_key)
     if data is not None and not isinstance(data, Mapping):
         raise InvalidArgument(f"data must be a mapping (a patch of top-level keys), not {type(data).__name__}")
 
 
 def text(name: str, value: object) -> str:
-    """``value`` if it is a non-empty string, else ``InvalidArgument`` naming ``name``."""
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{name} must be a non-empty string, not {value!r}")
-    return value
+    """``value`` if it is a valid id, key or owner (:func:`fsm.limits.check_id`)."""
+    return check_id(name, value)
+
+
+def optional_text(name: str, value: object) -> str | None:
+    return check_optional_id(name, value)
+
+
+def event_arg(value: object) -> str:
+    """An event name: a string (``fire(id, ['start'])`` is refused, not hashed)."""
+    if value.__class__ is str:
+        return value  # checked against the table's events next
+    return check_id("event", value)
 
 
 def lease_arg(value: object) -> Lease:
-    """``value`` if it is a :class:`Lease`."""
+    """``value`` if it is a :class:`Lease` whose fields have their declared types."""
     if not isinstance(value, Lease):
         raise InvalidArgument(f"expected a Lease (from a FireResult or acquire_lease), not {value!r}")
+    check_id("lease.entity_id", value.entity_id)
+    check_id("lease.owner", value.owner)
+    check_int("lease.token", value.token)
+    check_time("lease.expires_at", value.expires_at)
     return value
 
 
 def optional_lease(value: object) -> Lease | None:
-    if value is not None and not isinstance(value, Lease):
+    if value is None:
+        return None
+    if not isinstance(value, Lease):
         raise InvalidArgument(f"lease must be a Lease (from a FireResult or acquire_lease), not {value!r}")
-    return value
+    return lease_arg(value)
 
 
-def check_ttl(ttl: timedelta | None) -> None:
-    if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta()):
-        raise InvalidArgument(f"ttl must be a positive timedelta, not {ttl!r}")
+def check_ttl(ttl: object) -> timedelta | None:
+    """``None``, or ``ttl`` (a timedelta or seconds) as a valid duration: the same rule as
+    ``Policy.lease_ttl`` (:func:`fsm.limits.check_duration`)."""
+    return None if ttl is None else check_duration("ttl", ttl)
 
 
-def actor_arg(actor: Actor | str) -> Actor:
+def actor_arg(actor: object) -> Actor:
     """The :class:`Actor` named by ``actor`` (an Actor or its value)."""
     if actor.__class__ is Actor:
         return actor
-    if actor not in _ACTORS:
+    if not isinstance(actor, str) or actor not in _ACTORS:
         raise InvalidArgument(f"actor must be one of {', '.join(_ACTORS)}, not {actor!r}")
     return Actor(actor)
 
@@ -67,27 +92,30 @@ def actor_arg(actor: Actor | str) -> Actor:
 def validate_data(
     model: type[BaseModel] | None, kind: str, data: dict[str, Any], entity_id: str | None
 ) -> dict[str, Any]:
-    """``data`` validated by the lifecycle's model (if any) and checked to be JSON."""
+    """A fresh copy of ``data``, validated by the lifecycle's model (if any) and checked to
+    be JSON within the limits every store applies (:func:`fsm.limits.json_copy`)."""
+    data = json_copy(data, lifecycle=kind, entity_id=entity_id)  # refused, never coerced by the model
     if model is not None:
         try:
             data = model.model_validate(data).model_dump(mode="json")
         except ValidationError as err:
             raise InvalidData(lifecycle=kind, entity_id=entity_id, errors=[dict(e) for e in err.errors()]) from None
-    try:  # every store keeps JSON: refuse here what a SQL store would refuse, on every store
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise InvalidData(
-            lifecycle=kind, entity_id=entity_id, errors=[{"loc": (), "msg": f"not JSON: {err}"}]
-        ) from None
-    return data
+        except (ValueError, TypeError, RecursionError) as err:  # a model that chokes on hostile input
+            raise InvalidData(
+                lifecycle=kind, entity_id=entity_id, errors=[{"loc": (), "msg": f"{type(err).__name__}: {err}"}]
+            ) from None
+    copied: dict[str, Any] = json_copy(data, lifecycle=kind, entity_id=entity_id)
+    return copied
 
 
 __all__ = [
     "actor_arg",
     "check_arguments",
     "check_ttl",
+    "event_arg",
     "lease_arg",
     "optional_lease",
+    "optional_text",
     "text",
     "validate_data",
 ]

@@ -9,14 +9,21 @@ the commit.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
 from fsm.engine.announce import announce
-from fsm.engine.arguments import actor_arg, check_arguments, optional_lease, text, validate_data
+from fsm.engine.arguments import (
+    actor_arg,
+    check_arguments,
+    event_arg,
+    optional_lease,
+    optional_text,
+    text,
+    validate_data,
+)
 from fsm.engine.base import StoreClock
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
@@ -27,12 +34,14 @@ from fsm.errors import (
     Fenced,
     GuardRejected,
     IdempotencyKeyReused,
+    InvalidArgument,
     LeaseLost,
     StaleVersion,
     TransitionNotAllowed,
     UnknownEvent,
 )
 from fsm.lifecycle import Lifecycle
+from fsm.limits import json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot
 from fsm.table import Branch
@@ -48,8 +57,10 @@ class Engine(EngineWork):
     (:mod:`fsm.engine.announce`).  Reads and leases are in :mod:`fsm.engine.reads` and
     :mod:`fsm.engine.leases`.
 
-    ``clock`` is used to pre-evaluate time guards (default: the store's own clock); the
-    store re-checks them at commit with its clock either way.  ``owner`` is this engine's
+    Time guards (``lease_stale``, and any guard reading ``ctx.now``) are judged against the
+    store's clock, the one the store re-checks them with at commit: an application clock
+    behind the database must not keep a dead holder's entity unreaped (I2).  ``clock`` is
+    kept for compatibility; it must be a :class:`~fsm.clock.Clock`.  ``owner`` is this engine's
     owner id for leases, unique per process run unless given.
     """
 
@@ -68,9 +79,13 @@ class Engine(EngineWork):
         self.kind: str = lifecycle.kind
         self.table = lifecycle.table
         self.store = store
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidArgument(f"clock must be a Clock (with a now() method), not {clock!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise InvalidArgument(f"policy must be a Policy, not {policy!r}")
         self.clock: Clock = clock or StoreClock(store)
         self.policy: Policy = policy or lifecycle.policy
-        self.owner: str = owner or new_owner_id()
+        self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
 
     # -- creating ------------------------------------------------------------------------
@@ -81,16 +96,25 @@ class Engine(EngineWork):
         *,
         data: Mapping[str, Any] | None = None,
         concurrency_key: str | None = None,
+        columns: Mapping[str, Any] | None = None,
     ) -> Snapshot:
-        """Create an entity in the lifecycle's initial state; ``data`` is validated first."""
+        """Create an entity in the lifecycle's initial state; ``data`` is validated first.
+
+        ``columns``: values of a bound application table's own columns (one it declares
+        ``NOT NULL`` without a default); a store without such a table refuses them.
+        """
         entity_id = uuid.uuid4().hex if entity_id is None else text("entity_id", entity_id)
-        if concurrency_key is not None:
-            text("concurrency_key", concurrency_key)
+        optional_text("concurrency_key", concurrency_key)
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
         return self.store.create(
             NewEntity(
-                id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=concurrency_key, data=clean
+                id=entity_id,
+                kind=self.kind,
+                state=self.table.initial,
+                concurrency_key=concurrency_key,
+                data=clean,
+                columns=None if columns is None else _columns(columns),
             )
         )
 
@@ -123,7 +147,7 @@ class Engine(EngineWork):
         ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
         ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
         """
-        if event not in self._events:
+        if event_arg(event) not in self._events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         actor = actor_arg(actor)
         check_arguments(reason, idempotency_key, data)
@@ -171,7 +195,8 @@ class Engine(EngineWork):
         new_data: dict[str, Any] | None = None
         judged = snap
         if data is not None:  # guards judge the entity as the event would leave its data
-            patch = copy.deepcopy(dict(data))  # the caller may reuse its dict; history must not change
+            # a JSON copy: the caller may reuse its dict, and history must not change with it
+            patch = json_copy(dict(data), lifecycle=self.kind, entity_id=snap.id)
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
         branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
@@ -218,6 +243,12 @@ class Engine(EngineWork):
 
     def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
         announce(self.kind, snap, record, branch)
+
+
+def _columns(columns: object) -> dict[str, Any]:
+    if not isinstance(columns, Mapping):
+        raise InvalidArgument(f"columns must be a mapping of column name to value, not {type(columns).__name__}")
+    return dict(columns)
 
 
 __all__ = ["Engine"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fsm.clock import Clock
+from fsm.engine.base import StoreClock
 from fsm.errors import EntityMovedOn, Fenced, GuardRejected, LeaseLost, TransitionNotAllowed
 from fsm.guards import GuardContext
 from fsm.policy import Policy
@@ -24,8 +25,9 @@ def choose(
     """The first branch of ``event`` from the entity's state that ``actor`` may take now.
 
     Guards are judged on ``snap`` (the store re-checks the time- and row-dependent ones at
-    commit).  Raises ``TransitionNotAllowed``, ``GuardRejected``, or ``LeaseLost`` when the
-    only thing refused is holding the lease.
+    commit), against the store's clock whatever ``clock`` is: staleness is the store's call.
+    Raises ``TransitionNotAllowed``, ``GuardRejected``, or ``LeaseLost`` when the only thing
+    refused is holding the lease.
     """
     branches = table.branches_for(snap.state, event)
     if not branches:
@@ -49,7 +51,10 @@ def choose(
         )
     ctx = GuardContext(
         snapshot=snap,
-        clock=clock,
+        # time guards follow the store's clock, the one it re-checks them with at commit: an
+        # application clock behind the database must never refuse what the store would accept
+        # (a dead finalizer left unreaped breaks I2), nor one ahead accept what it refuses
+        clock=clock if isinstance(clock, StoreClock) else StoreClock(store),
         lease=lease,
         policy=policy,
         newer_sibling=lambda: store.has_newer_sibling(snap.id),

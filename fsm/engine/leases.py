@@ -19,13 +19,13 @@ class EngineLeases(EngineReads):
     A lease is not a transition: none of these bumps the version or writes history.
     """
 
-    def acquire_lease(self, entity_id: str, *, owner: str | None = None, ttl: timedelta | None = None) -> Lease:
+    def acquire_lease(self, entity_id: str, *, owner: str | None = None, ttl: timedelta | float | None = None) -> Lease:
         """Take the lease of a non-final entity whose lease is free or expired (token + 1).
 
         Not a transition: no version bump, no history row.  Raises ``LeaseLost`` when a
         live lease is held by someone else.
         """
-        check_ttl(ttl)
+        given = check_ttl(ttl)
         if owner is not None:
             text("owner", owner)
         snap = self.get(entity_id)
@@ -40,7 +40,7 @@ class EngineLeases(EngineReads):
         new = self.store.acquire_lease(
             entity_id,
             owner=owner or self.owner,
-            ttl=ttl or self.policy.lease_ttl,
+            ttl=given or self.policy.lease_ttl,
             budget=self.policy.budget_for(snap.state),
             expect_version=snap.version,
         )
@@ -49,20 +49,22 @@ class EngineLeases(EngineReads):
         assert lease is not None
         return lease
 
-    def renew_lease(self, lease: Lease, *, ttl: timedelta | None = None) -> Lease:
+    def renew_lease(self, lease: Lease, *, ttl: timedelta | float | None = None) -> Lease:
         """Extend a live lease; never past the state's renewal budget.
 
+        ``ttl`` follows the rule of ``Policy.lease_ttl``: a timedelta or seconds, positive,
+        finite, at most :data:`fsm.limits.MAX_DURATION`.
         Raises ``LeaseLost`` (and sends ``lease_lost``) when the lease is no longer
         current: taken over, expired, or out of budget.  The holder must stop.
         """
-        check_ttl(ttl)
+        given = check_ttl(ttl)
         snap = self.get(lease_arg(lease).entity_id)
         try:
             new = self.store.renew_lease(
                 lease.entity_id,
                 owner=lease.owner,
                 token=lease.token,
-                ttl=ttl or self.policy.lease_ttl,
+                ttl=given or self.policy.lease_ttl,
                 budget=self.policy.budget_for(snap.state),
             )
         except LeaseLost as err:

@@ -6,7 +6,6 @@ import argparse
 import logging
 import signal
 import threading
-from datetime import timedelta
 from typing import Any
 
 from fsm.diagram.refs import load_lifecycle
@@ -57,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         lifecycles = (
             [load_lifecycle(s) for s in args.lifecycle] if args.lifecycle else [PipelineLifecycle, JobLifecycle]
         )
-        config = validated_config(
-            {"interval": timedelta(seconds=args.interval), "batch_size": args.batch_size, "leader": args.leader}
+        config = validated_config(  # seconds as given: NaN, inf or a century+ is a ConfigError, not a crash
+            {"interval": args.interval, "batch_size": args.batch_size, "leader": args.leader}
         )
         store = open_store(args.db, table_prefix=args.prefix)
         reaper = Reaper(store, lifecycles, config)
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         while not stop.is_set():
             _print_tick(reaper.run_once(dry_run=args.dry_run))
-            stop.wait(args.interval)
+            stop.wait(min(config.interval.total_seconds(), threading.TIMEOUT_MAX))
         print("reaper stopped", flush=True)
         return 0
     finally:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fsm.lifecycle import Lifecycle
-from fsm.policy import Policy
+from fsm.policy import Policy, duration
 from fsm.records import LeaseChange
 
 DEFAULT_INTERVAL = timedelta(minutes=5)
@@ -27,17 +28,20 @@ class ReaperConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     interval: timedelta = Field(DEFAULT_INTERVAL, description="time between two ticks")
-    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, description="candidates per keyset page")
-    enabled: bool = Field(True, description="kill switch: off means a tick touches nothing")
-    leader: bool = Field(False, description="one reaper at a time: ticks only while holding the leader lease")
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, strict=True, description="candidates per keyset page")
+    enabled: bool = Field(True, strict=True, description="kill switch: off means a tick touches nothing")
+    leader: bool = Field(False, strict=True, description="one reaper at a time: tick only while leading")
     leader_ttl: timedelta | None = Field(None, description="leader lease lifetime (default: 3 x interval)")
 
-    @field_validator("interval")
+    @field_validator("interval", mode="before")
     @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta():
-            raise ValueError("interval must be a positive duration")
-        return value
+    def _positive(cls, value: Any) -> timedelta:
+        return duration(value)  # the one rule of every TTL: positive, finite, bounded
+
+    @field_validator("leader_ttl", mode="before")
+    @classmethod
+    def _positive_ttl(cls, value: Any) -> timedelta | None:
+        return None if value is None else duration(value)
 
     @model_validator(mode="after")
     def _leader_outlives_a_tick(self) -> ReaperConfig:
@@ -70,6 +74,11 @@ class ReapPolicy(BaseModel):
     policy: Policy
     max_active: timedelta | None = None
 
+    @field_validator("max_active", mode="before")
+    @classmethod
+    def _positive(cls, value: Any) -> timedelta | None:
+        return None if value is None else duration(value)
+
     def check_backstop(self, interval: timedelta = DEFAULT_INTERVAL) -> list[str]:
         if self.max_active is None:
             return []
@@ -90,7 +99,10 @@ class ReapPolicy(BaseModel):
                 if any(b.source == state == b.target and b.lease_effect is LeaseChange.ACQUIRE for b in table.declared)
                 else 0
             )
-            worst = (budget + ttl) * (reclaims + 1) + interval
+            try:
+                worst = (budget + ttl) * (reclaims + 1) + interval
+            except OverflowError:
+                worst = timedelta.max
             if self.max_active <= worst:
                 spelled = f"({budget} + {ttl})" + (f" x (1 + {reclaims} reclaims)" if reclaims else "")
                 problems.append(

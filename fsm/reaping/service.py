@@ -119,7 +119,11 @@ class Reaper:
                     return self._finish(result, started, dry_run)
                 for rule in self.rules:
                     self._run_rule(rule, result, dry_run)
-            except Exception as err:  # the store failed mid-tick: log, and the next tick runs as scheduled
+            except StoreUnavailable as err:  # down, or a corrupt file: typed, its message says it all
+                result.errors += 1
+                log.error("reaper tick failed: %s", err)
+                self._signal_error(err, None)
+            except Exception as err:  # a bug or an unexpected failure: log the stack; the next tick runs
                 result.errors += 1
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
@@ -323,7 +327,7 @@ class Reaper:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self, stop: threading.Event) -> None:
-        interval = self.config.interval.total_seconds()
+        interval = min(self.config.interval.total_seconds(), threading.TIMEOUT_MAX)
         while not stop.is_set():
             result = self.run_once()
             log.info("reaper tick: %s", result.summary())

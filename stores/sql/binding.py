@@ -227,11 +227,29 @@ def _literal(value: str) -> str:
 # -- adding the binding's columns --------------------------------------------------------------
 
 
+def _existing_columns(inspector: sa.Inspector, binding: TableBinding) -> set[str]:
+    """The application table's column names; a missing table is a ``ConfigError`` naming it."""
+    try:
+        return {c["name"] for c in inspector.get_columns(binding.table, schema=binding.schema)}
+    except sa.exc.NoSuchTableError:
+        where = f"{binding.schema}.{binding.table}" if binding.schema else binding.table
+        raise ConfigError(
+            f"the bound table {where!r} does not exist",
+            problems=[f"create {where!r} first (the README gives the DDL of the seed-shaped tables)"],
+        ) from None
+
+
 def missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) -> list[str]:
     """Physical columns the binding needs that the application table lacks (all of them
-    additive except mapped ones, which must exist already)."""
-    existing = {c["name"] for c in sa.inspect(bind).get_columns(binding.table, schema=binding.schema)}
+    additive except mapped ones, which must exist already).  No such table -> ``ConfigError``."""
+    existing = _existing_columns(sa.inspect(bind), binding)
     return [name for name in binding.physical.values() if name not in existing]
+
+
+def app_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) -> frozenset[str]:
+    """The application's own columns of the bound table: neither mapped, added, nor its status."""
+    ours = set(binding.physical.values()) | ({binding.status_column} if binding.status_column else set())
+    return frozenset(_existing_columns(sa.inspect(bind), binding) - ours)
 
 
 def add_missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) -> list[str]:
@@ -246,7 +264,7 @@ def add_missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) 
 
     with _begin(bind) as conn:
         inspector = sa.inspect(conn)
-        existing = {c["name"] for c in inspector.get_columns(binding.table, schema=binding.schema)}
+        existing = _existing_columns(inspector, binding)
         absent_mapped = [p for n, p in binding.columns.items() if p not in existing]
         if absent_mapped:
             raise ConfigError(
@@ -308,6 +326,7 @@ __all__ = [
     "TableBinding",
     "add_binding_columns",
     "add_missing_columns",
+    "app_columns",
     "bound_layout",
     "drop_binding_columns",
     "missing_columns",

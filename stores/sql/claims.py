@@ -68,6 +68,8 @@ class ClaimOps(SqlCore):
                 return claimed
             with slot.conn.transaction():
                 return self._claim_locked(cur, request)
+        except self._integrity:
+            raise
         except self._errors as err:
             raise unavailable(err, self._conns) from err
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fsm.errors import ConfigError, StoreUnavailable
+from fsm.errors import ConfigError, FsmError, InvalidArgument, MalformedRow, StoreCorrupt, StoreUnavailable
 from stores.sql.dialect import sqlite_ts_add, sqlite_ts_norm
 
 
@@ -95,7 +96,7 @@ class Connections:
         try:
             fairy = self.engine.raw_connection()
         except self._errors as err:
-            raise StoreUnavailable(f"cannot connect to {self.engine.url!r}: {_reason(err)}") from err
+            raise StoreUnavailable(f"cannot connect to {self.engine.url!r}: {reason_of(err)}") from err
         conn = fairy.dbapi_connection
         assert conn is not None
         if self.lock is None:
@@ -217,23 +218,113 @@ def install_sqlite_events(engine: sa.Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+_DATA_ERRORS: tuple[type[BaseException], ...] = (UnicodeEncodeError, OverflowError)
+"""Raised by a driver while binding a value it cannot send (lone surrogates, a huge int)."""
+
+
 def driver_errors(dialect_name: str) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """(integrity errors, unavailability errors) of the dialect's driver."""
+    """(integrity errors, every other driver error the store maps to a typed one).
+
+    The second tuple includes SQLite's base ``DatabaseError`` (a corrupt file), which is
+    also the base of ``IntegrityError``: a call site that tells integrity errors apart
+    catches them first.
+    """
     if dialect_name == "sqlite":
-        return (sqlite3.IntegrityError,), (sqlite3.OperationalError, sqlite3.InterfaceError)
+        return (sqlite3.IntegrityError,), (sqlite3.DatabaseError, sqlite3.InterfaceError, *_DATA_ERRORS)
     import psycopg
 
-    return (psycopg.IntegrityError,), (psycopg.OperationalError, psycopg.InterfaceError)
+    return (psycopg.IntegrityError,), (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        psycopg.DataError,
+        psycopg.ProgrammingError,
+        *_DATA_ERRORS,
+    )
 
 
-def unavailable(err: BaseException, connections: Connections) -> StoreUnavailable:
-    """A driver error as ``StoreUnavailable``; a broken connection is dropped for a new one."""
+def is_undecodable(err: BaseException) -> bool:
+    """Whether SQLite could not decode a stored text value as UTF-8 (one bad row, not the store)."""
+    orig = getattr(err, "orig", err)
+    return isinstance(orig, sqlite3.OperationalError) and "could not decode" in str(orig).lower()
+
+
+class Undecodable:
+    """A stored text value that is not valid UTF-8, as the tolerant text factory reads it."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"<not UTF-8: {self.raw[:40]!r}>"
+
+
+def tolerant_text(raw: bytes) -> Any:
+    """A text factory that reads invalid UTF-8 as :class:`Undecodable` instead of failing the
+    whole query (used only to find the row that failed it)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Undecodable(raw)
+
+
+def undecodable_row(rows: list[Any]) -> MalformedRow | None:
+    """``MalformedRow`` naming the first row holding an :class:`Undecodable` value."""
+    for row in rows:
+        for i, value in enumerate(row):
+            if isinstance(value, Undecodable):
+                name = row[0] if isinstance(row[0], str) else repr(row[0])
+                return MalformedRow(name, reason=f"stored text is not valid UTF-8 (column {i}: {value!r})")
+    return None
+
+
+def database_name(url: sa.URL) -> str:
+    """The file of a SQLite URL, or the URL (password hidden) of a server database."""
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return str(url.database)
+    return url.render_as_string(hide_password=True)
+
+
+def unavailable(err: BaseException, connections: Connections, entity_id: str | None = None) -> FsmError:
+    """A driver error as the typed error it means; a broken connection is dropped for a new one.
+
+    - a value the database cannot hold (NUL, lone surrogates, out of range) -> ``InvalidArgument``
+      (the stores check the limits up front; this is the backstop);
+    - stored text that is not UTF-8 (SQLite) -> ``MalformedRow`` naming ``entity_id``;
+    - a file that is not a database, or a corrupt one -> ``StoreCorrupt`` naming the file;
+    - anything else (down, restarting, locked, missing tables) -> ``StoreUnavailable``.
+    """
+    orig = getattr(err, "orig", None) or err
+    backend = connections.engine.url.get_backend_name()
+    if isinstance(orig, _DATA_ERRORS) or _is_data_error(orig):
+        return InvalidArgument(f"the database ({backend}) refused a value: {reason_of(err)}")
+    if is_undecodable(err):
+        return MalformedRow(entity_id or "?", reason=f"stored text is not valid UTF-8 ({reason_of(err)})")
+    if is_corrupt(err):
+        return StoreCorrupt(database_name(connections.engine.url), reason=reason_of(err))
     slot = connections.current()
     conn = slot.conn if slot is not None else None
     broken = conn is None or bool(getattr(conn, "closed", False)) or bool(getattr(conn, "broken", False))
     if broken or connections.engine.dialect.is_disconnect(err, conn, None):  # type: ignore[arg-type]
         connections.drop()
-    return StoreUnavailable(f"database unavailable ({connections.engine.url.get_backend_name()}): {_reason(err)}")
+    return StoreUnavailable(f"database unavailable ({backend}): {reason_of(err)}")
+
+
+def is_corrupt(err: BaseException) -> bool:
+    """Whether SQLite says the file is not a database, or a corrupt one (``SQLITE_NOTADB``,
+    ``SQLITE_CORRUPT``: raised as the base ``sqlite3.DatabaseError``)."""
+    orig = getattr(err, "orig", None) or err
+    return type(orig) is sqlite3.DatabaseError
+
+
+def _is_data_error(orig: BaseException) -> bool:
+    if isinstance(orig, sqlite3.DataError):
+        return True
+    if isinstance(orig, sqlite3.ProgrammingError):  # not "closed database": a value it cannot bind
+        return "binding" in str(orig).lower()
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(orig, psycopg.DataError)
 
 
 @contextlib.contextmanager
@@ -251,7 +342,7 @@ def sqlite_write(slot: _Slot) -> Iterator[Any]:
         raise
 
 
-def _reason(err: BaseException) -> str:
+def reason_of(err: BaseException) -> str:
     orig = getattr(err, "orig", None)
     text = str(orig if orig is not None else err).strip()
     return text.splitlines()[0] if text else err.__class__.__name__
@@ -259,13 +350,20 @@ def _reason(err: BaseException) -> str:
 
 __all__ = [
     "Connections",
+    "Undecodable",
     "create_engine",
+    "database_name",
     "driver_errors",
     "enable_wal",
     "install_sqlite_events",
+    "is_corrupt",
     "is_memory",
+    "is_undecodable",
+    "reason_of",
     "setup_postgres",
     "setup_sqlite",
     "sqlite_write",
+    "tolerant_text",
     "unavailable",
+    "undecodable_row",
 ]

@@ -13,9 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fsm.clock import Clock
+from fsm.errors import FsmError
 from fsm.records import Snapshot
 from stores.sql.children import ChildIO, attach
-from stores.sql.connections import Connections, unavailable
+from stores.sql.connections import Connections, is_undecodable, tolerant_text, unavailable, undecodable_row
 from stores.sql.dialect import Flavor, Statements
 from stores.sql.rows import snapshot_of
 from stores.sql.schema import decode_time
@@ -44,13 +45,39 @@ class SqlCore:
         return datetime.now(UTC) if self._sqlite else None
 
     def _run(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """One statement (autocommit); all rows fetched, so SQLite finishes it at once."""
+        """One statement (autocommit); all rows fetched, so SQLite finishes it at once.
+
+        Integrity errors pass through (the caller says what they mean); other driver errors
+        become typed ones (:func:`stores.sql.connections.unavailable`).  A row whose text
+        is not UTF-8 raises ``MalformedRow`` naming it.
+        """
         cur = self._conns.slot().cursor
         try:
             cur.execute(sql, params)
             return cur.fetchall()  # type: ignore[no-any-return]
+        except self._integrity:
+            raise
         except self._errors as err:
-            raise unavailable(err, self._conns) from err
+            if "id" not in params and is_undecodable(err):  # a page of rows: find the bad one
+                raise self._undecodable(sql, params) or unavailable(err, self._conns) from err
+            raise unavailable(err, self._conns, params.get("id")) from err
+
+    def _undecodable(self, sql: str, params: dict[str, Any]) -> FsmError | None:
+        """Re-run a read whose rows failed to decode, reading bad text as markers, and name
+        the first bad row (SQLite only: a read, so running it again changes nothing)."""
+        conn = self._conns.slot().conn
+        conn.text_factory = tolerant_text
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(sql, params)
+                return undecodable_row(cur.fetchall())
+            finally:
+                cur.close()
+        except Exception:
+            return None
+        finally:
+            conn.text_factory = str
 
     def _attach(self, snaps: list[Snapshot]) -> list[Snapshot]:
         """``snaps`` with their child rows loaded (bound tables with children only)."""

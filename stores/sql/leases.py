@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from fsm.errors import LeaseLost, StaleVersion, UnknownEntity
+from fsm.limits import check_int, check_lease_args, check_store_ttl
 from fsm.records import Snapshot
 from stores.sql.core import ATTEMPTS, SqlCore
 from stores.sql.rows import snapshot_of
@@ -25,6 +26,8 @@ class LeaseOps(SqlCore):
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
         """See :meth:`stores.Store.acquire_lease`."""
+        check_lease_args(entity_id, owner, ttl=check_store_ttl(ttl), budget=budget)
+        check_int("expect_version", expect_version)
         params: dict[str, Any] = {"id": entity_id, "owner": owner, "version": expect_version}
         params["budget"] = None if budget is None else self._f.interval(budget)
         for _ in range(ATTEMPTS):
@@ -51,6 +54,7 @@ class LeaseOps(SqlCore):
         self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
     ) -> Snapshot:
         """See :meth:`stores.Store.renew_lease`."""
+        check_lease_args(entity_id, owner, token=check_int("token", token), ttl=check_store_ttl(ttl), budget=budget)
         params: dict[str, Any] = {"id": entity_id, "owner": owner, "token": token}
         params["budget"] = None if budget is None else self._f.interval(budget)
         for _ in range(ATTEMPTS):
@@ -75,6 +79,7 @@ class LeaseOps(SqlCore):
 
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         """See :meth:`stores.Store.release_lease`."""
+        check_lease_args(entity_id, owner, token=check_int("token", token))
         rows = self._run(self._sql.release, {"id": entity_id, "owner": owner, "token": token})
         if rows:
             return self._attach([snapshot_of(rows[0])])[0]

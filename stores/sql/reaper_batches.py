@@ -11,13 +11,15 @@ against ``statement_timestamp()``, and the history rows are inserted from its
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 from typing import Any
 
-from fsm.errors import MalformedRow
+from fsm.errors import FsmError, MalformedRow
+from fsm.limits import check_batch_write, check_page
 from fsm.records import BatchWrite, Condition, HistoryRecord, Snapshot
-from stores.sql.connections import unavailable
+from stores.sql.connections import is_undecodable, unavailable
 from stores.sql.core import SqlCore
 from stores.sql.dialect import condition_shape
 from stores.sql.rows import snapshot_of
@@ -34,6 +36,7 @@ class ReaperOps(SqlCore):
     ) -> list[Snapshot]:
         """See :meth:`stores.Store.candidates`.  A row that cannot be decoded raises
         ``MalformedRow`` naming it (the reaper counts it, logs it and steps over it)."""
+        check_page(kind, state, limit, after_id)
         sql = self._sql.candidates(condition_shape(require), require, after_id is not None)
         now = self._now()
         params: dict[str, Any] = {"kind": kind, "state": state, "limit": limit, "after": after_id}
@@ -45,6 +48,7 @@ class ReaperOps(SqlCore):
     def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
         """See :meth:`stores.Store.apply_batch`.  Rows whose data is not a readable JSON
         object never qualify; a row that still fails to decode is logged and left alone."""
+        check_batch_write(batch)
         if not batch.ids:
             return []
         sql = self._sql.batch(
@@ -102,9 +106,24 @@ class ReaperOps(SqlCore):
             except BaseException:
                 slot.conn.rollback()
                 raise
+        except self._integrity:
+            raise
         except self._errors as err:
+            if is_undecodable(err):  # rolled back: name the bad row, apply_batch moves the others
+                raise self._undecodable_among(params) or unavailable(err, self._conns) from err
             raise unavailable(err, self._conns) from err
         return moved
+
+    def _undecodable_among(self, params: dict[str, Any]) -> MalformedRow | None:
+        """The first row of the batch whose stored text is not UTF-8, as ``MalformedRow``."""
+        for entity_id in json.loads(params["ids"]) if isinstance(params["ids"], str) else params["ids"]:
+            try:
+                self.get(entity_id, include_deleted=True)  # type: ignore[attr-defined]
+            except MalformedRow as err:
+                return err
+            except FsmError:
+                continue
+        return None
 
     def _batch_pg(self, sql: tuple[str, ...], params: dict[str, Any]) -> list[Any]:
         moved = []

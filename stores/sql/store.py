@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -41,15 +42,19 @@ from fsm.clock import Clock
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
+    ConstraintViolated,
     EntityExists,
     FsmError,
     IdempotencyKeyReused,
+    InvalidArgument,
     LeaseLost,
     MalformedRow,
     StaleVersion,
+    StoreCorrupt,
     StoreUnavailable,
     UnknownEntity,
 )
+from fsm.limits import check_id, check_new_entity, check_transition_write, text_problem
 from fsm.records import (
     HistoryRecord,
     NewEntity,
@@ -58,15 +63,18 @@ from fsm.records import (
     TransitionWrite,
     condition_holds,
 )
-from stores.sql.binding import TableBinding, bound_layout, missing_columns, owned_layout
+from stores.sql.binding import TableBinding, app_columns, bound_layout, missing_columns, owned_layout
 from stores.sql.children import ChildIO, attach, split_data
 from stores.sql.claims import ClaimOps
 from stores.sql.connections import (
     Connections,
     create_engine,
+    database_name,
     driver_errors,
     enable_wal,
+    is_corrupt,
     is_memory,
+    reason_of,
     setup_postgres,
     setup_sqlite,
     unavailable,
@@ -93,6 +101,61 @@ _PUBLIC = (
 
 def _schema_of(binding: TableBinding | None) -> str | None:
     return binding.schema if binding is not None else None
+
+
+_SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+MAX_BUSY_TIMEOUT = 24 * 3600.0
+"""Longest a SQLite writer may be told to wait for the write lock (seconds)."""
+
+
+def _check_options(
+    url: object,
+    clock: object,
+    prefix: object,
+    create: object,
+    binding: object,
+    schema: object,
+    busy_timeout: object,
+    synchronous: object,
+) -> None:
+    """Refuse ill-typed or out-of-range store options with ``ConfigError``, before anything opens."""
+    problems = []
+    if isinstance(url, str):
+        if text_problem(url, limit=None) is not None:
+            problems.append(f"url {text_problem(url, limit=None)}")
+    elif not isinstance(url, sa.Engine):
+        problems.append(f"url_or_engine must be a URL string or a SQLAlchemy Engine, not {type(url).__name__}")
+    if clock is not None and not isinstance(clock, Clock):
+        problems.append(f"clock must be a Clock (with a now() method), not {clock!r}")
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        problems.append(f"table_prefix {prefix!r} must be an identifier of at most 31 characters")
+    if not isinstance(create, bool):
+        problems.append(f"create must be True or False, not {create!r}")
+    if binding is not None and not isinstance(binding, TableBinding):
+        problems.append(f"binding must be a TableBinding, not {binding!r}")
+    if schema is not None and (not isinstance(schema, str) or not _SCHEMA.match(schema)):
+        problems.append(f"schema {schema!r} must be an identifier of at most 63 characters")
+    if (
+        isinstance(busy_timeout, bool)
+        or not isinstance(busy_timeout, int | float)
+        or not math.isfinite(busy_timeout)
+        or not 0 <= busy_timeout <= MAX_BUSY_TIMEOUT
+    ):
+        problems.append(
+            f"busy_timeout must be a number of seconds from 0 to {MAX_BUSY_TIMEOUT:.0f}, not {busy_timeout!r}"
+        )
+    if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
+        problems.append(f"sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
+    if problems:
+        raise ConfigError("invalid store options: " + "; ".join(problems), problems=problems)
+
+
+def _shown_url(url: str) -> str:
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<the url>" if "@" in url else url
 
 
 class _Refused(Exception):
@@ -129,12 +192,16 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         sqlite_synchronous: str = "FULL",
         engine_options: dict[str, Any] | None = None,
     ) -> None:
-        if not _PREFIX.match(table_prefix):
-            raise ConfigError(f"table_prefix {table_prefix!r} must be an identifier of at most 31 characters")
+        _check_options(url_or_engine, clock, table_prefix, create, binding, schema, busy_timeout, sqlite_synchronous)
+        if engine_options is not None and not isinstance(engine_options, dict):
+            raise ConfigError(f"engine_options must be a dict, not {engine_options!r}")
         if isinstance(url_or_engine, sa.Engine):
             engine, self._owns_engine = url_or_engine, False
         else:
-            engine = create_engine(url_or_engine, busy_timeout=busy_timeout, **(engine_options or {}))
+            try:
+                engine = create_engine(url_or_engine, busy_timeout=busy_timeout, **(engine_options or {}))
+            except (sa.exc.ArgumentError, TypeError, ValueError) as err:  # not a URL, or options it refuses
+                raise ConfigError(f"cannot open {_shown_url(url_or_engine)}: {err}") from err
             self._owns_engine = True
         name = engine.dialect.name
         if name not in {"sqlite", "postgresql"} or (name == "postgresql" and engine.dialect.driver != "psycopg"):
@@ -162,10 +229,13 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         setup = setup_sqlite(int(busy_timeout * 1000), sqlite_synchronous) if self._sqlite else setup_postgres
         self._integrity, self._errors = driver_errors(name)
         self._conns = Connections(engine, setup, shared=memory, errors=self._errors)
-        opening: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, *self._errors)
+        opening: tuple[type[BaseException], ...] = (sa.exc.DBAPIError, *self._errors)
+        self._app_columns: frozenset[str] = frozenset()
         try:
             if self._sqlite and not memory:
                 enable_wal(engine)
+            if binding is not None:  # first: a missing application table is a ConfigError naming it
+                self._app_columns = app_columns(engine, binding)
             if create:
                 ensure_schema(engine, table_prefix=table_prefix, schema=schema, binding=binding)
             else:
@@ -184,8 +254,11 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                         "add_binding_columns(op, binding) in the application's Alembic migration",
                     ],
                 )
+            self._check_history_owner(engine, table_prefix, schema, binding)
         except opening as err:
             self.close()
+            if is_corrupt(err):  # not a database, or a corrupt one: say which file
+                raise StoreCorrupt(database_name(engine.url), reason=str(getattr(err, "orig", err))) from err
             raise StoreUnavailable(f"cannot open the store at {engine.url!r}: {getattr(err, 'orig', err)}") from err
         except BaseException:
             self.close()
@@ -193,6 +266,30 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         if self._conns.lock is not None:  # one shared in-memory connection: serialise every call
             for method in _PUBLIC:
                 setattr(self, method, _locked(getattr(self, method), self._conns.lock))
+
+    @staticmethod
+    def _check_history_owner(engine: sa.Engine, prefix: str, schema: str | None, binding: TableBinding | None) -> None:
+        """Refuse a ``{prefix}history`` that belongs to another entity table.
+
+        A bound store and the default store in one database with the same prefix would
+        share it: its foreign key points at whichever entity table came first, and writes to
+        the other then fail.  Each store needs a prefix of its own.
+        """
+        expected = binding.table if binding is not None else f"{prefix}entities"
+        where = binding.schema if binding is not None else schema
+        history = f"{prefix}history"
+        inspector = sa.inspect(engine)
+        if not inspector.has_table(history, schema=where):
+            return
+        owners = {fk["referred_table"] for fk in inspector.get_foreign_keys(history, schema=where)}
+        if owners and expected not in owners:
+            raise ConfigError(
+                f"table {history!r} belongs to the entity table {', '.join(sorted(owners))!r}, not {expected!r}",
+                problems=[
+                    f"two stores in one database share the table prefix {prefix!r}",
+                    f"give this store a prefix of its own, e.g. table_prefix='{expected[:20]}_fsm_'",
+                ],
+            )
 
     def close(self) -> None:
         """Close this store's connections (and its engine, if it created it)."""
@@ -216,7 +313,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
         """See :meth:`stores.Store.get`: one indexed read on the calling thread's connection."""
-        rows = self._run(self._sql.get, {"id": entity_id})
+        rows = self._run(self._sql.get, {"id": check_id("entity id", entity_id)})
         if not rows or (rows[0][10] and not include_deleted):
             raise UnknownEntity(entity_id)
         snap = snapshot_of(rows[0])
@@ -224,19 +321,20 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
 
     def history(self, entity_id: str) -> list[HistoryRecord]:
         """See :meth:`stores.Store.history` (soft-deleted entities keep theirs)."""
-        rows = self._run(self._sql.history, {"id": entity_id})
+        rows = self._run(self._sql.history, {"id": check_id("entity id", entity_id)})
         if not rows and not self._run(self._sql.exists, {"id": entity_id}):
             raise UnknownEntity(entity_id)
         return [history_of(r) for r in rows]
 
     def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
         """See :meth:`stores.Store.find_transition`."""
-        rows = self._run(self._sql.find, {"id": entity_id, "key": idempotency_key})
+        params = {"id": check_id("entity id", entity_id), "key": check_id("idempotency_key", idempotency_key)}
+        rows = self._run(self._sql.find, params)
         return history_of(rows[0]) if rows else None
 
     def has_newer_sibling(self, entity_id: str) -> bool:
         """See :meth:`stores.Store.has_newer_sibling` (the same EXISTS the guard runs)."""
-        rows = self._run(self._sql.sibling, {"id": entity_id})
+        rows = self._run(self._sql.sibling, {"id": check_id("entity id", entity_id)})
         if not rows or rows[0][0]:
             raise UnknownEntity(entity_id)
         return bool(rows[0][1])
@@ -245,7 +343,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
 
     def create(self, entity: NewEntity) -> Snapshot:
         """See :meth:`stores.Store.create`: ``INSERT ... ON CONFLICT DO NOTHING``, no row back
-        means the id exists."""
+        means the id exists.  ``entity.columns`` fill a bound table's own columns; a
+        constraint of that table the row breaks -> ``ConstraintViolated`` (nothing written)."""
+        check_new_entity(entity)
+        extra: tuple[str, ...] = ()
         data, children = split_data(self._children, entity.data) if self._children else (entity.data, {})
         now = self._now()
         params: dict[str, Any] = {
@@ -258,10 +359,34 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         self._time_params(params, now, None)
         if self._status is not None:
             params["status"] = self._status(entity.state)
-        rows = self._write(self._sql.create(()), params, entity.id, children)
+        if entity.columns:
+            extra = self._column_params(entity.columns, params)
+        try:
+            rows = self._write(self._sql.create(extra), params, entity.id, children)
+        except self._integrity as err:
+            raise ConstraintViolated(
+                entity.id,
+                detail=f"{reason_of(err)} (a column of the table that the store does not fill: pass it in columns=)",
+            ) from err
         if not rows:
             raise EntityExists(entity.id)
         return self._attach([snapshot_of(rows[0])])[0]
+
+    def _column_params(self, columns: dict[str, Any], params: dict[str, Any]) -> tuple[str, ...]:
+        """The quoted names of a bound table's own columns, their values bound as ``x0``..."""
+        if self.binding is None:
+            raise InvalidArgument("this store owns its entity table: it has no application columns to fill")
+        unknown = sorted(set(columns) - self._app_columns)
+        if unknown:
+            raise InvalidArgument(
+                f"table {self.binding.table!r} has no application column {', '.join(map(repr, unknown))} "
+                f"(its own columns: {', '.join(sorted(self._app_columns)) or 'none'})"
+            )
+        quote = self.engine.dialect.identifier_preparer.quote
+        names = sorted(columns)
+        for i, name in enumerate(names):
+            params[f"x{i}"] = columns[name]
+        return tuple(quote(n) for n in names)
 
     def _write(self, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]) -> list[Any]:
         """A single-statement write, plus child rows in the same transaction when given."""
@@ -281,8 +406,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 return rows
             with slot.conn.transaction():
                 return self._write_children(cur, sql, params, entity_id, children)
+        except self._integrity:
+            raise
         except self._errors as err:
-            raise unavailable(err, self._conns) from err
+            raise unavailable(err, self._conns, entity_id) from err
 
     def _write_children(
         self, cur: Any, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]
@@ -298,6 +425,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         """See :meth:`stores.Store.apply`: one guarded statement (PostgreSQL) or transaction
         (SQLite) writes the row and its history row; a refusal is diagnosed by re-reading."""
+        check_transition_write(write)
         entity_id = write.entity_id
         require = write.require
         sql = self._sql.apply(
@@ -389,8 +517,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 if own:
                     slot.conn.rollback()
                 raise
+        except self._integrity:
+            raise
         except self._errors as err:
-            raise unavailable(err, self._conns) from err
+            raise unavailable(err, self._conns, params["id"]) from err
         assert now is not None
         return snap, inserted[0][0], now
 
@@ -410,8 +540,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 rows = cur.fetchall()
                 if rows:
                     snap = snapshot_of(rows[0])
+        except self._integrity:
+            raise
         except self._errors as err:
-            raise unavailable(err, self._conns) from err
+            raise unavailable(err, self._conns, params["id"]) from err
         if not rows:
             raise _Refused
         return snap, rows[0][15], decode_time(rows[0][16])
@@ -446,7 +578,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
     def soft_delete(self, entity_id: str) -> Snapshot:
         """See :meth:`stores.Store.soft_delete`.  A malformed row is deleted all the same
         (it is how one gets rid of it); ``MalformedRow`` then says its content is unreadable."""
-        params: dict[str, Any] = {"id": entity_id}
+        params: dict[str, Any] = {"id": check_id("entity id", entity_id)}
         self._time_params(params, self._now(), None)
         rows = self._run(self._sql.soft_delete, params)
         if not rows:

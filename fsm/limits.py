@@ -1,0 +1,359 @@
+"""The limits every store and the engine enforce alike (I10), in one place.
+
+Part of the data model: it imports only :mod:`fsm.errors` and :mod:`fsm.records`, so the
+stores, the engine and the reaper's config all apply the *same* rule, and a value one
+store would take is never refused by another (or worse, stored differently):
+
+- ids, keys, owners and names: non-empty ``str`` of at most :data:`MAX_ID_LENGTH`
+  characters (the SQL columns are ``VARCHAR(255)``), without NUL (PostgreSQL refuses it)
+  and without lone surrogates (they cannot be encoded as UTF-8);
+- free text (a reason): ``str`` without NUL or lone surrogates, no length limit;
+- entity data: JSON only: objects with string keys, arrays, strings (same rule as free
+  text), finite floats, integers of at most :data:`MAX_INT_BITS` bits, booleans and null,
+  nested at most :data:`MAX_JSON_DEPTH` deep (which also ends a cycle);
+- durations (lease TTLs, renewal budgets, ``stale_after``, the reaper's interval): a
+  ``timedelta`` or a finite number of seconds, positive and at most :data:`MAX_DURATION`,
+  so that ``now + ttl`` can never overflow a datetime, a timer or a database interval;
+- fencing tokens and versions: ``int`` (not ``bool``), ``0 <= n <= MAX_INT64``.
+
+Every check raises :class:`~fsm.errors.InvalidArgument` (a ``ValueError``) naming the
+argument, except data, which raises :class:`~fsm.errors.InvalidData`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from fsm.errors import InvalidArgument, InvalidData
+from fsm.records import BatchWrite, NewEntity, TransitionWrite
+
+MAX_ID_LENGTH = 255
+"""Longest id, idempotency key, owner, kind, state or event name (``VARCHAR(255)``)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of objects and arrays in entity data."""
+MAX_INT_BITS = 1024
+"""Widest integer in entity data (JSON numbers wider than this are not portable)."""
+MAX_DURATION = timedelta(days=365 * 100)
+"""Longest TTL, budget, ``stale_after`` or interval: a century, far below any overflow."""
+MAX_INT64 = 2**63 - 1
+"""Largest fencing token or version a ``BIGINT`` column holds."""
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def text_problem(value: object, *, limit: int | None = MAX_ID_LENGTH, empty: bool = False) -> str | None:
+    """What is wrong with ``value`` as text, or ``None`` when it is fine."""
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value and not empty:
+        return "must be a non-empty string"
+    if limit is not None and len(value) > limit:
+        return f"must be at most {limit} characters, not {len(value)}"
+    if "\x00" in value:
+        return "must not contain NUL (\\x00)"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must not contain lone surrogates (it cannot be encoded as UTF-8)"
+    return None
+
+
+def check_id(name: str, value: object) -> str:
+    """``value`` if it is a valid id, key, owner or name, else ``InvalidArgument`` naming ``name``.
+
+    The fast path (a short ASCII ``str``) runs only C-level checks: it guards every read
+    and write of every store.
+    """
+    if type(value) is str and value and len(value) <= MAX_ID_LENGTH and value.isascii() and "\x00" not in value:
+        return value
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidArgument(f"{name} {problem}: {_shown(value)}")
+    return str.__str__(value)  # a str subclass or non-ASCII: an exact str
+
+
+def check_optional_id(name: str, value: object) -> str | None:
+    return None if value is None else check_id(name, value)
+
+
+def check_free_text(name: str, value: object) -> str:
+    """``value`` if it is a string without NUL or lone surrogates (any length, may be empty)."""
+    problem = text_problem(value, limit=None, empty=True)
+    if problem is not None:
+        raise InvalidArgument(f"{name} {problem}: {_shown(value)}")
+    return str.__str__(value)
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+# -- numbers and durations -----------------------------------------------------------------
+
+
+def check_int(name: str, value: object, *, low: int = 0, high: int = MAX_INT64) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) within ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer, not {_shown(value)}")
+    if not low <= value <= high:
+        raise InvalidArgument(f"{name} must be between {low} and {high}, not {value}")
+    return int(value)
+
+
+def duration_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a duration (``timedelta`` or seconds), or ``None``."""
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        return f"must be a timedelta or a number of seconds, not {_shown(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be finite, not {value}"
+    if isinstance(value, timedelta):
+        seconds_ok = value > timedelta()
+        too_long = value > MAX_DURATION
+    else:
+        seconds_ok = value > 0
+        too_long = value > MAX_DURATION.total_seconds()
+    if not seconds_ok:
+        return f"must be a positive duration, not {_shown(value)}"
+    if too_long:
+        return f"must be at most {MAX_DURATION.days} days, not {_shown(value)}"
+    return None
+
+
+def as_duration(value: timedelta | float) -> timedelta:
+    """A valid duration (see :func:`duration_problem`) as a ``timedelta``."""
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def check_duration(name: str, value: object) -> timedelta:
+    """``value`` (a ``timedelta`` or seconds) as a ``timedelta``, or ``InvalidArgument``.
+
+    The one rule for every TTL, budget, ``stale_after`` and interval; ``Policy`` and
+    ``ReaperConfig`` apply it too (ISO-8601 strings are parsed there first).
+    """
+    problem = duration_problem(value)
+    if problem is not None:
+        raise InvalidArgument(f"{name} {problem}")
+    return as_duration(value)  # type: ignore[arg-type]
+
+
+def check_optional_duration(name: str, value: object) -> timedelta | None:
+    return None if value is None else check_duration(name, value)
+
+
+def check_time(name: str, value: object) -> datetime:
+    """``value`` if it is an aware ``datetime``."""
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(f"{name} must be an aware datetime (tzinfo=UTC), not {_shown(value)}")
+    return value
+
+
+# -- JSON data -------------------------------------------------------------------------------
+
+
+class _NotJson(Exception):
+    def __init__(self, loc: tuple[str | int, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+
+
+def json_copy(value: Any, *, lifecycle: str = "store", entity_id: str | None = None) -> Any:
+    """A fresh copy of ``value`` made of JSON types only, or ``InvalidData`` saying where it
+    is not JSON.
+
+    Tuples become lists and ``str``/``int``/``float`` subclasses their base type, so every
+    store keeps exactly what a SQL store would read back.
+    """
+    try:
+        return _copy(value, (), 0)
+    except _NotJson as err:
+        raise InvalidData(
+            lifecycle=lifecycle, entity_id=entity_id, errors=[{"loc": err.loc, "msg": f"not JSON: {err.msg}"}]
+        ) from None
+
+
+def check_json(value: Any, *, lifecycle: str = "store", entity_id: str | None = None) -> None:
+    """``InvalidData`` unless ``value`` is JSON (see :func:`json_copy`)."""
+    json_copy(value, lifecycle=lifecycle, entity_id=entity_id)
+
+
+_COLUMN_VALUES = (int, float, bool, datetime, type(None))
+
+
+def _copy(value: Any, loc: tuple[str | int, ...], depth: int) -> Any:
+    cls = value.__class__
+    if cls is dict or isinstance(value, Mapping):
+        if depth >= MAX_JSON_DEPTH:
+            raise _NotJson(loc, f"nested deeper than {MAX_JSON_DEPTH} levels (or a cycle)")
+        out: dict[str, Any] = {}
+        for given, item in value.items():
+            if not isinstance(given, str):
+                raise _NotJson((*loc, repr(given)), f"object keys must be strings, not {type(given).__name__}")
+            key = given if given.__class__ is str else str.__str__(given)
+            problem = text_problem(key, limit=None, empty=True)
+            if problem is not None:
+                raise _NotJson((*loc, repr(key)), f"key {problem}")
+            out[key] = _copy(item, (*loc, key), depth + 1)
+        return out
+    if cls is list or cls is tuple or isinstance(value, list | tuple):
+        if depth >= MAX_JSON_DEPTH:
+            raise _NotJson(loc, f"nested deeper than {MAX_JSON_DEPTH} levels (or a cycle)")
+        return [_copy(item, (*loc, i), depth + 1) for i, item in enumerate(value)]
+    if cls is str or isinstance(value, str):
+        problem = text_problem(value, limit=None, empty=True)
+        if problem is not None:
+            raise _NotJson(loc, f"string {problem}")
+        return value if cls is str else str.__str__(value)
+    if cls is bool or value is None:
+        return value
+    if cls is int or (isinstance(value, int) and not isinstance(value, bool)):
+        if value.bit_length() > MAX_INT_BITS:
+            raise _NotJson(loc, f"integer wider than {MAX_INT_BITS} bits")
+        return value if cls is int else int(value)
+    if cls is float or isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotJson(loc, f"{value} is not a JSON number")
+        return value if cls is float else float(value)
+    raise _NotJson(loc, f"{type(value).__name__} is not a JSON type")
+
+
+# -- what a store receives ------------------------------------------------------------------
+
+
+def check_new_entity(entity: object) -> NewEntity:
+    """Every field of a :class:`NewEntity`, as each store checks it before writing."""
+    if not isinstance(entity, NewEntity):
+        raise InvalidArgument(f"create takes a NewEntity, not {_shown(entity)}")
+    check_id("entity id", entity.id)
+    check_id("kind", entity.kind)
+    check_id("state", entity.state)
+    check_optional_id("concurrency_key", entity.concurrency_key)
+    if not isinstance(entity.data, dict):
+        raise InvalidData(
+            lifecycle=entity.kind, entity_id=entity.id, errors=[{"loc": (), "msg": "data must be a JSON object"}]
+        )
+    check_json(entity.data, lifecycle=entity.kind, entity_id=entity.id)
+    if entity.columns is not None:
+        if not isinstance(entity.columns, dict):
+            raise InvalidArgument(f"columns must be a dict of column name to value, not {_shown(entity.columns)}")
+        for name, value in entity.columns.items():
+            check_id("column name", name)
+            if isinstance(value, str):
+                check_free_text(f"column {name!r}", value)
+            elif not isinstance(value, _COLUMN_VALUES) or (isinstance(value, float) and not math.isfinite(value)):
+                raise InvalidArgument(
+                    f"column {name!r} takes a str, int, float, bool, datetime or None, not {_shown(value)}"
+                )
+            elif isinstance(value, int) and not isinstance(value, bool):
+                check_int(f"column {name!r}", value, low=-MAX_INT64 - 1)
+            elif isinstance(value, datetime):
+                check_time(f"column {name!r}", value)
+    return entity
+
+
+def check_transition_write(write: object) -> TransitionWrite:
+    """Every field of a :class:`TransitionWrite` a store binds, checked up front."""
+    if not isinstance(write, TransitionWrite):
+        raise InvalidArgument(f"apply takes a TransitionWrite, not {_shown(write)}")
+    check_id("entity id", write.entity_id)
+    for name in ("event", "source", "target", "actor"):
+        check_id(name, getattr(write, name))
+    check_int("expect_version", write.expect_version)
+    check_optional_id("expect_owner", write.expect_owner)
+    if write.expect_token is not None:
+        check_int("expect_token", write.expect_token)
+    check_optional_id("new_owner", write.new_owner)
+    check_optional_id("idempotency_key", write.idempotency_key)
+    if write.reason is not None:
+        check_free_text("reason", write.reason)
+    check_optional_duration("lease_ttl", write.lease_ttl)
+    if write.data is not None:
+        if not isinstance(write.data, dict):
+            raise InvalidData(
+                lifecycle="store", entity_id=write.entity_id, errors=[{"loc": (), "msg": "data must be a JSON object"}]
+            )
+        check_json(write.data, entity_id=write.entity_id)
+    if write.data_patch is not None:
+        check_json(write.data_patch, entity_id=write.entity_id)
+    return write
+
+
+def check_batch_write(batch: object) -> BatchWrite:
+    """Every field of a :class:`BatchWrite` a store binds, checked up front."""
+    if not isinstance(batch, BatchWrite):
+        raise InvalidArgument(f"apply_batch takes a BatchWrite, not {_shown(batch)}")
+    if not isinstance(batch.ids, tuple | list):
+        raise InvalidArgument(f"BatchWrite.ids must be a tuple of ids, not {_shown(batch.ids)}")
+    for entity_id in batch.ids:
+        check_id("entity id", entity_id)
+    for name in ("kind", "event", "source", "target", "actor"):
+        check_id(name, getattr(batch, name))
+    check_optional_id("new_owner", batch.new_owner)
+    if batch.reason is not None:
+        check_free_text("reason", batch.reason)
+    check_optional_duration("lease_ttl", batch.lease_ttl)
+    return batch
+
+
+def check_lease_args(
+    entity_id: object, owner: object, *, token: object = None, ttl: object = None, budget: object = None
+) -> None:
+    """The arguments of a store's ``acquire_lease``/``renew_lease`` (pass ``ttl``) and
+    ``release_lease`` (no ``ttl``)."""
+    check_id("entity id", entity_id)
+    check_id("owner", owner)
+    if token is not None:
+        check_int("token", token)
+    if ttl is not None:
+        check_store_ttl(ttl)
+    check_optional_duration("budget", budget)
+    if budget is not None and not isinstance(budget, timedelta):
+        raise InvalidArgument(f"a store takes budget as a timedelta, not {_shown(budget)}")
+
+
+def check_store_ttl(ttl: object) -> timedelta:
+    """A store's (required) ``ttl``: a valid duration given as a ``timedelta``."""
+    if not isinstance(ttl, timedelta):
+        raise InvalidArgument(f"a store takes ttl as a timedelta, not {_shown(ttl)}")
+    return check_duration("ttl", ttl)
+
+
+def check_page(kind: object, state: object, limit: object, after_id: object) -> None:
+    """The arguments of a store's ``candidates``."""
+    check_id("kind", kind)
+    check_id("state", state)
+    check_int("limit", limit, low=1, high=1_000_000)
+    check_optional_id("after_id", after_id)
+
+
+__all__ = [
+    "MAX_DURATION",
+    "MAX_ID_LENGTH",
+    "MAX_INT64",
+    "MAX_INT_BITS",
+    "MAX_JSON_DEPTH",
+    "as_duration",
+    "check_batch_write",
+    "check_duration",
+    "check_free_text",
+    "check_id",
+    "check_int",
+    "check_json",
+    "check_lease_args",
+    "check_new_entity",
+    "check_optional_duration",
+    "check_optional_id",
+    "check_page",
+    "check_store_ttl",
+    "check_time",
+    "check_transition_write",
+    "duration_problem",
+    "json_copy",
+    "text_problem",
+]

@@ -1,0 +1,256 @@
+"""Property (issue 11): hostile values at every public entry point, on every store.
+
+Each example picks an entry point of the engine or of the store protocol and a value of
+one of the hostile classes (lone surrogates and NUL, over-long ids, non-strings, ill-typed
+lease fields, overflowing or non-finite TTLs, data that is not JSON or nested too deep),
+and asserts:
+
+- the call raises a typed error (an ``FsmError``; ``InvalidArgument`` is also a ``ValueError``);
+- the reference entities' rows and histories are unchanged, and nothing was created;
+- the store still works afterwards (a fresh entity is created and moved).
+
+``FSM_HOSTILE_EXAMPLES`` raises the example count (the default suite keeps it small).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fsm import Engine, FsmError, JobLifecycle, Lease, ManualClock, UnknownEntity
+from fsm.limits import MAX_ID_LENGTH, MAX_JSON_DEPTH
+from fsm.records import BatchWrite, NewEntity, TransitionWrite
+from stores import Store
+
+EXAMPLES = int(os.environ.get("FSM_HOSTILE_EXAMPLES", "25"))
+
+# -- hostile values ---------------------------------------------------------------------------
+
+short = st.text(alphabet="abc-_", max_size=6)
+with_nul = short.map(lambda s: f"{s}\x00{s}")
+with_surrogate = st.tuples(short, st.integers(0xD800, 0xDFFF)).map(lambda p: f"{p[0]}{chr(p[1])}")
+too_long = st.integers(MAX_ID_LENGTH + 1, MAX_ID_LENGTH + 40).map(lambda n: "k" * n)
+non_strings = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(short, min_size=1, max_size=2),
+    st.binary(min_size=1, max_size=4),
+    st.booleans(),
+    st.sets(st.integers(), max_size=2),
+)
+bad_text = st.one_of(with_nul, with_surrogate, non_strings)
+"""Refused as any text (a reason may be long, so not over-long strings)."""
+bad_id = st.one_of(bad_text, too_long, st.just(""))
+"""Refused as an id, key, owner or event name."""
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+def _cycle() -> Any:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+class _Opaque:
+    pass
+
+
+bad_json = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+    st.sets(st.integers(), min_size=1, max_size=3),
+    st.binary(min_size=1, max_size=4),
+    st.datetimes(timezones=st.just(UTC)),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.builds(_Opaque),
+    st.builds(_cycle),
+    st.integers(MAX_JSON_DEPTH + 1, MAX_JSON_DEPTH + 20).map(_nested),
+    with_nul,
+    with_surrogate,
+    st.dictionaries(st.one_of(with_nul, with_surrogate, st.integers()), st.integers(), min_size=1, max_size=1),
+)
+"""Refused as entity data (as a value under a key, or anywhere inside)."""
+bad_token = st.one_of(
+    st.integers(min_value=2**63),
+    st.integers(max_value=-1),
+    st.booleans(),
+    st.text(alphabet="0123456789", min_size=1, max_size=3),
+    st.floats(),
+)
+bad_ttl = st.one_of(
+    st.sampled_from([timedelta.max, timedelta(days=999_999_999), timedelta(0), -timedelta(seconds=1)]),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0, -1, 10**12, True]),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=1),
+)
+
+# -- the entry points --------------------------------------------------------------------------
+
+
+class World:
+    """A store with two reference entities: ``q`` queued, ``f`` running under a lease."""
+
+    def __init__(self, store: Store, clock: ManualClock) -> None:
+        self.store = store
+        self.clock = clock
+        self.jobs = Engine(JobLifecycle, store, clock=clock, owner="worker-1")
+        self.q = f"q-{uuid.uuid4().hex[:8]}"
+        self.f = f"f-{uuid.uuid4().hex[:8]}"
+        self.jobs.create(self.q, data={"keep": [1, "two", None]})
+        self.jobs.create(self.f)
+        lease = self.jobs.fire(self.f, "start").lease
+        assert lease is not None
+        self.lease: Lease = lease
+        self.fresh = f"n-{uuid.uuid4().hex[:8]}"  # what a refused create must not have created
+
+    def state(self) -> Any:
+        return [(self.store.get(e), self.store.history(e)) for e in (self.q, self.f)]
+
+
+Call = Callable[[World, Any], object]
+
+ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
+    ("Engine(owner)", bad_id, lambda w, v: Engine(JobLifecycle, w.store, owner=v)),
+    ("create(id)", bad_id, lambda w, v: w.jobs.create(v)),
+    ("create(data)", bad_json, lambda w, v: w.jobs.create(w.fresh, data={"v": v})),
+    ("create(data=non-mapping)", non_strings, lambda w, v: w.jobs.create(w.fresh, data=v)),
+    ("create(concurrency_key)", bad_id, lambda w, v: w.jobs.create(w.fresh, concurrency_key=v)),
+    ("create(columns)", bad_json, lambda w, v: w.jobs.create(w.fresh, columns={"c": v})),
+    ("get(id)", bad_id, lambda w, v: w.jobs.get(v)),
+    ("history(id)", bad_id, lambda w, v: w.jobs.history(v)),
+    ("fire(id)", bad_id, lambda w, v: w.jobs.fire(v, "start")),
+    ("fire(event)", bad_id, lambda w, v: w.jobs.fire(w.q, v)),
+    ("fire(idempotency_key)", bad_id, lambda w, v: w.jobs.fire(w.q, "start", idempotency_key=v)),
+    ("fire(reason)", bad_text, lambda w, v: w.jobs.fire(w.q, "start", reason=v)),
+    ("fire(data)", bad_json, lambda w, v: w.jobs.fire(w.q, "start", data={"v": v})),
+    ("fire(data=non-mapping)", non_strings, lambda w, v: w.jobs.fire(w.q, "start", data=v)),
+    ("fire(owner)", bad_id, lambda w, v: w.jobs.fire(w.q, "start", owner=v)),
+    ("fire(actor)", bad_id, lambda w, v: w.jobs.fire(w.q, "start", actor=v)),
+    ("fire(lease.token)", bad_token, lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(token=v))),
+    ("fire(lease.owner)", bad_id, lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(owner=v))),
+    ("fire(lease)", non_strings, lambda w, v: w.jobs.fire(w.f, "exited", lease=v)),
+    ("acquire_lease(ttl)", bad_ttl, lambda w, v: w.jobs.acquire_lease(w.q, ttl=v)),
+    ("acquire_lease(owner)", bad_id, lambda w, v: w.jobs.acquire_lease(w.q, owner=v)),
+    ("renew_lease(ttl)", bad_ttl, lambda w, v: w.jobs.renew_lease(w.lease, ttl=v)),
+    ("renew_lease(token)", bad_token, lambda w, v: w.jobs.renew_lease(w.lease._replace(token=v))),
+    ("renew_lease(expires_at)", non_strings, lambda w, v: w.jobs.renew_lease(w.lease._replace(expires_at=v))),
+    ("release_lease(owner)", bad_id, lambda w, v: w.jobs.release_lease(w.lease._replace(owner=v))),
+    ("store.get", bad_id, lambda w, v: w.store.get(v)),
+    ("store.history", bad_id, lambda w, v: w.store.history(v)),
+    ("store.find_transition", bad_id, lambda w, v: w.store.find_transition(w.q, v)),
+    ("store.has_newer_sibling", bad_id, lambda w, v: w.store.has_newer_sibling(v)),
+    ("store.soft_delete", bad_id, lambda w, v: w.store.soft_delete(v)),
+    ("store.create(id)", bad_id, lambda w, v: w.store.create(NewEntity(id=v, kind="job", state="queued"))),
+    ("store.create(kind)", bad_id, lambda w, v: w.store.create(NewEntity(id=w.fresh, kind=v, state="queued"))),
+    (
+        "store.create(data)",
+        bad_json,
+        lambda w, v: w.store.create(NewEntity(id=w.fresh, kind="job", state="queued", data={"v": v})),
+    ),
+    (
+        "store.apply(event)",
+        bad_id,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, v, "queued", "running", "worker", 0)),
+    ),
+    (
+        "store.apply(reason)",
+        bad_text,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, "start", "queued", "running", "worker", 0, reason=v)),
+    ),
+    (
+        "store.apply(expect_version)",
+        bad_token,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, "start", "queued", "running", "worker", v)),
+    ),
+    (
+        "store.apply(data)",
+        bad_json,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, "start", "queued", "running", "worker", 0, data={"v": v})),
+    ),
+    (
+        "store.acquire_lease(ttl)",
+        bad_ttl,
+        lambda w, v: w.store.acquire_lease(w.q, owner="o", ttl=v, budget=None, expect_version=0),
+    ),
+    (
+        "store.renew_lease(token)",
+        bad_token,
+        lambda w, v: w.store.renew_lease(w.f, owner="worker-1", token=v, ttl=timedelta(minutes=1), budget=None),
+    ),
+    (
+        "store.renew_lease(budget)",
+        bad_ttl,
+        lambda w, v: w.store.renew_lease(w.f, owner="worker-1", token=1, ttl=timedelta(minutes=1), budget=v),
+    ),
+    ("store.release_lease(owner)", bad_id, lambda w, v: w.store.release_lease(w.f, owner=v, token=w.lease.token)),
+    ("store.candidates(kind)", bad_id, lambda w, v: w.store.candidates(v, "running", (), limit=10)),
+    ("store.candidates(limit)", bad_token, lambda w, v: w.store.candidates("job", "running", (), limit=v)),
+    (
+        "store.apply_batch(ids)",
+        bad_id,
+        lambda w, v: w.store.apply_batch(BatchWrite((w.f, v), "job", "expire", "running", "failed", "reaper")),
+    ),
+]
+
+
+@st.composite
+def attacks(draw: st.DrawFn) -> tuple[str, Any, Call]:
+    name, values, call = draw(st.sampled_from(ENTRY_POINTS))
+    return name, draw(values), call
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(attack=attacks())
+def test_hostile_values_get_typed_errors_and_change_nothing(
+    any_store: Store, clock: ManualClock, attack: tuple[str, Any, Call]
+) -> None:
+    name, value, call = attack
+    world = World(any_store, clock)
+    before = world.state()
+    with pytest.raises(FsmError) as caught:
+        call(world, value)
+    assert not isinstance(caught.value, AssertionError), name
+    assert world.state() == before, f"{name} with {value!r} changed a row"
+    with pytest.raises(UnknownEntity):
+        any_store.get(world.fresh)
+    # and the store still works
+    probe = f"ok-{uuid.uuid4().hex[:8]}"
+    world.jobs.create(probe, data={"at": datetime(2026, 1, 1, tzinfo=UTC).isoformat(), "d": str(Decimal("1.5"))})
+    assert world.jobs.fire(probe, "start").state == "running"
+
+
+def test_every_entry_point_refuses_its_whole_class_once(any_store: Store, clock: ManualClock) -> None:
+    """A deterministic pass: one example of each entry point, so a new entry point is always tried."""
+    canonical = {
+        id(bad_id): "k" * (MAX_ID_LENGTH + 1),
+        id(bad_text): "a\x00b",
+        id(bad_json): math.nan,
+        id(bad_token): 2**64,
+        id(bad_ttl): timedelta.max,
+        id(non_strings): 42,
+    }
+    world = World(any_store, clock)
+    for name, values, call in ENTRY_POINTS:
+        value = canonical[id(values)]
+        before = world.state()
+        with pytest.raises(FsmError):
+            call(world, value)
+        assert world.state() == before, name
