@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.errors import InvalidArgument, InvalidData
-from fsm.records import BatchWrite, NewEntity, TransitionWrite
+from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TransitionWrite
 
 MAX_ID_LENGTH = 255
 """Longest id, idempotency key, owner, kind, state or event name (``VARCHAR(255)``)."""
@@ -332,6 +332,55 @@ def check_page(kind: object, state: object, limit: object, after_id: object) -> 
     check_optional_id("after_id", after_id)
 
 
+def check_effect_args(entity_id: object, key: object, owner: object, token: object, status: object) -> None:
+    """The arguments of a store's ``record_effect`` (the result is checked as JSON apart)."""
+    check_id("entity id", entity_id)
+    check_id("effect key", key)
+    check_id("owner", owner)
+    check_int("token", token)
+    check_id("status", status)
+
+
+def check_lease(lease: object) -> Lease:
+    """A :class:`Lease` whose fields are of the types the stores hold."""
+    if not isinstance(lease, Lease):
+        raise InvalidArgument(f"expected a Lease, not {_shown(lease)}")
+    check_id("lease entity id", lease.entity_id)
+    check_id("lease owner", lease.owner)
+    check_int("lease token", lease.token)
+    check_time("lease expires_at", lease.expires_at)
+    return lease
+
+
+def check_claim_request(request: object) -> ClaimRequest:
+    """A store's ``claim`` request: names, a bounded limit, a TTL, budgets."""
+    if not isinstance(request, ClaimRequest):
+        raise InvalidArgument(f"claim takes a ClaimRequest, not {_shown(request)}")
+    check_id("kind", request.kind)
+    check_id("owner", request.owner)
+    check_int("limit", request.limit, low=1, high=100_000)
+    check_store_ttl(request.ttl)
+    for start in request.starts:
+        if not isinstance(start, ClaimStart):
+            raise InvalidArgument(f"claim starts must be ClaimStart, not {_shown(start)}")
+        for name in ("source", "target", "event"):
+            check_id(f"start {name}", getattr(start, name))
+    for state in request.resumes:
+        check_id("resume state", state)
+    for state, budget in request.budgets:
+        check_id("budget state", state)
+        check_duration("budget", budget)
+    return request
+
+
+def check_listing(kind: object, state: object, limit: object, after_id: object) -> None:
+    """The arguments of a store's ``entities`` (``state`` optional)."""
+    check_id("kind", kind)
+    check_optional_id("state", state)
+    check_int("limit", limit, low=1, high=1_000_000)
+    check_optional_id("after_id", after_id)
+
+
 __all__ = [
     "MAX_DURATION",
     "MAX_ID_LENGTH",
@@ -340,12 +389,16 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "as_duration",
     "check_batch_write",
+    "check_claim_request",
     "check_duration",
+    "check_effect_args",
     "check_free_text",
     "check_id",
     "check_int",
     "check_json",
+    "check_lease",
     "check_lease_args",
+    "check_listing",
     "check_new_entity",
     "check_optional_duration",
     "check_optional_id",

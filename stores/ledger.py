@@ -8,11 +8,11 @@ exactly once" means.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from fsm.errors import InvalidArgument
+from fsm.errors import InvalidArgument, InvalidData
+from fsm.limits import check_id, check_lease, json_copy
 from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease
 
 MAX_KEY_LENGTH = 255
@@ -20,20 +20,19 @@ MAX_KEY_LENGTH = 255
 
 def check_effect_key(key: object) -> str:
     """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own."""
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
-        raise InvalidArgument(f"an effect key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+    key = check_id("effect key", key)
     if key.startswith("fsm:") and key != PROGRESS_KEY:
         raise InvalidArgument(f"effect keys starting with 'fsm:' are reserved, not {key!r}")
     return key
 
 
 def json_result(result: Any, what: str) -> Any:
-    """``result`` if it is JSON (no NaN), else ``InvalidArgument``: the ledger stores JSON."""
+    """A JSON copy of ``result`` (the limits of entity data: finite numbers, bounded depth,
+    no NUL), else ``InvalidArgument``: the ledger stores JSON."""
     try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as err:
+        return json_copy(result, lifecycle="ledger")
+    except InvalidData as err:
         raise InvalidArgument(f"{what} must be JSON (or a pydantic model the caller names): {err}") from None
-    return result
 
 
 def error_of(err: BaseException) -> dict[str, Any]:
@@ -69,9 +68,13 @@ class LedgerRun:
         self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
     ) -> tuple[EffectRecord, bool]:
         """See :meth:`stores.Store.run`."""
+        check_id("entity id", entity_id)
         check_effect_key(key)
-        if not isinstance(lease, Lease):
-            raise InvalidArgument(f"run needs the caller's Lease, not {lease!r}")
+        check_lease(lease)
+        if not callable(fn):
+            raise InvalidArgument(f"an effect's fn must be callable, not {type(fn).__name__}")
+        if not isinstance(retry_failed, bool):
+            raise InvalidArgument(f"retry_failed must be a bool, not {type(retry_failed).__name__}")
         recorded = self.effect(entity_id, key)
         if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
             return recorded, False

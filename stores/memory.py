@@ -25,9 +25,12 @@ from fsm.errors import (
 )
 from fsm.limits import (
     check_batch_write,
+    check_claim_request,
+    check_effect_args,
     check_id,
     check_int,
     check_lease_args,
+    check_listing,
     check_new_entity,
     check_page,
     check_store_ttl,
@@ -339,10 +342,10 @@ class MemoryStore(LedgerRun):
     # -- durable work: the effects ledger, claiming, listing ----------------------------------
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:
-        return self._effects.get(entity_id, {}).get(key)
+        return self._effects.get(check_id("entity id", entity_id), {}).get(check_id("effect key", key))
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
-        if entity_id not in self._rows:
+        if check_id("entity id", entity_id) not in self._rows:
             raise UnknownEntity(entity_id)
         with self._lock:
             return [r for _, r in sorted(self._effects.get(entity_id, {}).items())]
@@ -358,8 +361,9 @@ class MemoryStore(LedgerRun):
         result: Any,
         replace: tuple[str, ...] = (),
     ) -> tuple[EffectRecord, bool]:
+        check_effect_args(entity_id, key, owner, token, status)
         check_effect_key(key)
-        stored = copy.deepcopy(json_result(result, "an effect result"))
+        stored = json_result(result, "an effect result")
         with self._lock:
             row = self._live(entity_id)
             if row.lease_owner != owner or row.lease_token != token:
@@ -380,6 +384,7 @@ class MemoryStore(LedgerRun):
             return record, True
 
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        check_claim_request(request)
         starts = {s.source: s for s in request.starts}
         resumes = set(request.resumes)
         claimed: list[Snapshot] = []
@@ -431,6 +436,7 @@ class MemoryStore(LedgerRun):
     def entities(
         self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
     ) -> list[Snapshot]:
+        check_listing(kind, state, limit, after_id)
         with self._lock:
             found = sorted(
                 (
@@ -446,6 +452,7 @@ class MemoryStore(LedgerRun):
         return found[:limit]
 
     def count_states(self, kind: str) -> dict[str, int]:
+        check_id("kind", kind)
         counts: dict[str, int] = {}
         with self._lock:
             for r in self._rows.values():

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from fsm import Engine, FsmError, JobLifecycle, Lease, ManualClock, UnknownEntity
 from fsm.limits import MAX_ID_LENGTH, MAX_JSON_DEPTH
-from fsm.records import BatchWrite, NewEntity, TransitionWrite
+from fsm.records import BatchWrite, ClaimRequest, NewEntity, TransitionWrite
 from stores import Store
 
 EXAMPLES = int(os.environ.get("FSM_HOSTILE_EXAMPLES", "25"))
@@ -118,7 +118,7 @@ class World:
         self.fresh = f"n-{uuid.uuid4().hex[:8]}"  # what a refused create must not have created
 
     def state(self) -> Any:
-        return [(self.store.get(e), self.store.history(e)) for e in (self.q, self.f)]
+        return [(self.store.get(e), self.store.history(e), self.store.effects(e)) for e in (self.q, self.f)]
 
 
 Call = Callable[[World, Any], object]
@@ -204,6 +204,45 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
         bad_id,
         lambda w, v: w.store.apply_batch(BatchWrite((w.f, v), "job", "expire", "running", "failed", "reaper")),
     ),
+    # durable work: the ledger, claiming, listing, the keeper
+    ("run(key)", bad_id, lambda w, v: w.jobs.run(w.f, v, lambda key: 1, w.lease)),
+    ("run(result)", bad_json, lambda w, v: w.jobs.run(w.f, "gate", lambda key: {"v": v}, w.lease)),
+    ("run(lease.token)", bad_token, lambda w, v: w.jobs.run(w.f, "gate", lambda key: 1, w.lease._replace(token=v))),
+    ("run(lease.owner)", bad_id, lambda w, v: w.jobs.run(w.f, "gate", lambda key: 1, w.lease._replace(owner=v))),
+    ("claim(limit)", bad_token, lambda w, v: w.jobs.claim(v)),
+    ("claim(owner)", bad_id, lambda w, v: w.jobs.claim(owner=v)),
+    ("entities(state)", bad_id, lambda w, v: w.jobs.entities(state=v)),
+    ("entities(after_id)", bad_id, lambda w, v: w.jobs.entities(after_id=v)),
+    ("keep(period)", bad_ttl, lambda w, v: w.jobs.keep(w.lease, period=v)),
+    ("record_progress", bad_json, lambda w, v: w.jobs.record_progress(w.lease, {"v": v})),
+    ("store.effect", bad_id, lambda w, v: w.store.effect(w.f, v)),
+    ("store.effects", bad_id, lambda w, v: w.store.effects(v)),
+    (
+        "store.record_effect(owner)",
+        bad_id,
+        lambda w, v: w.store.record_effect(w.f, "k", owner=v, token=w.lease.token, status="succeeded", result=1),
+    ),
+    (
+        "store.record_effect(result)",
+        bad_json,
+        lambda w, v: w.store.record_effect(
+            w.f, "k", owner=w.lease.owner, token=w.lease.token, status="succeeded", result={"v": v}
+        ),
+    ),
+    (
+        "store.record_effect(token)",
+        bad_token,
+        lambda w, v: w.store.record_effect(w.f, "k", owner=w.lease.owner, token=v, status="succeeded", result=1),
+    ),
+    (
+        "store.claim(kind)",
+        bad_id,
+        lambda w, v: w.store.claim(ClaimRequest(kind=v, owner="o", limit=1, ttl=timedelta(minutes=1))),
+    ),
+    ("store.claim(ttl)", bad_ttl, lambda w, v: w.store.claim(ClaimRequest(kind="job", owner="o", limit=1, ttl=v))),
+    ("store.entities(kind)", bad_id, lambda w, v: w.store.entities(v)),
+    ("store.entities(limit)", bad_token, lambda w, v: w.store.entities("job", limit=v)),
+    ("store.count_states", bad_id, lambda w, v: w.store.count_states(v)),
 ]
 
 

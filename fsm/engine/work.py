@@ -19,6 +19,7 @@ import signals
 from fsm.engine.arguments import lease_arg, text
 from fsm.engine.leases import EngineLeases
 from fsm.errors import EffectFailed, Fenced, InvalidArgument, InvalidData, LeaseLost
+from fsm.limits import check_id
 from fsm.records import (
     EFFECT_FAILED,
     EFFECT_PROGRESS,
@@ -200,7 +201,7 @@ class EngineWork(EngineLeases):
 
     def entities(self, *, state: str | None = None, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         """Entities of this lifecycle by id, keyset-paged (``after_id``), optionally in one state."""
-        if state is not None and state not in self.table.configurations:
+        if state is not None and check_id("state", state) not in self.table.configurations:
             raise InvalidArgument(f"{self.kind} has no leaf state {state!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, StaleVersion
+from fsm.limits import check_claim_request, check_id, check_listing
 from fsm.records import ClaimRequest, ClaimStart, LeaseChange, Snapshot, TransitionWrite
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore
@@ -54,6 +55,7 @@ class ClaimOps(SqlCore):
 
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
         """See :meth:`stores.Store.claim`."""
+        check_claim_request(request)
         slot = self._conns.slot()
         cur = slot.cursor
         try:
@@ -129,6 +131,7 @@ class ClaimOps(SqlCore):
     ) -> list[Snapshot]:
         """See :meth:`stores.Store.entities`.  A row that cannot be decoded is left out (and
         logged); :meth:`count_states` still counts it."""
+        check_listing(kind, state, limit, after_id)
         lay, f = self._sql.L, self._f
         sql = self._claim_sql()["list"]
         params: dict[str, Any] = {"kind": kind, "limit": limit}
@@ -149,7 +152,8 @@ class ClaimOps(SqlCore):
 
     def count_states(self, kind: str) -> dict[str, int]:
         """See :meth:`stores.Store.count_states`."""
-        return {str(s): int(n) for s, n in self._run(self._claim_sql()["count"], {"kind": kind})}
+        rows = self._run(self._claim_sql()["count"], {"kind": check_id("kind", kind)})
+        return {str(s): int(n) for s, n in rows}
 
 
 __all__ = ["ClaimOps"]

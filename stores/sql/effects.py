@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, UnknownEntity
+from fsm.limits import check_effect_args, check_id
 from fsm.records import EffectRecord
 from stores.ledger import LedgerRun, check_effect_key, json_result
 from stores.sql.core import ATTEMPTS, SqlCore
@@ -73,12 +74,13 @@ class EffectOps(SqlCore, LedgerRun):
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:
         """See :meth:`stores.Store.effect`."""
-        rows = self._run(self._effect_sql()["one"], {"id": entity_id, "key": key})
+        params = {"id": check_id("entity id", entity_id), "key": check_id("effect key", key)}
+        rows = self._run(self._effect_sql()["one"], params)
         return effect_of(rows[0], self._sqlite) if rows else None
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
         """See :meth:`stores.Store.effects`."""
-        rows = self._run(self._effect_sql()["all"], {"id": entity_id})
+        rows = self._run(self._effect_sql()["all"], {"id": check_id("entity id", entity_id)})
         if not rows and not self._run(self._sql.exists, {"id": entity_id}):
             raise UnknownEntity(entity_id)
         return [effect_of(r, self._sqlite) for r in rows]
@@ -95,6 +97,7 @@ class EffectOps(SqlCore, LedgerRun):
         replace: tuple[str, ...] = (),
     ) -> tuple[EffectRecord, bool]:
         """See :meth:`stores.Store.record_effect`."""
+        check_effect_args(entity_id, key, owner, token, status)
         check_effect_key(key)
         params: dict[str, Any] = {
             "id": entity_id,
