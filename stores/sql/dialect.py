@@ -447,7 +447,8 @@ class Statements:
             keyed = f" AND {lay.ref('concurrency_key', 'e')} IS NOT NULL"
             found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{keyed}{rest} {order}"
         elif stale is None:
-            source = self._indexed("idle")
+            # counter conditions only: the lease index's (kind, state) prefix finds the rows
+            source = self._indexed("lease")
             found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{rest} {order}"
         else:
             source = self._indexed("lease")
