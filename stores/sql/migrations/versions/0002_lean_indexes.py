@@ -18,6 +18,8 @@ application table the entity indexes belong to the application's migrations
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import context, op
 
@@ -32,7 +34,7 @@ def _settings() -> tuple[str, str | None, str | None]:
     return attrs["table_prefix"], attrs["schema"], attrs["bound_table"]
 
 
-def _where(column: str) -> dict[str, sa.TextClause]:
+def _where(column: str) -> dict[str, Any]:
     clause = sa.text(f"{column} IS NOT NULL")
     return {"sqlite_where": clause, "postgresql_where": clause}
 
