@@ -153,7 +153,7 @@ class Layout:
     status_col: str | None = None
     binding: TableBinding | None = None
     indexes: dict[str, str] | None = None
-    """Quoted names of the reaper indexes (``lease``, ``siblings``), when the store knows them."""
+    """Quoted names of the entity indexes (``lease``, ``idle``, ``siblings``), when the store knows them."""
 
     def ref(self, name: str, alias: str) -> str:
         """SQL reading logical column ``name`` of the row aliased ``alias`` ("" = unqualified)."""
@@ -177,7 +177,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         effects=_table(q, f"{prefix}effects", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
-        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "siblings")},
+        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "idle", "siblings")},
     )
 
 

@@ -172,18 +172,17 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
 def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa.Index]:
     """The reaper's indexes (DESIGN sections 5 and 6), named ``ix_{stem}_...``.
 
-    Every index pays for itself on each write, so there are only two (revision 0002):
+    Every index pays for itself on each write (revision 0002):
 
     - ``lease``: ``(kind, state, lease_expires_at, updated_at)`` finds expired leases by a
       range on the expiry, and lease-less idle rows by ``lease_expires_at IS NULL`` plus a
       range on ``updated_at`` (the trailing column makes that branch exact too); its
       ``(kind, state)`` prefix also serves a rule with counter conditions only;
+    - ``idle``: ``(kind, state, updated_at)``, the workers' claim (oldest unchanged first);
+      no reaper rule reads it;
     - ``siblings``: ``(kind, concurrency_key, state, created_at)`` for the ``NewerSibling``
       probe, partial (``WHERE concurrency_key IS NOT NULL``): most rows have no key, and a
       row without one can never have a sibling.
-
-    Revision 0001 also had ``idle`` ``(kind, state, updated_at)``: no reaper query ever
-    reads ``updated_at`` without ``lease_expires_at IS NULL`` first, so it only cost writes.
     """
     c = table.c
     keyed = c[names["concurrency_key"]].isnot(None)
@@ -195,6 +194,7 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
             c[names["lease_expires_at"]],
             c[names["updated_at"]],
         ),
+        sa.Index(f"ix_{stem}_idle", c[names["kind"]], c[names["state"]], c[names["updated_at"]]),
         sa.Index(
             f"ix_{stem}_siblings",
             c[names["kind"]],

@@ -65,6 +65,7 @@ def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarg
         created_schema, migrated_schema = _schema(engine, sql_target.prefix), _schema(engine, migrated)
         assert created_schema == migrated_schema
         assert created_schema["entities"]["indexes"] == [
+            ("ix_{p}entities_idle", ("kind", "state", "updated_at"), False, None),
             ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False, None),
             (
                 "ix_{p}entities_siblings",
@@ -132,8 +133,7 @@ def test_a_database_at_0001_upgrades_to_the_lean_indexes_keeping_its_rows(sql_ta
         upgraded, created = _schema(engine, sql_target.prefix), _schema(engine, reference)
         assert upgraded == created
         downgrade(engine, "0001", table_prefix=sql_target.prefix)
-        indexes = {i["name"] for i in sa.inspect(engine).get_indexes(f"{sql_target.prefix}entities")}
-        assert f"ix_{sql_target.prefix}entities_idle" in indexes
+        assert current_revision(engine, table_prefix=sql_target.prefix) == "0001"
     finally:
         drop_schema(engine, table_prefix=reference)
 

@@ -4,14 +4,12 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-07
 
-- ``ix_{prefix}entities_idle`` ``(kind, state, updated_at)`` is dropped: no reaper query
-  reads ``updated_at`` except after ``lease_expires_at IS NULL``, which ``ix_..._lease``
-  ``(kind, state, lease_expires_at, updated_at)`` answers exactly, so it only cost writes;
 - ``ix_{prefix}entities_siblings`` and ``ux_{prefix}history_key`` become partial
   (``WHERE concurrency_key IS NOT NULL``, ``WHERE idempotency_key IS NOT NULL``): most rows
   carry no key, and a NULL key never has a sibling nor conflicts.
 
-On SQLite a transition then writes about a third fewer WAL pages.  With a bound
+The idle index ``(kind, state, updated_at)`` stays: no reaper rule reads it, but the
+workers' claim (oldest unchanged first) walks it.  With a bound
 application table the entity indexes belong to the application's migrations
 (``add_binding_columns``); only the history index changes here.
 """
@@ -53,7 +51,6 @@ def upgrade() -> None:
     )
     if not BOUND:
         stem = f"{PREFIX}entities"
-        op.drop_index(f"ix_{stem}_idle", table_name=stem, schema=SCHEMA)
         op.drop_index(f"ix_{stem}_siblings", table_name=stem, schema=SCHEMA)
         op.create_index(
             f"ix_{stem}_siblings",
@@ -73,4 +70,3 @@ def downgrade() -> None:
         stem = f"{PREFIX}entities"
         op.drop_index(f"ix_{stem}_siblings", table_name=stem, schema=SCHEMA)
         op.create_index(f"ix_{stem}_siblings", stem, ["kind", "concurrency_key", "state", "created_at"], schema=SCHEMA)
-        op.create_index(f"ix_{stem}_idle", stem, ["kind", "state", "updated_at"], schema=SCHEMA)
