@@ -248,6 +248,10 @@ class TransitionWrite:
     """What the caller changed, recorded in the history row."""
     reason: str | None = None
     idempotency_key: str | None = None
+    before: Snapshot | None = None
+    """The snapshot the write was judged on (at ``expect_version``), or ``None``.  A store
+    may build the snapshot it returns from it and the columns the write changes instead of
+    reading every column back: the version compare-and-set proves the others unchanged."""
 
 
 @dataclass(slots=True)

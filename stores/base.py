@@ -148,6 +148,21 @@ class Store(Protocol):
         """
         ...
 
+    def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        """Find and move up to ``limit`` candidates in one transaction: the entities
+        :meth:`candidates` would list for ``(batch.kind, batch.source, batch.require)``,
+        moved as :meth:`apply_batch` moves them (``batch.ids`` is not read: pass ``()``).
+
+        The reaper's claim: several reapers calling it at once divide the candidates
+        instead of each reading all of them (PostgreSQL claims with ``FOR UPDATE SKIP
+        LOCKED``: a row another transaction holds is skipped, not waited for).  Which
+        candidates a call takes is the store's choice (index order, not id order), and a
+        row whose content cannot be read is never taken: :meth:`candidates` reports it as
+        ``MalformedRow``.  Fewer than ``limit`` moved means none was left to take at that
+        moment.  Returns the moved rows with their history rows.
+        """
+        ...
+
     # -- durable work: the effects ledger, claiming, listing -----------------------------------
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:

@@ -249,6 +249,22 @@ class MemoryStore(LedgerRun):
                 moved.append(self._move(row, batch, now, None, None, None))
         return moved
 
+    def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        moved: list[tuple[Snapshot, HistoryRecord]] = []
+        with self._lock:
+            now = self.clock.now()
+            for row in list(self._rows.values()):
+                if len(moved) >= limit:
+                    break
+                if (
+                    row.kind == batch.kind
+                    and row.state == batch.source
+                    and not row.deleted
+                    and all(self._holds(c, row, now) for c in batch.require)
+                ):
+                    moved.append(self._move(row, batch, now, None, None, None))
+        return moved
+
     @staticmethod
     def _capped_expiry(row: Snapshot, now: datetime, ttl: timedelta, budget: timedelta | None) -> datetime | None:
         """``min(now + ttl, state_entered_at + budget)``, or ``None`` when the budget is spent."""

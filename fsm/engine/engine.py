@@ -32,6 +32,7 @@ from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
     Fenced,
+    FsmError,
     GuardRejected,
     IdempotencyKeyReused,
     InvalidArgument,
@@ -125,7 +126,7 @@ class Engine(EngineWork):
 
     def fire(
         self,
-        entity_id: str,
+        entity: str | Snapshot | FireResult,
         event: str,
         *,
         lease: Lease | None = None,
@@ -136,6 +137,15 @@ class Engine(EngineWork):
         owner: str | None = None,
     ) -> FireResult:
         """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
+
+        ``entity`` is an id, or the :class:`Snapshot` (or :class:`FireResult`) the caller
+        holds from its last read or fire: then the engine judges that snapshot and writes
+        without reading the row first (one statement on PostgreSQL).  The version
+        compare-and-set keeps this safe: if the entity moved since, the store refuses with
+        ``StaleVersion`` and the engine reads the row once and fires on it; an event the
+        held snapshot refuses is judged again on the row read once.  Any other refusal of
+        the store (``LeaseLost``, ``ConditionFailed``...) is raised as it is.  ``data`` is
+        not read back: it is the held snapshot's, or the merged patch.
 
         ``lease`` is the caller's lease for transitions that require holding it.
         ``data`` is a patch merged into the entity's data (top-level keys) and validated
@@ -151,18 +161,24 @@ class Engine(EngineWork):
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         actor = actor_arg(actor)
         check_arguments(reason, idempotency_key, data)
-        text("entity_id", entity_id)
+        held: Snapshot | None = None
+        if entity.__class__ is not str:
+            if isinstance(entity, FireResult):
+                held = entity.snapshot
+            elif isinstance(entity, Snapshot):
+                held = entity
+        entity_id = text("entity_id", entity if held is None else held.id)
         optional_lease(lease)
         if owner is not None:
             text("owner", owner)
         try:
             if idempotency_key is None:
-                return self._fire(entity_id, event, actor, lease, None, reason, data, owner)
+                return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held)
             replay = self._replay(entity_id, event, idempotency_key, lease)
             if replay is not None:
                 return replay
             try:
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held)
             except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
                 # a concurrent call with the same key (a retried webhook) may have committed
                 # between our lookup and our read: then this is a replay, not a refusal
@@ -185,11 +201,18 @@ class Engine(EngineWork):
         reason: str | None,
         data: Mapping[str, Any] | None,
         owner: str | None,
+        held: Snapshot | None = None,
     ) -> FireResult:
-        snap = self.store.get(entity_id)
-        if snap.kind != self.kind or snap.state not in self.table.configurations:
-            snap = self.get(entity_id)  # raises the precise error
+        if held is not None and held.kind == self.kind and held.state in self.table.configurations:
+            snap = held
+        else:
+            held = None
+            snap = self.store.get(entity_id)
+            if snap.kind != self.kind or snap.state not in self.table.configurations:
+                snap = self.get(entity_id)  # raises the precise error
         if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
+            if held is not None:  # the caller's snapshot disagrees with its lease: read the row
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
             self._check_holder(snap, lease)  # a holder that lost the work never fires with it
         patch: dict[str, Any] | None = None
         new_data: dict[str, Any] | None = None
@@ -199,10 +222,21 @@ class Engine(EngineWork):
             patch = json_copy(dict(data), lifecycle=self.kind, entity_id=snap.id)
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
-        branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
+        try:
+            branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
+        except FsmError:
+            if held is None:
+                raise
+            # refused on the caller's snapshot, which may be stale: judge the row as it is
+            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         try:
             new, record = self.store.apply(write)
+        except StaleVersion:
+            if held is None:
+                raise
+            # the caller's snapshot was stale: read the row once and judge the event on it
+            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
         except IdempotencyKeyReused:
             assert idempotency_key is not None
             replay = self._replay(entity_id, event, idempotency_key, lease)

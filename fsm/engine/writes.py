@@ -55,6 +55,7 @@ def write_for(
         patch,
         reason if reason is not None else branch.reason,
         idempotency_key,
+        snap,
     )
 
 

@@ -144,6 +144,11 @@ class Reaper:
         after: str | None = None
         batch = self.config.batch_size
         branch = rule.branch
+        if rule.set_based and not dry_run:
+            self._claim(rule, result)
+        # what the claims left: unreadable rows (counted and stepped over), rows another
+        # reaper is moving right now (lost races), and every row of a dry run or of a rule
+        # only Python can judge
         while True:
             page, exhausted = self._page(rule, after, batch, result)
             if not page:
@@ -164,6 +169,29 @@ class Reaper:
                 for snap in page:
                     self._move_one(rule, snap, result)
             if exhausted:
+                return
+
+    def _claim(self, rule: Rule, result: ReapResult) -> None:
+        """Move the rule's candidates a page at a time, each page found and moved by one
+        store call (:meth:`stores.Store.move_candidates`), until a page comes back short.
+
+        Concurrent reapers divide the rows this way instead of each reading all of them.
+        A page that fails for any reason but an unavailable store is left to the keyset
+        path that follows, which moves or skips its rows one by one.
+        """
+        write = self._batch(rule, ())
+        limit = self.config.batch_size
+        while True:
+            try:
+                moved = self.store.move_candidates(write, limit=limit)
+            except (StoreUnavailable, ConfigError):
+                raise
+            except (FsmError, ValueError, TypeError):
+                log.warning("%s: a claimed page failed; reading the candidates instead", rule.name, exc_info=True)
+                return
+            for snap, record in moved:
+                self._moved(rule, snap, record, result)
+            if len(moved) < limit:
                 return
 
     def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> tuple[list[Snapshot], bool]:

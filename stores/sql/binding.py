@@ -153,7 +153,7 @@ class Layout:
     status_col: str | None = None
     binding: TableBinding | None = None
     indexes: dict[str, str] | None = None
-    """Quoted names of the reaper indexes (``lease``, ``idle``), when the store knows them."""
+    """Quoted names of the entity indexes (``lease``, ``idle``, ``siblings``), when the store knows them."""
 
     def ref(self, name: str, alias: str) -> str:
         """SQL reading logical column ``name`` of the row aliased ``alias`` ("" = unqualified)."""
@@ -280,7 +280,7 @@ def add_missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) 
         have = {ix["name"] for ix in inspector.get_indexes(binding.table, schema=binding.schema)}
         for index in binding.indexes():
             if index.name not in have:
-                op.create_index(str(index.name), binding.table, [c.name for c in index.columns], schema=binding.schema)
+                _create_index(op, index, binding)
     return added
 
 
@@ -290,7 +290,13 @@ def add_binding_columns(op: Any, binding: TableBinding) -> None:
     for column in binding.added_columns():
         op.add_column(binding.table, column, schema=binding.schema)
     for index in binding.indexes():
-        op.create_index(str(index.name), binding.table, [c.name for c in index.columns], schema=binding.schema)
+        _create_index(op, index, binding)
+
+
+def _create_index(op: Any, index: sa.Index, binding: TableBinding) -> None:
+    """``index`` on the bound table, keeping its partial ``WHERE`` on either dialect."""
+    where = {k: v for k, v in index.dialect_kwargs.items() if k.endswith("_where") and v is not None}
+    op.create_index(str(index.name), binding.table, [c.name for c in index.columns], schema=binding.schema, **where)
 
 
 def drop_binding_columns(op: Any, binding: TableBinding) -> None:

@@ -27,6 +27,9 @@ from stores.sql.schema import ENTITY_COLUMNS, HISTORY_COLUMNS, decode_time, enco
 
 ConditionShape = tuple[tuple[type, str | None], ...]
 
+LEAN_COLUMNS = ("version", "lease_owner", "lease_token", "lease_expires_at", "attempt", "reclaims")
+"""What a transition changes besides state and times (all columns of a lean ``RETURNING``)."""
+
 
 def condition_shape(require: Sequence[Condition]) -> ConditionShape:
     """What the SQL of ``require`` depends on (types and counters, not the limits)."""
@@ -195,6 +198,9 @@ class Statements:
         self.L = layout
         self.f = flavor
         self.pg = flavor.name == "postgresql"
+        # lean writes build the new snapshot from the caller's: only on the library's own
+        # table, where nothing but the store changes a row without moving its version
+        self.lean_ok = layout.binding is None
         lay, f = layout, flavor
         self.E, self.H = lay.entities, lay.history
         c = lay.col
@@ -307,17 +313,24 @@ class Statements:
         bump_attempt: bool,
         bump_reclaims: bool,
         new_data: bool,
+        lean: bool = False,
     ) -> tuple[str, ...]:
-        """One transition.  PostgreSQL: a single statement (update, then the history row
-        from its RETURNING, one round trip).  SQLite: the history row first, selected from
-        the guarded row (its ``source`` is the state before), then the update, both inside
-        ``BEGIN IMMEDIATE``."""
-        key = ("apply", change, has_ttl, token_check, shape, bump_attempt, bump_reclaims, new_data)
+        """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
+
+        PostgreSQL: a single statement (the update, then the history row from its
+        ``RETURNING``: one round trip).  SQLite: the update, then the history row's
+        ``INSERT ... VALUES``, both inside ``BEGIN IMMEDIATE``.  The history row's ``source``
+        is the ``source`` parameter: the version compare-and-set proves the row was in it.
+        ``lean`` (the caller holds the snapshot it judged, owned tables only) returns only
+        what the write changes (:data:`LEAN_COLUMNS`), plus the statement's ``now`` on
+        PostgreSQL; otherwise every entity column."""
+        key = ("apply", change, has_ttl, token_check, shape, bump_attempt, bump_reclaims, new_data, lean)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
         c, f = self.L.col, self.f
-        # SQLite decodes the new row before COMMIT instead (cheaper than a JSON check in SQL)
+        # SQLite decodes the new row before COMMIT instead (cheaper than a JSON check in SQL);
+        # a lean write returns no data: its caller decoded that row at this version
         guard = f"{self.readable if self.pg else self.live} AND e.{c['version']} = {f.p('version')}"
         if self.L.status_col is not None:
             # the application writes its status column without our version: re-check the state
@@ -328,25 +341,20 @@ class Statements:
         guard += self.conditions(require, "e")
         sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data)
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
-        tail = f"{f.p('event')}, {{source}}, {f.p('target')}, {f.p('actor')}, {{token}}, {f.p('reason')}, {f.p('key')}"
+        common = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
+        lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)
+        returning = lean_cols if lean else self.ret
         if self.pg:
-            where = f"o.{c['id']} = e.{c['id']} AND {guard}"
             found = (
-                f"WITH u AS (UPDATE {self.E} AS e SET {sets} FROM {self.E} AS o WHERE {where} "
-                f"RETURNING {self.ret}, {self.L.ref('state', 'o')} AS fsm_source, {f.now} AS fsm_now), "
-                f"h AS ({hist} SELECT u.id, u.version, "
-                + tail.format(source="u.fsm_source", token="u.lease_token")
-                + f", u.fsm_now, {f.json('patch')} FROM u) SELECT * FROM u",
+                f"WITH u AS (UPDATE {self.E} AS e SET {sets} WHERE {guard} RETURNING {returning}, {f.now} AS fsm_now), "
+                f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.lease_token, {f.p('reason')}, {f.p('key')}, "
+                f"u.fsm_now, {f.json('patch')} FROM u) SELECT * FROM u",
             )
         else:
-            token = f"e.{c['lease_token']}" + (" + 1" if change is LeaseChange.ACQUIRE else "")
             found = (
-                f"{hist} SELECT e.{c['id']}, e.{c['version']} + 1, "
-                + tail.format(source=self.L.ref("state", "e"), token=token)
-                + f", {f.now}, {f.p('patch')} FROM {self.E} AS e WHERE {guard} RETURNING source",
-                self._update(
-                    sets, f"e.{c['id']} = {f.p('id')} AND e.{c['version']} = {f.p('version')}", returning=self.ret
-                ),
+                self._update(sets, guard, returning=returning),
+                f"{hist} VALUES ({f.p('id')}, {f.p('seq')}, {common}, {f.p('htoken')}, {f.p('reason')}, {f.p('key')}, "
+                f"{f.now}, {f.p('patch')})",
             )
         self._shapes[key] = found
         return found
@@ -447,7 +455,8 @@ class Statements:
             keyed = f" AND {lay.ref('concurrency_key', 'e')} IS NOT NULL"
             found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{keyed}{rest} {order}"
         elif stale is None:
-            source = self._indexed("idle")
+            # counter conditions only: the lease index's (kind, state) prefix finds the rows
+            source = self._indexed("lease")
             found = f"SELECT {self.cols_e} FROM {source} WHERE {base}{rest} {order}"
         else:
             source = self._indexed("lease")
@@ -460,6 +469,86 @@ class Statements:
                 "SELECT * FROM ("
                 + " UNION ALL ".join(f"SELECT {self.cols_e} FROM {source} WHERE {base} AND {b}{rest}" for b in branches)
                 + f") AS c {order}"
+            )
+        self._shapes[key] = found
+        return found
+
+    def _candidate_branches(self, require: Sequence[Condition], what: str, tail: str) -> list[str]:
+        """``SELECT {what} ... {tail}`` per index range the candidates of ``require`` come
+        from: two for a ``LeaseStale`` (expired leases; lease-less idle rows), one for a
+        ``NewerSibling`` (the keyed rows) or counters only (the ``(kind, state)`` prefix)."""
+        lay, f = self.L, self.f
+        base = (
+            f"{lay.ref('kind', 'e')} = {f.p('kind')} AND {lay.ref('state', 'e')} = {f.p('state')} "
+            f"AND NOT {lay.ref('deleted', 'e')}"
+        )
+        stale = next((i for i, c in enumerate(require) if isinstance(c, LeaseStale)), None)
+        rest = "".join(f" AND {self.condition(c, 'e', i)}" for i, c in enumerate(require) if i != stale)
+        if stale is None and any(isinstance(c, NewerSibling) for c in require):
+            keyed = f" AND {lay.ref('concurrency_key', 'e')} IS NOT NULL"
+            return [f"SELECT {what} FROM {self._indexed('siblings')} WHERE {base}{keyed}{rest}{tail}"]
+        if stale is None:
+            return [f"SELECT {what} FROM {self._indexed('lease')} WHERE {base}{rest}{tail}"]
+        exp = lay.ref("lease_expires_at", "e")
+        branches = [
+            f"{exp} < {f.now}",
+            f"{exp} IS NULL AND {lay.ref('updated_at', 'e')} < {f.now_minus(f'stale{stale}')}",
+        ]
+        return [f"SELECT {what} FROM {self._indexed('lease')} WHERE {base} AND {b}{rest}{tail}" for b in branches]
+
+    def claim(
+        self,
+        change: LeaseChange,
+        has_ttl: bool,
+        shape: ConditionShape,
+        require: Sequence[Condition],
+        bumps: tuple[bool, bool],
+    ) -> tuple[str, ...]:
+        """The reaper's claim-and-move: up to ``limit`` candidates found *and* moved by one
+        statement, so concurrent reapers divide the stale rows instead of each reading
+        all of them.
+
+        The candidates are read in index order (no ``ORDER BY``: a moved row leaves the
+        range, so the next claim starts where the rows still are), each index range under
+        its own ``LIMIT``, and only readable rows (a JSON object in ``data``) are claimed:
+        the reaper finds the others through :meth:`candidates`, counts and skips them.
+        PostgreSQL locks the claimed rows with ``FOR UPDATE SKIP LOCKED`` (a row another
+        reaper holds is skipped, not waited for; READ COMMITTED re-checks every predicate
+        on a row's newest version when it locks it), then updates them by primary key and
+        inserts their history rows from the ``RETURNING``, in one statement.  SQLite (one
+        writer under ``BEGIN IMMEDIATE``): ``UPDATE ... WHERE id IN (candidates) RETURNING``,
+        then the history rows of the moved ids."""
+        key = ("claim", change, has_ttl, shape, bumps)
+        found: tuple[str, ...] | None = self._shapes.get(key)
+        if found is not None:
+            return found
+        f, c = self.f, self.L.col
+        readable = f" AND {f.is_object('e.' + c['data'])}"
+        sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False)
+        hist = f"INSERT INTO {self.H} ({self.hist_cols})"
+        values = f"{f.p('event')}, {f.p('state')}, {f.p('target')}, {f.p('actor')}"
+        limit = f" LIMIT {f.p('limit')}"
+        if self.pg:
+            lock = f"{limit} FOR UPDATE OF e SKIP LOCKED"
+            branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + lock)
+            picked = " UNION ALL ".join(f"SELECT id FROM ({b}) AS b{i}" for i, b in enumerate(branches))
+            found = (
+                f"WITH c AS MATERIALIZED (SELECT id FROM ({picked}) AS p{limit}), "
+                # by primary key from an array: an index probe per claimed row, whatever the
+                # planner guesses of the claim's size (a join may hash the whole table)
+                f"u AS (UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM c)) "
+                f"RETURNING {self.ret}, {f.now} AS fsm_now), "
+                f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
+                f"FROM u) SELECT * FROM u",
+            )
+        else:
+            branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + limit)
+            picked = " UNION ALL ".join(f"SELECT id FROM ({b})" for b in branches)
+            found = (
+                f"UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} IN (SELECT id FROM ({picked}){limit}) "
+                f"RETURNING {self.ret}",
+                f"{hist} SELECT e.{c['id']}, e.{c['version']}, {values}, e.{c['lease_token']}, {f.p('reason')}, "
+                f"NULL, {f.now}, NULL FROM {self.E} AS e WHERE {f.in_ids('e.' + c['id'], 'moved')}",
             )
         self._shapes[key] = found
         return found
@@ -521,6 +610,7 @@ class Statements:
 
 
 __all__ = [
+    "LEAN_COLUMNS",
     "ConditionShape",
     "Flavor",
     "PostgresFlavor",

@@ -91,6 +91,39 @@ class ReaperOps(SqlCore):
             ]  # fmt: skip
         return []
 
+    def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        """See :meth:`stores.Store.move_candidates`: one statement on PostgreSQL (claimed
+        with ``FOR UPDATE SKIP LOCKED``), one ``BEGIN IMMEDIATE`` transaction on SQLite."""
+        sql = self._sql.claim(
+            batch.lease_change,
+            batch.lease_ttl is not None,
+            condition_shape(batch.require),
+            batch.require,
+            (batch.bump_attempt, batch.bump_reclaims),
+        )
+        params: dict[str, Any] = {
+            "kind": batch.kind,
+            "state": batch.source,
+            "target": batch.target,
+            "event": batch.event,
+            "actor": batch.actor,
+            "reason": batch.reason,
+            "new_owner": batch.new_owner,
+            "limit": limit,
+        }
+        if self._status is not None:
+            params["status"] = self._status(batch.target)
+        now = self._now()
+        self._time_params(params, now, batch.lease_ttl)
+        self._sql.condition_params(params, batch.require, now)
+        moved = self._batch_sqlite(sql, params, now) if self._sqlite else self._batch_pg(sql, params)
+        snaps = self._attach([s for s, _ in moved])
+        return [
+            (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
+                              s.lease_token, batch.reason, None, when, None))
+            for s, (_, when) in zip(snaps, moved, strict=True)
+        ]  # fmt: skip
+
     def _batch_sqlite(self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None) -> list[Any]:
         slot = self._conns.slot()
         cur = slot.cursor
@@ -110,6 +143,8 @@ class ReaperOps(SqlCore):
             raise
         except self._errors as err:
             if is_undecodable(err):  # rolled back: name the bad row, apply_batch moves the others
+                if "ids" not in params:  # a claimed page (move_candidates): the reaper reads it row by row
+                    raise MalformedRow("(claimed page)", reason="a row's text is not UTF-8") from err
                 raise self._undecodable_among(params) or unavailable(err, self._conns) from err
             raise unavailable(err, self._conns) from err
         return moved

@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -172,13 +172,20 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
 def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa.Index]:
     """The reaper's indexes (DESIGN sections 5 and 6), named ``ix_{stem}_...``.
 
+    Every index pays for itself on each write (revision 0002):
+
     - ``lease``: ``(kind, state, lease_expires_at, updated_at)`` finds expired leases by a
       range on the expiry, and lease-less idle rows by ``lease_expires_at IS NULL`` plus a
-      range on ``updated_at`` (the trailing column makes that branch exact too);
-    - ``idle``: ``(kind, state, updated_at)``, rows by last update;
-    - ``siblings``: ``(kind, concurrency_key, state, created_at)``, the ``NewerSibling`` probe.
+      range on ``updated_at`` (the trailing column makes that branch exact too); its
+      ``(kind, state)`` prefix also serves a rule with counter conditions only;
+    - ``idle``: ``(kind, state, updated_at)``, the workers' claim (oldest unchanged first);
+      no reaper rule reads it;
+    - ``siblings``: ``(kind, concurrency_key, state, created_at)`` for the ``NewerSibling``
+      probe, partial (``WHERE concurrency_key IS NOT NULL``): most rows have no key, and a
+      row without one can never have a sibling.
     """
     c = table.c
+    keyed = c[names["concurrency_key"]].isnot(None)
     return [
         sa.Index(
             f"ix_{stem}_lease",
@@ -194,6 +201,8 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
             c[names["concurrency_key"]],
             c[names["state"]],
             c[names["created_at"]],
+            sqlite_where=keyed,
+            postgresql_where=keyed,
         ),
     ]
 
@@ -249,7 +258,16 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         sa.Column("at", UtcDateTime(), nullable=False),
         sa.Column("data", JsonDocument(), nullable=True),
     )
-    sa.Index(f"ux_{prefix}history_key", table.c.entity_id, table.c.idempotency_key, unique=True)
+    # partial: most transitions carry no key, and NULL keys never conflict anyway
+    keyed = table.c.idempotency_key.isnot(None)
+    sa.Index(
+        f"ux_{prefix}history_key",
+        table.c.entity_id,
+        table.c.idempotency_key,
+        unique=True,
+        sqlite_where=keyed,
+        postgresql_where=keyed,
+    )
     return table
 
 

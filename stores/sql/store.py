@@ -94,7 +94,7 @@ DEFAULT_URL = "sqlite:///fsm.db"
 _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
-    "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch",
+    "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch", "move_candidates",
     "effect", "effects", "record_effect", "run", "claim", "entities", "count_states",
 )  # fmt: skip
 
@@ -424,10 +424,15 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         """See :meth:`stores.Store.apply`: one guarded statement (PostgreSQL) or transaction
-        (SQLite) writes the row and its history row; a refusal is diagnosed by re-reading."""
+        (SQLite) writes the row and its history row; a refusal is diagnosed by re-reading.
+
+        With ``write.before`` (on the library's own table) the statement returns only the
+        columns the write changes and the new snapshot is built from ``before``: the data
+        is neither returned nor decoded (``write.data`` when it changed, else ``before``'s)."""
         check_transition_write(write)
         entity_id = write.entity_id
         require = write.require
+        before = write.before if self._sql.lean_ok else None
         sql = self._sql.apply(
             write.lease_change,
             write.lease_ttl is not None,
@@ -437,6 +442,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             write.bump_attempt,
             write.bump_reclaims,
             write.data is not None,
+            before is not None,
         )
         children: dict[str, Any] = {}
         data_text: str | None = None
@@ -453,6 +459,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             "owner": write.expect_owner,
             "token": write.expect_token,
             "event": write.event,
+            "source": write.source,
             "target": write.target,
             "actor": write.actor,
             "reason": write.reason,
@@ -463,7 +470,6 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         }
         if self._status is not None:
             params["status"] = self._status(write.target)
-            params["source"] = write.source
         integrity = False
         for _ in range(ATTEMPTS):
             now = self._now()
@@ -471,9 +477,20 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             if require:
                 self._sql.condition_params(params, require, now)
             try:
-                snap, source, at = (self._apply_sqlite if self._sqlite else self._apply_pg)(sql, params, now, children)
+                row, at = (self._apply_sqlite if self._sqlite else self._apply_pg)(
+                    sql, params, now, children, before is not None
+                )
+                if before is None:
+                    snap = row
+                else:  # positional: the hot path
+                    exp = row[3]
+                    snap = Snapshot(
+                        entity_id, before.kind, write.target, row[0], row[1], row[2],
+                        None if exp is None else decode_time(exp), at, before.created_at, at, False,
+                        before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
+                    )  # fmt: skip
                 record = HistoryRecord(
-                    entity_id, snap.version, write.event, source, write.target, write.actor, snap.lease_token,
+                    entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
                     write.reason, write.idempotency_key, at, None if patch_text is None else json.loads(patch_text),
                 )  # fmt: skip
                 return snap, record
@@ -489,44 +506,54 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         raise ConditionFailed(entity_id, condition=",".join(c.name for c in require) or "compare_and_set")
 
     def _apply_sqlite(
-        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any]
-    ) -> tuple[Snapshot, str, datetime]:
+        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any], lean: bool
+    ) -> tuple[Any, datetime]:
+        """The row (a Snapshot, or the lean columns) and the write's time."""
         slot = self._conns.slot()
         cur = slot.cursor
         own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
         try:
-            if own:
-                cur.execute("BEGIN IMMEDIATE")
+            # the update runs first: inside a claim's transaction a savepoint undoes it when
+            # the history row is refused (an idempotency key taken), as a rollback does alone
+            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_apply")
             try:
                 cur.execute(sql[0], params)
-                inserted = cur.fetchall()
-                if not inserted:
+                rows = cur.fetchall()
+                if not rows:
                     raise _Refused
+                row = rows[0]
+                if lean:
+                    params["seq"], params["htoken"] = row[0], row[2]
+                else:
+                    row = snapshot_of(row)  # decoded before COMMIT: a bad row rolls back
+                    params["seq"], params["htoken"] = row.version, row.lease_token
                 cur.execute(sql[1], params)
-                snap = snapshot_of(cur.fetchall()[0])  # decoded before COMMIT: a bad row rolls back
-                if children:
-                    for io in self._children:
-                        if io.child.key in children:
-                            io.save(cur, snap.id, children[io.child.key])
-                    snap = attach(self._children, cur, [snap])[0]
-                elif self._children:
-                    snap = attach(self._children, cur, [snap])[0]
-                if own:
-                    cur.execute("COMMIT")
+                if not lean:
+                    if children:
+                        for io in self._children:
+                            if io.child.key in children:
+                                io.save(cur, row.id, children[io.child.key])
+                    if self._children:
+                        row = attach(self._children, cur, [row])[0]
+                cur.execute("COMMIT" if own else "RELEASE fsm_apply")
             except BaseException:
                 if own:
                     slot.conn.rollback()
+                else:
+                    cur.execute("ROLLBACK TO fsm_apply")
+                    cur.execute("RELEASE fsm_apply")
                 raise
         except self._integrity:
             raise
         except self._errors as err:
             raise unavailable(err, self._conns, params["id"]) from err
         assert now is not None
-        return snap, inserted[0][0], now
+        return row, now
 
     def _apply_pg(
-        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any]
-    ) -> tuple[Snapshot, str, datetime]:
+        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any], lean: bool
+    ) -> tuple[Any, datetime]:
+        """The row (a Snapshot, or the lean columns) and the statement's time."""
         slot = self._conns.slot()
         cur = slot.cursor
         try:
@@ -534,19 +561,19 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 with slot.conn.transaction():
                     rows = self._write_children(cur, sql[0], params, params["id"], children)
                     if rows:
-                        snap = attach(self._children, cur, [snapshot_of(rows[0])])[0]
+                        row = attach(self._children, cur, [snapshot_of(rows[0])])[0]
             else:
                 cur.execute(sql[0], params)
                 rows = cur.fetchall()
                 if rows:
-                    snap = snapshot_of(rows[0])
+                    row = rows[0] if lean else snapshot_of(rows[0])
         except self._integrity:
             raise
         except self._errors as err:
             raise unavailable(err, self._conns, params["id"]) from err
         if not rows:
             raise _Refused
-        return snap, rows[0][15], decode_time(rows[0][16])
+        return row, decode_time(rows[0][-1])
 
     def _diagnose_apply(self, write: TransitionWrite) -> FsmError | None:
         """Why the guarded write matched no row, in the contract's order; None if it should pass now."""

@@ -14,6 +14,8 @@ from fsm import Engine, PipelineLifecycle
 from stores import MemoryStore
 
 N = 5_000
+N_SLOW = 500
+"""python-statemachine costs ~60 us per send: fewer objects keep the CI smoke run short."""
 EVENTS = ("start", "finish", "succeed")
 
 
@@ -33,14 +35,14 @@ def _fsm_fire() -> Callable[[], int]:
 
 
 def _statemachine_send() -> Callable[[], int]:
-    machines = [PipelineLifecycle.restore("queued", {"holds_lease": True}) for _ in range(N)]
+    machines = [PipelineLifecycle.restore("queued", {"holds_lease": True}) for _ in range(N_SLOW)]
 
     def body() -> int:
         for sm in machines:
             sm.send("start")
             sm.send("finish")
             sm.send("succeed")
-        return 3 * N
+        return 3 * N_SLOW
 
     return body
 
@@ -78,7 +80,7 @@ def _transitions_trigger() -> Callable[[], int]:
     return body
 
 
-def run(report: Report) -> None:
+def run(report: Report, **_: object) -> None:
     print("fire: in-memory engine vs python-statemachine vs transitions (Pipeline start/finish/succeed)")
     report.measure(
         {
@@ -91,11 +93,11 @@ def run(report: Report) -> None:
         "memory fire vs python-statemachine send",
         "fire/memory (fsm Engine + MemoryStore)",
         "send/python-statemachine (StateChart.send)",
-        10.0,
+        15.0,
     )
     report.ratio(
         "memory fire vs transitions trigger",
         "fire/memory (fsm Engine + MemoryStore)",
         "trigger/transitions (Machine.trigger)",
-        1.0,
+        1.5,
     )

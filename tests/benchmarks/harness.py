@@ -1,13 +1,18 @@
-"""A small benchmark harness: contenders measured in one run, ratios printed, JSON on demand.
+"""A small benchmark harness: contenders interleaved in one run, medians, spread, load, JSON.
 
-Each contender is timed in several interleaved rounds and its best round counts (the
-least disturbed by the machine); ratios compare rates measured in the same process.
+Each contender is timed in several rounds, interleaved (A B A B ..., the order flipped
+every round, so neither side always runs on a warmer cache or a quieter machine); its
+*median* round counts, and the spread (fastest and slowest round against the median) is
+printed beside it with the machine's load average, so a disturbed run shows as one.
+Ratios compare medians measured in the same process.  Benchmarks never assert on timings.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -18,11 +23,20 @@ Setup = Callable[[], Callable[[], int]]
 """Prepares one round (untimed) and returns the timed body, which returns its op count."""
 
 
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, and the cores they are shared by."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
 @dataclass
 class Measurement:
     name: str
     ops: int
     seconds: float
+    """The median round's seconds."""
+    rounds: list[float] = field(default_factory=list)
+    load: str = ""
 
     @property
     def rate(self) -> float:
@@ -32,6 +46,14 @@ class Measurement:
     def us_per_op(self) -> float:
         return self.seconds / self.ops * 1e6 if self.ops else 0.0
 
+    @property
+    def spread(self) -> str:
+        """Fastest and slowest round against the median, in percent."""
+        if not self.rounds or not self.seconds:
+            return ""
+        lo, hi = min(self.rounds), max(self.rounds)
+        return f"-{(1 - lo / self.seconds) * 100:.0f}%/+{(hi / self.seconds - 1) * 100:.0f}%"
+
 
 @dataclass
 class Ratio:
@@ -39,6 +61,7 @@ class Ratio:
     value: float
     target: float
     meets: bool
+    higher: bool = True
 
 
 @dataclass
@@ -46,30 +69,49 @@ class Report:
     measurements: dict[str, Measurement] = field(default_factory=dict)
     ratios: list[Ratio] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    default_rounds: int = 5
 
-    def measure(self, contenders: dict[str, Setup], rounds: int = 5) -> None:
-        """Time each contender ``rounds`` times, interleaved; keep each one's best round."""
-        best: dict[str, Measurement] = {}
-        for _ in range(rounds):
-            for name, setup in contenders.items():
-                body = setup()
+    def measure(
+        self, contenders: dict[str, Setup], rounds: int | None = None, *, unit: str = "ops"
+    ) -> dict[str, Measurement]:
+        """Time each contender ``rounds`` times, interleaved and flipped; keep the median."""
+        rounds = max(rounds or self.default_rounds, self.default_rounds)
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        ops: dict[str, int] = {}
+        order = list(contenders)
+        for r in range(rounds):
+            for name in order if r % 2 == 0 else reversed(order):
+                body = contenders[name]()
                 start = time.perf_counter()
-                ops = body()
-                elapsed = time.perf_counter() - start
-                if name not in best or elapsed / ops < best[name].seconds / best[name].ops:
-                    best[name] = Measurement(name, ops, elapsed)
-        for name, m in best.items():
-            self.measurements[name] = m
-            print(f"  {name:<48} {m.rate:>12,.0f} ops/s  {m.us_per_op:>9.2f} us/op", flush=True)
+                ops[name] = body()
+                times[name].append(time.perf_counter() - start)
+        now = load()
+        found = {}
+        for name in order:
+            m = Measurement(name, ops[name], statistics.median(times[name]), times[name], now)
+            self.measurements[name] = found[name] = m
+            self.show(m, unit)
+        print(f"    ({rounds} rounds interleaved, order flipped each round; {now})", flush=True)
+        return found
+
+    @staticmethod
+    def show(m: Measurement, unit: str = "ops") -> None:
+        if unit == "ops":
+            print(
+                f"  {m.name:<58} {m.rate:>10,.0f} ops/s {m.us_per_op:>9.1f} us/op  spread {m.spread}",
+                flush=True,
+            )
+        else:
+            print(f"  {m.name:<58} {m.seconds * 1000:>10.1f} ms/{unit} ({m.ops:,} rows)  spread {m.spread}", flush=True)
 
     def ratio(self, name: str, numerator: str, denominator: str, target: float, *, higher: bool = True) -> Ratio:
-        """``numerator`` rate / ``denominator`` rate (or cost ratio when ``higher`` is False)."""
+        """``numerator`` rate / ``denominator`` rate (or a cost ratio when ``higher`` is False)."""
         num, den = self.measurements[numerator], self.measurements[denominator]
         value = num.rate / den.rate if higher else (num.seconds / den.seconds)
         meets = value >= target if higher else value <= target
         sign = ">=" if higher else "<="
         print(f"  RATIO {name}: {value:.2f}x (target {sign} {target}x) {'OK' if meets else 'SHORT'}", flush=True)
-        r = Ratio(name, round(value, 3), target, meets)
+        r = Ratio(name, round(value, 3), target, meets, higher)
         self.ratios.append(r)
         return r
 
@@ -77,8 +119,11 @@ class Report:
         return {
             "python": sys.version.split()[0],
             "machine": platform.platform(),
+            "cores": os.cpu_count(),
+            "load_at_end": load(),
             "measurements": {
-                k: {**asdict(v), "rate": v.rate, "us_per_op": v.us_per_op} for k, v in self.measurements.items()
+                k: {**asdict(v), "rate": v.rate, "us_per_op": v.us_per_op, "spread": v.spread}
+                for k, v in self.measurements.items()
             },
             "ratios": [asdict(r) for r in self.ratios],
             "notes": self.notes,

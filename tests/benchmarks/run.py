@@ -1,7 +1,20 @@
-"""Run the benchmarks: ``python tests/benchmarks/run.py [--only fire,sql,reaper] [--json FILE]``.
+"""Run the benchmarks.
 
-Every suite prints its measurements and the ratios against its targets; ``--json``
-writes them all to FILE.  Benchmarks are not tests: they never assert on timings.
+    python tests/benchmarks/run.py [--only fire,sql,reaper,scale] [--pg-url URL] [--big] [--json FILE]
+
+- ``fire``: in-memory ``fire`` vs python-statemachine and ``transitions`` (fast: the CI smoke run);
+- ``sql``: ``fire`` through SqlStore vs the fastest honest raw driver code on the same tables,
+  SQLite always, PostgreSQL with 1, 2, 4 and 8 writers when a URL is given;
+- ``reaper``: a tick over 10,000 rows with 1,000 stale (``--big``: also 1,000,000 rows) vs
+  seeds/000's own way and one set-based ``UPDATE .. RETURNING``, SQLite and PostgreSQL;
+- ``scale``: 1, 2 and 4 reaper processes on 100,000 stale rows (PostgreSQL only).
+
+The PostgreSQL parts run only on the database named by ``--pg-url`` (or the
+``FSM_BENCH_POSTGRES_URL`` environment variable), never on a default: use a database of
+your own (``createdb bench``), the benchmarks create and drop their own tables in it.
+Every suite prints its measurements (median of interleaved rounds, spread, load) and
+its ratios against the targets of DESIGN section 11; ``--json`` writes them all to FILE.
+Benchmarks are not tests: they never assert on timings.
 """
 
 from __future__ import annotations
@@ -14,30 +27,32 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import Report  # noqa: E402
+from harness import Report, load  # noqa: E402
 
-SUITES = {"fire": "bench_fire", "sql": "bench_sql", "reaper": "bench_reaper"}
+SUITES = {"fire": "bench_fire", "sql": "bench_sql", "reaper": "bench_reaper", "scale": "bench_scale"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated suites: " + ", ".join(SUITES))
     parser.add_argument("--json", dest="json_path", help="write measurements and ratios to this file")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get("FSM_BENCH_POSTGRES_URL"),
+        help="PostgreSQL URL for the PostgreSQL parts (default: $FSM_BENCH_POSTGRES_URL; none: skipped)",
+    )
+    parser.add_argument("--big", action="store_true", help="reaper: also the 1,000,000-row table (minutes)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per comparison (at least 5)")
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SUITES)
     unknown = [s for s in chosen if s not in SUITES]
     if unknown:
         parser.error(f"unknown suite(s): {', '.join(unknown)}")
-    report = Report()
+    report = Report(default_rounds=max(5, args.rounds))
+    print(f"python {sys.version.split()[0]}; {load()}; postgres: {args.pg_url or 'not given (skipped)'}")
     for suite in chosen:
-        try:
-            module = importlib.import_module(SUITES[suite])
-        except ModuleNotFoundError as err:
-            if err.name == SUITES[suite]:
-                print(f"{suite}: not available yet")
-                continue
-            raise
-        module.run(report)
+        module = importlib.import_module(SUITES[suite])
+        module.run(report, pg_url=args.pg_url, big=args.big)
     if args.json_path:
         report.write_json(args.json_path)
         print(f"wrote {args.json_path}")

@@ -6,6 +6,7 @@ once registered), with a ManualClock driving time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -135,6 +136,11 @@ class BrokenStore:
             raise ConnectionError("database is restarting")
         return self.inner.candidates(*args, **kwargs)
 
+    def move_candidates(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            raise ConnectionError("database is restarting")
+        return self.inner.move_candidates(*args, **kwargs)
+
 
 def test_AC5_a_failing_store_is_logged_and_the_reaper_keeps_running(
     any_store: Store, clock: ManualClock, caplog: pytest.LogCaptureFixture
@@ -201,6 +207,11 @@ class RaceStore:
             self.between()
             self.between = None
         return self.inner.apply_batch(batch)
+
+    def move_candidates(self, batch: Any, *, limit: int) -> Any:
+        # a claim reads and writes in one statement: nothing can land in between, so the
+        # race is staged on the keyset path that reads first and writes later
+        return []
 
 
 def test_a_renewal_wins_over_a_reaper_whose_own_clock_ran_ahead(any_store: Store, clock: ManualClock) -> None:
@@ -360,6 +371,12 @@ class OneBadRowStore:
         if any(r.id == self.bad for r in rows):
             raise MalformedRow(self.bad, reason="broken JSON in data")
         return rows
+
+    def move_candidates(self, batch: Any, *, limit: int) -> Any:
+        # as a store does: an unreadable row is never claimed, the others are
+        rows = self.inner.candidates(batch.kind, batch.source, batch.require, limit=1_000_000)
+        ids = tuple(r.id for r in rows if r.id != self.bad)[:limit]
+        return self.inner.apply_batch(dataclasses.replace(batch, ids=ids))
 
 
 def test_a_bad_row_among_good_ones_is_logged_and_skipped(
@@ -583,6 +600,9 @@ class DownStore:
         from fsm import StoreUnavailable
 
         raise StoreUnavailable("connection refused")
+
+    def move_candidates(self, batch: Any, *, limit: int) -> Any:
+        return self.apply_batch(batch)
 
 
 def test_a_database_outage_mid_tick_is_a_tick_error_not_lost_races(

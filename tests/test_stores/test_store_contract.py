@@ -389,3 +389,50 @@ def test_apply_batch_can_reclaim_with_a_new_owner(any_store: Store, clock: Manua
     ((snap, record),) = any_store.apply_batch(batch)
     assert (snap.lease_owner, snap.lease_token, snap.reclaims) == ("reaper-1", 2, 1)
     assert snap.lease_expires_at == clock.now() + TTL and record.lease_token == 2
+
+
+def test_move_candidates_claims_and_moves_up_to_limit_never_a_fresh_lease(any_store: Store, clock: ManualClock) -> None:
+    _running(any_store, clock, ["a", "b", "c", "d"])
+    held = acquire(any_store, new(any_store, "live"))  # a fresh lease: never claimed (I1)
+    any_store.renew_lease("live", owner="w1", token=held.lease_token, ttl=STALE_AFTER * 3, budget=None)
+    any_store.soft_delete("d")
+    clock.advance(STALE_AFTER * 2)
+    claim = BatchWrite(
+        ids=(),
+        kind="job",
+        event="expire",
+        source="running",
+        target="failed",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER),),
+        lease_change=LeaseChange.CLEAR,
+        reason="expired",
+    )
+    first = any_store.move_candidates(claim, limit=2)
+    second = any_store.move_candidates(claim, limit=2)
+    assert len(first) == 2 and len(second) == 1
+    assert sorted(s.id for s, _ in first + second) == ["a", "b", "c"]
+    for snap, record in first + second:
+        assert (snap.state, snap.version, snap.lease_owner) == ("failed", 2, None)
+        assert (record.seq, record.event, record.source, record.target, record.reason) == (
+            2, "expire", "running", "failed", "expired"
+        )  # fmt: skip
+        assert any_store.get(snap.id) == snap and any_store.history(snap.id)[-1] == record
+    assert any_store.move_candidates(claim, limit=2) == []
+    assert any_store.get("live").state == "running"
+    assert any_store.get("d", include_deleted=True).state == "running"
+
+
+def test_apply_with_the_snapshot_it_was_judged_on_returns_the_stored_row(any_store: Store, clock: ManualClock) -> None:
+    snap = new(any_store, "e1", key="k", data={"x": [1, 2]})
+    started, _ = any_store.apply(step(snap, "start", "running", lease_change=LeaseChange.ACQUIRE, new_owner="w1",
+                                      lease_ttl=TTL, bump_attempt=True, before=snap))  # fmt: skip
+    assert started == any_store.get("e1") and started.data == {"x": [1, 2]}
+    clock.advance(seconds=5)
+    finish = step(started, "finish", "finalizing", expect_owner="w1", expect_token=started.lease_token,
+                  data={"x": [3]}, before=started)  # fmt: skip
+    changed, record = any_store.apply(finish)
+    assert changed == any_store.get("e1") and changed.data == {"x": [3]}
+    assert any_store.history("e1")[-1] == record and record.source == "running"
+    with pytest.raises(StaleVersion):  # a stale snapshot is refused as any stale write is
+        any_store.apply(step(started, "finish", "finalizing", before=started))

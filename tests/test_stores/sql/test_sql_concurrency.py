@@ -22,7 +22,7 @@ from fsm import (
     StaleVersion,
     TransitionNotAllowed,
 )
-from fsm.records import BatchWrite, LeaseChange, LeaseStale, TransitionWrite
+from fsm.records import BatchWrite, LeaseChange, LeaseStale, NewEntity, TransitionWrite
 from stores.sql import SqlStore
 
 PROCESSES = 4
@@ -36,7 +36,7 @@ def _race(url: str, prefix: str, n: int, barrier: Any, results: Any) -> None:
     store = SqlStore(url, table_prefix=prefix, create=False)
     engine = Engine(JobLifecycle, store, owner=f"proc-{n}")
     rng = random.Random(n)
-    out: dict[str, Any] = {"wins": [], "increments": 0, "moved": [], "errors": []}
+    out: dict[str, Any] = {"wins": [], "increments": 0, "moved": [], "claimed": [], "errors": []}
     try:
         # 1. every process tries to start every job: one compare-and-set winner each
         jobs = [f"job{i}" for i in range(JOBS)]
@@ -72,6 +72,18 @@ def _race(url: str, prefix: str, n: int, barrier: Any, results: Any) -> None:
             LeaseChange.CLEAR, reason="expired",
         )  # fmt: skip
         out["moved"] = [s.id for s, _ in store.apply_batch(batch)]
+        # 4. every process claims pages of the same stale rows until a page comes back short:
+        # the claims divide the rows, each moved exactly once
+        barrier.wait()
+        claim = BatchWrite(
+            (), "claimed", "expire", "running", "failed", "reaper", (LeaseStale(timedelta(0)),),
+            LeaseChange.CLEAR, reason="expired",
+        )  # fmt: skip
+        while True:
+            page = store.move_candidates(claim, limit=3)
+            out["claimed"] += [s.id for s, _ in page]
+            if len(page) < 3:
+                break
     except Exception as err:  # reported to the parent, which fails the test with it
         out["errors"].append(repr(err))
     finally:
@@ -90,6 +102,8 @@ def _prepare(target: SqlTarget) -> SqlStore:
     for i in range(BATCH_ROWS):
         setup.fire(setup.create(f"stale{i}").id, "start")
         store.release_lease(f"stale{i}", owner="setup", token=1)  # lease-less: stale at once (stale_after 0)
+    for i in range(BATCH_ROWS):
+        store.create(NewEntity(f"claimed{i}", "claimed", "running"))
     return store
 
 
@@ -135,6 +149,12 @@ def test_processes_racing_get_one_winner_per_cas_no_lost_update_and_gap_free_his
     assert sorted(moved) == sorted(f"stale{i}" for i in range(BATCH_ROWS))
     for i in range(BATCH_ROWS):
         assert [r.event for r in store.history(f"stale{i}")] == ["start", "expire"]
+
+    # the reapers' claims: each stale row claimed and moved by exactly one process, once
+    claimed = [i for out in outs.values() for i in out["claimed"]]
+    assert sorted(claimed) == sorted(f"claimed{i}" for i in range(BATCH_ROWS))
+    for i in range(BATCH_ROWS):
+        assert [(r.seq, r.event) for r in store.history(f"claimed{i}")] == [(1, "expire")]
 
 
 def _reopen(url: str, prefix: str) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) ->
             ],
             "pk": inspector.get_pk_constraint(table)["constrained_columns"],
             "indexes": sorted(
-                (plain(i["name"]), tuple(i["column_names"]), bool(i["unique"])) for i in inspector.get_indexes(table)
+                (plain(i["name"]), tuple(i["column_names"]), bool(i["unique"]), _where(i))
+                for i in inspector.get_indexes(table)
             ),
             "fks": sorted(
                 (plain(f["name"]), plain(f["referred_table"]), tuple(f["constrained_columns"]), str(f["options"]))
@@ -45,6 +46,13 @@ def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) ->
             ),
         }
     return found
+
+
+def _where(index: Any) -> str | None:
+    """A partial index's predicate, spelled alike on either dialect (``x IS NOT NULL``)."""
+    options = index.get("dialect_options", {})
+    where = options.get("postgresql_where") or options.get("sqlite_where")
+    return None if where is None else " ".join(str(where).replace("(", "").replace(")", "").split())
 
 
 def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarget) -> None:
@@ -57,11 +65,17 @@ def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarg
         created_schema, migrated_schema = _schema(engine, sql_target.prefix), _schema(engine, migrated)
         assert created_schema == migrated_schema
         assert created_schema["entities"]["indexes"] == [
-            ("ix_{p}entities_idle", ("kind", "state", "updated_at"), False),
-            ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False),
-            ("ix_{p}entities_siblings", ("kind", "concurrency_key", "state", "created_at"), False),
+            ("ix_{p}entities_idle", ("kind", "state", "updated_at"), False, None),
+            ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False, None),
+            (
+                "ix_{p}entities_siblings",
+                ("kind", "concurrency_key", "state", "created_at"),
+                False,
+                "concurrency_key IS NOT NULL",
+            ),
         ]
-        assert ("ux_{p}history_key", ("entity_id", "idempotency_key"), True) in created_schema["history"]["indexes"]
+        history_key = ("ux_{p}history_key", ("entity_id", "idempotency_key"), True, "idempotency_key IS NOT NULL")
+        assert history_key in created_schema["history"]["indexes"]
         assert current_revision(engine, table_prefix=migrated) == HEAD_REVISION
     finally:
         drop_schema(engine, table_prefix=migrated)
@@ -90,6 +104,38 @@ def test_downgrade_to_base_drops_the_tables_and_create_true_builds_them_again(sq
     assert current_revision(engine, table_prefix=sql_target.prefix) is None
     sql_target.store()  # an emptied version table: create=True upgrades through Alembic
     assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION
+
+
+def test_a_database_at_0001_upgrades_to_the_lean_indexes_keeping_its_rows(sql_target: SqlTarget) -> None:
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    reference = f"r{sql_target.prefix}"
+    upgrade(engine, table_prefix=sql_target.prefix, revision="0001")
+    try:
+        indexes = {i["name"] for i in sa.inspect(engine).get_indexes(f"{sql_target.prefix}entities")}
+        assert f"ix_{sql_target.prefix}entities_idle" in indexes
+        from fsm.records import NewEntity
+
+        # an old store (revision 0001) wrote rows; the new code upgrades on open and reads them
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {sql_target.prefix}entities (id, kind, state, version, state_entered_at, "
+                    "created_at, updated_at, data) VALUES ('old', 'job', 'queued', 0, :t, :t, :t, '{}')"
+                ),
+                {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
+            )
+        store = sql_target.store()  # create=True: Alembic upgrades 0001 -> 0002
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0002"
+        assert store.get("old").state == "queued"
+        store.create(NewEntity("new", "job", "queued", concurrency_key="k"))
+        SqlStore(engine, table_prefix=reference).close()  # create_all at head, for comparison
+        upgraded, created = _schema(engine, sql_target.prefix), _schema(engine, reference)
+        assert upgraded == created
+        downgrade(engine, "0001", table_prefix=sql_target.prefix)
+        assert current_revision(engine, table_prefix=sql_target.prefix) == "0001"
+    finally:
+        drop_schema(engine, table_prefix=reference)
 
 
 def test_the_head_revision_constant_is_the_newest_migration() -> None:

@@ -429,7 +429,7 @@ def test_a_transition_is_one_statement_on_postgres_and_one_immediate_transaction
         assert counting.statements == ["WITH"]  # autocommit: no BEGIN/COMMIT round trips
         assert slot.conn.autocommit
     else:
-        assert counting.statements == ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
+        assert counting.statements == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
     counting.statements.clear()
     store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=timedelta(hours=1))
     assert counting.statements == ["UPDATE"]  # a renewal: one statement with the budget cap
