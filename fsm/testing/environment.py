@@ -81,7 +81,11 @@ class HandlerEnvironment:
         held = self.core.held
         snap = self.store.get(held.entity_id)
         self.store._rows[snap.id] = snap._replace(lease_owner=None, lease_token=snap.lease_token + 1)
-        held._lose(EntityMovedOn(snap.id, state=snap.state, token=held.lease.token, found_token=snap.lease_token + 1))
+        held._lose(
+            EntityMovedOn(
+                snap.id, state=snap.state, token=held.lease.token, found_token=snap.lease_token + 1, owner=held.lease.owner
+            )
+        )
 
     def effects(self) -> dict[str, Any]:
         """The recorded results by key."""

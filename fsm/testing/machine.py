@@ -16,10 +16,13 @@ shortest sequence):
   event has a branch from; the actor (worker or reaper), the entity, the lease presented
   (the current holder's, a fenced holder's that ignores the news, or none) and a data
   patch (from the lifecycle's pydantic model, or ``guard_data`` hints) are drawn;
-- ``time_passes``: the manual clock moves by a lease timing; on the way, live holders'
-  keepers renew on schedule (``KeeperCore.renew()``, driven here instead of a thread)
+- ``time_passes`` and ``lease_lapses``: the manual clock moves by a lease timing (or just
+  past a lease nobody renews); on the way, live holders' keepers renew on schedule
+  (``KeeperCore.renew()``, driven here instead of a thread)
   and the scheduled reaper ticks every ``reaper_interval``;
 - ``second_reaper_ticks``: another reaper's tick at any moment;
+- ``holder_stalls``: the seeds/002 story in one step (pause mid-step, lease lapses, maybe
+  a takeover, wake up);
 - ``holder_dies`` (its keeper stops renewing), ``holder_pauses`` (mid-step: a write it
   built, or an effect it started, is pending) and ``holder_wakes`` (the pending step
   lands first, then its keeper renews and learns whether it lost the lease);
@@ -37,6 +40,7 @@ history, and a restore round trip.  Subclass to add ``@rule``\\ s and ``@invaria
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -209,7 +213,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         patch: dict[str, Any] | None = None
         if actor is Actor.WORKER:
             mine = [h for h in self._holders("alive", "fenced") if h.entity_id == entity_id]
-            holder = data.draw(st.sampled_from([None, *mine]), label="holder")
+            holder = data.draw(st.sampled_from([*mine, None]), label="holder")
             lease = None if holder is None else holder.lease
             patch = self._patch(event, data, snap.state)
         before = self.store.history(entity_id)
@@ -263,7 +267,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def time_passes(self, data: st.DataObject) -> None:
         step = data.draw(lease_timings(self.lifecycle.policy, self.interval), label="advance")
-        target = self.clock.now() + step
+        self._advance_to(self.clock.now() + step)
+
+    def _advance_to(self, target: datetime) -> None:
+        """Move the clock to ``target``; live keepers renew and the reaper ticks on the way."""
         while True:
             alive = self._holders("alive")
             moment = min([target, self.next_tick, *(h.next_renewal for h in alive)])
@@ -329,6 +336,25 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"(lease expires {snap.lease_expires_at}, now {now})"
                     )
 
+    def _unrenewed(self) -> list[Snapshot]:
+        keeping = {h.entity_id for h in self._holders("alive")}
+        return [
+            s
+            for s in self.snaps.values()
+            if s.lease_expires_at is not None and s.id not in keeping and s.state not in self.lifecycle.table.finals
+        ]
+
+    @precondition(lambda self: bool(self._unrenewed()))
+    @rule(data=st.data())
+    def lease_lapses(self, data: st.DataObject) -> None:
+        """Time passes until a lease nobody renews lapses: just past it, or past the next tick."""
+        snap = data.draw(st.sampled_from(self._unrenewed()), label="entity")
+        assert snap.lease_expires_at is not None
+        until = snap.lease_expires_at + timedelta(seconds=1)
+        if data.draw(st.booleans(), label="past the next reaper tick"):
+            until += self.interval
+        self._advance_to(until)
+
     @rule()
     def second_reaper_ticks(self) -> None:
         self._tick(self.second_reaper)
@@ -362,12 +388,31 @@ class LifecycleMachine(RuleBasedStateMachine):
         if snap.state == self.lifecycle.finalizing_state:
             options += [("effect", key) for key in self.effect_keys]
         if options:
-            holder.pending = data.draw(st.sampled_from([None, *options]), label="pending")
+            holder.pending = data.draw(st.sampled_from([*options, None]), label="pending")
+
+    @precondition(lambda self: bool(self._holders("alive")))
+    @rule(data=st.data())
+    def holder_stalls(self, data: st.DataObject) -> None:
+        """seeds/002 in one step: a holder stops mid-step, its lease lapses (the reaper may tick),
+        another worker may take the lease, and the holder wakes up and finishes its step."""
+        self.holder_pauses(data)
+        holder = next(h for h in reversed(self.holders) if h.status == "paused")
+        snap = self.store.get(holder.entity_id)
+        if snap.lease_expires_at is not None:
+            until = snap.lease_expires_at + timedelta(seconds=1)
+            if data.draw(st.booleans(), label="past the next reaper tick"):
+                until += self.interval
+            self._advance_to(until)
+        if holder.entity_id in self._takeable() and data.draw(st.booleans(), label="taken over"):
+            self._take(holder.entity_id)
+        self._wake(holder)
 
     @precondition(lambda self: bool(self._holders("paused")))
     @rule(data=st.data())
     def holder_wakes(self, data: st.DataObject) -> None:
-        holder = data.draw(st.sampled_from(self._holders("paused")), label="holder")
+        self._wake(data.draw(st.sampled_from(self._holders("paused")), label="holder"))
+
+    def _wake(self, holder: Holder) -> None:
         holder.status = "alive"
         pending, holder.pending = holder.pending, None
         if pending is not None and pending[0] == "write":
@@ -380,20 +425,18 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _late_write(self, holder: Holder, write: TransitionWrite) -> None:
         before = self.store.get(write.entity_id)
         history = self.store.history(write.entity_id)
+        expected = (write.expect_version, write.expect_token, write.expect_owner)
         try:
-            new, record = self.store.apply(write)
+            new, record = self.store.apply(dataclasses.replace(write))
         except FsmError:
             self._unchanged(before, history, f"{holder.name}'s refused late {write.event}")
             return
-        version_ok = before.version == write.expect_version
-        token_ok = write.expect_token is None or (
-            before.lease_token == write.expect_token and before.lease_owner == write.expect_owner
-        )
-        if not (version_ok and token_ok):
+        version, token, owner = expected
+        token_ok = token is None or (before.lease_token == token and before.lease_owner == owner)
+        if before.version != version or not token_ok:
             self.broken(
-                f"I3: {holder.name}'s late {write.event} (version {write.expect_version}, token "
-                f"{write.expect_token}) was written over {before.id} at version {before.version}, token "
-                f"{before.lease_token} held by {before.lease_owner}"
+                f"I3: {holder.name}'s late {write.event} (version {version}, token {token}) was written over "
+                f"{before.id} at version {before.version}, token {before.lease_token} held by {before.lease_owner}"
             )
         self.acks[write.entity_id].append((record.seq, write.event))
         if new.state in self.lifecycle.table.finals:
@@ -460,11 +503,21 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._hold(snap)
             self._refresh(snap.id)
 
-    @precondition(lambda self: any(s.state not in self.lifecycle.table.finals for s in self.snaps.values()))
+    def _takeable(self) -> list[str]:
+        now, finals = self.clock.now(), self.lifecycle.table.finals
+        return [
+            i
+            for i, s in self.snaps.items()
+            if s.state not in finals and (s.lease_owner is None or (s.lease is not None and not s.lease.is_fresh(now)))
+        ]
+
+    @precondition(lambda self: bool(self._takeable()))
     @rule(data=st.data())
     def take_expired_lease(self, data: st.DataObject) -> None:
-        finals = self.lifecycle.table.finals
-        entity_id = data.draw(st.sampled_from([i for i, s in self.snaps.items() if s.state not in finals]))
+        """Another worker takes a free or expired lease (no transition: token + 1 only)."""
+        self._take(data.draw(st.sampled_from(self._takeable()), label="entity"))
+
+    def _take(self, entity_id: str) -> None:
         before = self.store.get(entity_id)
         try:
             lease = self.engine.acquire_lease(entity_id, owner=self._name())
