@@ -83,7 +83,11 @@ class HandlerEnvironment:
         self.store._rows[snap.id] = snap._replace(lease_owner=None, lease_token=snap.lease_token + 1)
         held._lose(
             EntityMovedOn(
-                snap.id, state=snap.state, token=held.lease.token, found_token=snap.lease_token + 1, owner=held.lease.owner
+                snap.id,
+                state=snap.state,
+                token=held.lease.token,
+                found_token=snap.lease_token + 1,
+                owner=held.lease.owner,
             )
         )
 

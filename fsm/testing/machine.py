@@ -57,7 +57,7 @@ from fsm.engine.writes import write_for
 from fsm.errors import Fenced, FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.reaping import Reaper, ReaperConfig
-from fsm.records import Actor, Lease, LeaseChange, Snapshot, TransitionWrite
+from fsm.records import Actor, Lease, Snapshot, TransitionWrite
 from fsm.testing.checks import (
     acknowledged_problems,
     effect_problems,
@@ -65,8 +65,8 @@ from fsm.testing.checks import (
     restore_problems,
     succeeded,
 )
-from fsm.testing.strategies import data_for, data_patches, lease_timings
 from fsm.testing.stores import MemoryStores, StoreFactory
+from fsm.testing.strategies import data_for, data_patches, lease_timings
 from fsm.work.keeper import KeeperCore
 from stores.base import Store
 
@@ -198,7 +198,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 if g.name in self.guard_data:
                     hints += [dict(p) for p in self.guard_data[g.name]]
         if hints:
-            return data.draw(st.sampled_from([None, *hints]), label="data")
+            hint: dict[str, Any] | None = data.draw(st.sampled_from([None, *hints]), label="data")
+            return hint
         return data.draw(data_patches(self.lifecycle.data_model), label="data")
 
     def fire_event(self, event: str, data: st.DataObject) -> None:

@@ -32,7 +32,6 @@ from fsm.engine.judge import choose
 from fsm.errors import FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.records import Actor, Snapshot
-from fsm.table import Branch
 from fsm.testing.coverage import branch_name
 from stores.memory import MemoryStore
 
@@ -167,7 +166,14 @@ class _Run:
             judged = snap if step.data is None else snap._replace(data={**snap.data, **(step.patch or {})})
             lease = self._lease(snap) if step.actor is Actor.WORKER else None
             branch = choose(
-                self.engine.table, self.engine.policy, self.clock, self.engine.store, judged, step.event, step.actor, lease
+                self.engine.table,
+                self.engine.policy,
+                self.clock,
+                self.engine.store,
+                judged,
+                step.event,
+                step.actor,
+                lease,
             )
             result = self.engine.fire(self.entity_id, step.event, lease=lease, actor=step.actor, data=step.patch)
             if step.target is not None and result.state != step.target:
@@ -213,7 +219,10 @@ class _Run:
                         patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(g.name, ())]
                 found += [Step("fire", event, actor, p) for p in dict.fromkeys(patches)]
         found.append(Step("acquire"))
-        found += [Step("clock", advance=d) for d in (policy.lease_ttl + timedelta(seconds=1), policy.stale_after + timedelta(seconds=1))]
+        found += [
+            Step("clock", advance=d)
+            for d in (policy.lease_ttl + timedelta(seconds=1), policy.stale_after + timedelta(seconds=1))
+        ]
         if self.sibling is None and any(g.name == "superseded" for b in table.declared for g, _ in b.guards):
             found.append(Step("sibling"))
         return found
@@ -249,7 +258,7 @@ def shortest_paths(
         if key in seen or len(steps) >= max_length:
             continue
         seen.add(key)
-        queue.extend(steps + (a,) for a in run.actions())
+        queue.extend((*steps, a) for a in run.actions())
     declared = list(dict.fromkeys(branch_name(b) for b in lifecycle.table.declared))
     return PathSet(
         lifecycle=lifecycle.__name__,

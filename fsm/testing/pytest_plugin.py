@@ -73,7 +73,11 @@ def pytest_configure(config: pytest.Config) -> None:
         coverage = TransitionCoverage(*(_load(r) for r in refs))
         context = coverage.recording()
         context.__enter__()
-        config.add_cleanup(lambda: context.__exit__(None, None, None))
+
+        def stop() -> None:
+            context.__exit__(None, None, None)
+
+        config.add_cleanup(stop)
         _session_coverage[:] = [coverage]
 
 

@@ -92,11 +92,11 @@ def data_patches(model: type[BaseModel] | None) -> st.SearchStrategy[dict[str, A
     if model is None:
         return st.none() | st.dictionaries(st.sampled_from(["note", "step"]), _JSON_LEAF, max_size=2)
     return st.none() | data_for(model).flatmap(
-        lambda full: st.sets(st.sampled_from(sorted(full)), max_size=len(full)).map(
-            lambda keys: {k: full[k] for k in keys}
+        lambda full: (
+            st.sets(st.sampled_from(sorted(full)), max_size=len(full)).map(lambda keys: {k: full[k] for k in keys})
+            if full
+            else st.just({})
         )
-        if full
-        else st.just({})
     )
 
 

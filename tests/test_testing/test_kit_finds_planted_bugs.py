@@ -2,7 +2,9 @@
 
 Each test plants one bug, runs the kit's machine, and asserts that it fails naming the
 invariant, with the steps of the falsifying example attached (hypothesis puts them in
-the exception's notes; run with ``-s`` to read them).
+the exception's notes; run with ``-s`` to read them).  Shrinking to the minimal sequence
+takes minutes, so the default suite stops at the first failing sequence;
+``FSM_HYPOTHESIS_PROFILE=soak`` shrinks it to the minimal one.
 
 (a) a lifecycle whose reaper rule out of finalizing lacks the lease guard: the class
     definition check refuses that, so the compiled table is patched after creation;
@@ -18,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from statemachine import State
 
 from fsm import Lifecycle, reaper, worker
@@ -28,6 +30,7 @@ from fsm.guards import LEASE_STALE
 from fsm.lifecycles import JobLifecycle
 from fsm.records import EffectRecord, LeaseChange, Snapshot, TransitionWrite
 from fsm.testing import InvariantBroken, lifecycle_machine
+from fsm.testing.pytest_plugin import profile
 from fsm.testing.stores import MemoryStores
 from stores import MemoryStore, Store
 
@@ -44,7 +47,17 @@ def _quiet_keepers() -> Iterator[None]:
 def kit_fails(machine: type, max_examples: int = 300) -> tuple[str, str]:
     """Run ``machine`` until it fails; the failure's message and the minimal steps."""
     test = machine.TestCase
-    test.settings = settings(max_examples=max_examples, stateful_step_count=12, deadline=None, database=None)
+    # shrinking to the minimal sequence costs minutes on these machines: the default suite
+    # only finds the bug (the falsifying steps are still reported); the soak profile shrinks
+    phases = list(Phase) if profile() == "soak" else [Phase.explicit, Phase.reuse, Phase.generate]
+    test.settings = settings(
+        max_examples=max_examples,
+        stateful_step_count=12,
+        deadline=None,
+        database=None,
+        phases=phases,
+        derandomize=profile() != "soak",
+    )
     with pytest.raises(InvariantBroken) as caught:
         test().runTest()
     steps = "\n".join(getattr(caught.value, "__notes__", []))
@@ -184,7 +197,32 @@ class LateLedgerStore(MemoryStore):
             return record, True
 
 
+class Gates(Lifecycle):
+    """Straight to finalization: a worker takes a gate job and runs its effects."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    completed = State(final=True)
+    failed = State(final=True)
+
+    take = worker(queued.to(active.finalizing), lease=LeaseChange.ACQUIRE)
+    run = worker(queued.to(active), lease=LeaseChange.ACQUIRE)
+    gate = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    complete = worker(active.finalizing.to(completed, cond="holds_lease"))
+    expire = reaper(active.running.to(failed, cond="lease_stale"), reason="expired")
+    reclaim = reaper(
+        active.finalizing.to.itself(cond=["lease_stale", "reclaims_left"]),  # type: ignore[no-untyped-call]
+        reason="reclaimed",
+        lease=LeaseChange.ACQUIRE,
+        counts_reclaim=True,
+    )
+
+
 def test_a_ledger_that_records_late_results_breaks_i4() -> None:
-    message, steps = kit_fails(lifecycle_machine(JobLifecycle, BuggyStores(LateLedgerStore)))
+    message, steps = kit_fails(lifecycle_machine(Gates, BuggyStores(LateLedgerStore)))
     assert message.startswith("I4:") and "late result" in message
     assert "holder_stalls" in steps or "holder_wakes" in steps
