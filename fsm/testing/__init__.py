@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from fsm.testing.environment import HandlerEnvironment
     from fsm.testing.machine import GuardData, InvariantBroken, LifecycleMachine, lifecycle_machine
     from fsm.testing.paths import Path, Step, path_cases, replay, shortest_paths
-    from fsm.testing.strategies import data_for, data_patches, entity_ids, events, lease_timings
     from fsm.testing.stores import MemoryStores, SqlStores, StoreFactory, memory_stores, sqlite_stores
+    from fsm.testing.strategies import data_for, data_patches, entity_ids, events, lease_timings
 
 _LAZY = {
     **dict.fromkeys(

@@ -16,7 +16,9 @@ from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.records import Actor
 
-_JSON_LEAF = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
+_TEXT = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+"""Stores refuse NUL and lone surrogates in JSON text."""
+_JSON_LEAF = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(_TEXT, max_size=8)
 
 
 def events(lifecycle: type[Lifecycle], actor: Actor | None = None) -> st.SearchStrategy[str]:
@@ -49,14 +51,14 @@ def _for_annotation(annotation: Any, depth: int) -> st.SearchStrategy[Any]:
         return st.lists(inner, max_size=0 if depth > 2 else 3)
     if origin is dict or annotation is dict:
         inner = _for_annotation(args[1], depth + 1) if len(args) == 2 else _JSON_LEAF
-        return st.dictionaries(st.text(min_size=1, max_size=6), inner, max_size=0 if depth > 2 else 3)
+        return st.dictionaries(st.text(_TEXT, min_size=1, max_size=6), inner, max_size=0 if depth > 2 else 3)
     if annotation is type(None):
         return st.none()
     for python_type, strategy in (
         (bool, st.booleans()),
         (int, st.integers(-(2**31), 2**31)),
         (float, st.floats(allow_nan=False, allow_infinity=False, width=32)),
-        (str, st.text(min_size=1, max_size=8)),
+        (str, st.text(_TEXT, min_size=1, max_size=8)),
     ):
         if annotation is python_type:
             return strategy
