@@ -16,7 +16,7 @@ from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.records import Actor
 
-_TEXT = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+_TEXT = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
 """Stores refuse NUL and lone surrogates in JSON text."""
 _JSON_LEAF = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(_TEXT, max_size=8)
 
