@@ -19,6 +19,8 @@ from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle
 from fsm.records import HistoryRecord, Snapshot
 from stores import MemoryStore, Store
 
+pytest_plugins = ["fsm.testing.pytest_plugin"]  # hypothesis profiles (FSM_HYPOTHESIS_PROFILE), kit fixtures
+
 StoreFactory = Callable[[ManualClock], Store]
 
 

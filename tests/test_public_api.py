@@ -123,3 +123,21 @@ def test_the_work_package_exports_exactly_its_pinned_names() -> None:
         "WorkerStats",
     }
     assert all(getattr(fsm.work, name) is not None for name in fsm.work.__all__)
+
+
+def test_the_testing_kit_exports_exactly_its_pinned_names() -> None:
+    import fsm.testing
+
+    assert set(fsm.testing.__all__) == {
+        "CoverageReport", "GuardData", "HandlerEnvironment", "InvariantBroken", "LifecycleMachine", "MemoryStores",
+        "Path", "SqlStores", "Step", "StoreFactory", "TransitionCoverage", "acknowledged_problems", "branch_name",
+        "data_for", "data_patches", "effect_problems", "entity_ids", "events", "history_problems", "lease_timings",
+        "lifecycle_machine", "memory_stores", "path_cases", "replay", "restore_problems", "shortest_paths",
+        "sqlite_stores",
+    }  # fmt: skip
+
+
+def test_importing_fsm_does_not_import_hypothesis() -> None:
+    code = "import fsm, fsm.engine, fsm.work, fsm.reaping, stores, sys; print('hypothesis' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
