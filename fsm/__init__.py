@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
+    from fsm.definition_rules import operator_override
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
@@ -57,6 +58,7 @@ _LAZY = {
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
+    "operator_override": "fsm.definition_rules",
     "reaper": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
@@ -145,6 +147,7 @@ __all__ = [
     "Worker",
     "guard",
     "new_owner_id",
+    "operator_override",
     "reaper",
     "worker",
 ]

@@ -39,6 +39,7 @@ from statemachine.state import NestedStateFactory
 from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
+from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
@@ -138,7 +139,8 @@ class LifecycleMeta(StateMachineMetaclass):
         if not cls.states:
             return
         refuse_unsupported(name, cls, cls.guards, Lifecycle)
-        if "kind" not in attrs:
+        if "kind" not in attrs and getattr(cls, "kind", None) is None:
+            # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
         # what each (shared) State object held at creation: a refused subclass that appended
@@ -147,6 +149,7 @@ class LifecycleMeta(StateMachineMetaclass):
             id(state): (state, list(state.transitions.transitions)) for state in cls.states_map.values()
         }
         _check_finalizing_rules(name, cls)
+        check_definition(name, cls)  # fsm.definition_rules: actors, fenced finalizers, policy states
 
 
 def _check_finalizing_rules(name: str, cls: Any) -> None:
@@ -215,6 +218,27 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     guards: ClassVar[dict[str, Guard]]
     table: ClassVar[CompiledTable]
 
+    def __init__(
+        self,
+        model: Any = None,
+        state_field: str = "state",
+        start_value: Any = None,
+        listeners: list[object] | None = None,
+        *,
+        guards: Mapping[str, bool] | GuardContext | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A live python-statemachine chart of this lifecycle (the engine never builds one).
+
+        Guard names are answered by ``guards``: a name -> bool mapping (a guard not named
+        there is False) or a :class:`GuardContext` evaluated live.  ``JobLifecycle()``
+        therefore works as a plain chart: unguarded transitions fire, guarded ones are
+        refused until their guards are given as True.
+        """
+        if not any(isinstance(x, _GuardOracle) for x in listeners or ()):
+            listeners = [*(listeners or ()), _GuardOracle(type(self).guards, guards)]
+        super().__init__(model, state_field, start_value, listeners, **kwargs)
+
     @classmethod
     def restore(cls, leaf: str, guards: Mapping[str, bool] | GuardContext | None = None) -> Lifecycle:
         """A live StateChart in the configuration a stored leaf state stands for.
@@ -228,7 +252,7 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         # the engine persists state ids; python-statemachine starts from a state *value*,
         # which differs from the id for a state declared with State(value=...)
         value = next(s.value for s in cls.states_map.values() if s.id == leaf)
-        return cls(start_value=value, listeners=[_GuardOracle(cls.guards, guards)])
+        return cls(start_value=value, guards=guards)
 
 
 __all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]

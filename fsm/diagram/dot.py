@@ -26,6 +26,8 @@ from fsm.diagram.text import xml_chars
 FONT = "Helvetica"
 WORKER_COLOR = "#1f3a5f"
 REAPER_COLOR = "#c0392b"
+OVERRIDE_COLOR = "#b35900"
+"""An operator override (a worker transition that may fail a live finalizer): bold orange."""
 CURRENT_FILL = "#ffe08a"
 CURRENT_BORDER = "#b8860b"
 CLUSTER_COLOR = "#7f8c9a"
@@ -184,12 +186,12 @@ class _Writer:
     def edge(self, edge: Edge) -> None:
         d = self.d
         tail, head = self.exit_anchor(edge.source), self.entry_anchor(edge.target)
-        color = REAPER_COLOR if edge.is_reaper else WORKER_COLOR
+        color = REAPER_COLOR if edge.is_reaper else OVERRIDE_COLOR if edge.override else WORKER_COLOR
         style = [
-            ("class", quote(edge.actor.value)),
+            ("class", quote("operator-override" if edge.override else edge.actor.value)),
             ("color", quote(color)),
             ("fontcolor", quote(color)),
-            ("style", "dashed" if edge.is_reaper else "solid"),
+            ("style", "dashed" if edge.is_reaper else "bold" if edge.override else "solid"),
         ]
         if edge.is_reaper:
             style.append(("penwidth", "1.6"))
@@ -222,6 +224,17 @@ class _Writer:
                 f"{worker}solid: fired by the <b>worker</b></font>",
             ),
             _row(f"{reaper}<b>- - - &#9654;</b></font>", f"{reaper}dashed: fired by the <b>reaper</b></font>"),
+            *(
+                [
+                    _row(
+                        f'<font color="{OVERRIDE_COLOR}"><b>&#9473;&#9473;&#9473;&#9654;</b></font>',
+                        f'<font color="{OVERRIDE_COLOR}">bold: <b>operator override</b>, may fail a live '
+                        "finalizer</font>",
+                    )
+                ]
+                if any(e.override for e in self.d.edges)
+                else []
+            ),
             _row("label", "<b>event</b> [guards] (actor), then <i>effects</i>"),
             _row("states", "double border: final (clears the lease); black dot: initial"),
         ]

@@ -65,6 +65,7 @@ def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
                 leaves=tuple(c.source for c in copies),
                 to_final=b.to_final,
                 order=len(edges),
+                override=b.override,
             )
         )
     return tuple(edges)

@@ -52,6 +52,8 @@ LEGEND = (
     "a final state clears the lease",
 )
 
+OVERRIDE_LEGEND = "(operator override) fired on purpose; may fail a live finalizer"
+
 
 def aliases(diagram: Diagram) -> dict[str, str]:
     """The Mermaid id of every state, unique and deterministic (declaration order).
@@ -188,7 +190,8 @@ class _Writer:
         initial = next((n for n in d.roots if n.initial), None)
         if initial is not None and d.overlay is None:
             lines.append(f"{INDENT}note left of {self.ids[initial.id]}")
-            lines += [f"{INDENT * 2}{_text(t)}" for t in LEGEND]
+            legend = LEGEND if not any(e.override for e in d.edges) else (*LEGEND[:3], OVERRIDE_LEGEND, *LEGEND[3:])
+            lines += [f"{INDENT * 2}{_text(t)}" for t in legend]
             lines.append(f"{INDENT}end note")
         finals = [self.ids[n.id] for n in d.nodes if n.final]
         if finals:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
+from fsm.definition_rules import check_policy_states
 from fsm.engine.announce import announce
 from fsm.engine.arguments import (
     actor_arg,
@@ -31,6 +32,7 @@ from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
+    ConfigError,
     Fenced,
     GuardRejected,
     IdempotencyKeyReused,
@@ -84,6 +86,10 @@ class Engine(EngineWork):
         if policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"policy must be a Policy, not {policy!r}")
         self.clock: Clock = clock or StoreClock(store)
+        if policy is not None and not isinstance(policy, Policy):
+            raise ConfigError(f"policy must be a fsm.Policy, not {type(policy).__name__}")
+        if policy is not None:
+            check_policy_states(lifecycle.__name__, lifecycle.table, policy, ConfigError)
         self.policy: Policy = policy or lifecycle.policy
         self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)

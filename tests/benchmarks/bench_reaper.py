@@ -12,7 +12,6 @@ least 10x faster than the naive loop.  Between rounds the 1,000 stale rows are p
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import tempfile
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from harness import Measurement, Report
+from harness import Measurement, Report, postgres_url
 
 from fsm import PipelineLifecycle
 from fsm.reaping import Reaper, ReaperConfig
@@ -31,7 +30,6 @@ from stores.sql.schema import encode_sqlite_time
 
 STALE = 1_000
 SIZES = (10_000, 1_000_000)
-DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 ROUNDS = 3
 
 
@@ -258,7 +256,9 @@ def run(report: Report) -> None:
         _suite(report, sqlite_backend)
     finally:
         sqlite_backend.close()
-    url = os.environ.get("FSM_TEST_POSTGRES_URL", DEFAULT_PG)
+    url = postgres_url(report, "reaper")
+    if url is None:
+        return
     try:
         pg: Any = PostgresBackend(url)
     except Exception as err:

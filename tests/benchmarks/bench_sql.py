@@ -9,13 +9,12 @@ tables, so both pay for the same indexes.
 - SQLite: a file in WAL mode, both sides with the same ``synchronous`` setting; NORMAL is
   the headline (a commit is a WAL append, so the library's own cost shows), FULL (the
   store's default, one fsync per commit) is printed for reference.
-- PostgreSQL: ``FSM_TEST_POSTGRES_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``);
+- PostgreSQL: ``FSM_TEST_POSTGRES_URL`` (no default: without it the PostgreSQL part is skipped);
   skipped with a line saying why when unreachable.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import tempfile
@@ -24,14 +23,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from harness import Report
+from harness import Report, postgres_url
 
 from fsm import Engine, PipelineLifecycle
 from stores.sql import SqlStore
 from stores.sql.schema import encode_sqlite_time
 
 EVENTS = (("start", "queued", "running"), ("finish", "running", "finalizing"), ("succeed", "finalizing", "completed"))
-DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TTL = timedelta(minutes=2)
 
 
@@ -175,7 +173,9 @@ def _raw_psycopg(url: str, prefix: str, n: int) -> tuple[Callable[[], Callable[[
 def _postgres_suite(report: Report, n: int) -> None:
     from stores.sql.migrate import drop_schema
 
-    url = os.environ.get("FSM_TEST_POSTGRES_URL", DEFAULT_PG)
+    url = postgres_url(report, "sql")
+    if url is None:
+        return
     prefix = f"bench{uuid.uuid4().hex[:8]}_"
     try:
         store = SqlStore(url, table_prefix=prefix)

@@ -253,7 +253,7 @@ def test_a_module_in_the_current_directory_is_found_as_with_python_m(
                 done = State(final=True)
                 start = worker(queued.to(active))
                 finish = worker(active.running.to(active.finalizing))
-                succeed = worker(active.finalizing.to(done))
+                succeed = worker(active.finalizing.to(done, cond="holds_lease"))
             """
         )
     )
@@ -341,7 +341,7 @@ def test_check_fails_when_the_lifecycle_changed_after_export(
             failed = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing))
-            succeed = worker(active.finalizing.to(done))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
             expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
         """
     )
@@ -459,7 +459,7 @@ class Job(Lifecycle):
     done = State(final=True)
     start = worker(queued.to(active))
     finish = worker(active.running.to(active.finalizing))
-    succeed = worker(active.finalizing.to(done))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
 
 class Sneaky(Job):

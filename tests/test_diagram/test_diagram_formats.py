@@ -43,8 +43,8 @@ class Looping(Lifecycle):
     done = State(final=True)
     start = worker(queued.to(active))
     finish = worker(active.running.to(active.finalizing))
-    succeed = worker(active.finalizing.to(done))
-    restart = worker(active.to(active))  # declared on the compound, back to itself
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    restart = worker(active.to(active, cond="holds_lease"))  # declared on the compound, back to itself
     rewind = reaper(active.to(active.running, cond="lease_stale"), reason="rewound")  # compound -> own child
     retry = worker(active.running.to(active))  # a child to its own compound
 
@@ -342,7 +342,7 @@ def lifecycle_from_source(
             {extra} = State(final=True)
             start = worker({initial}.to(active), lease=LeaseChange.ACQUIRE)
             finish = worker(active.running.to(active.finalizing, cond="g"))
-            close = worker(active.finalizing.to({extra}))
+            close = worker(active.finalizing.to({extra}, cond="holds_lease"))
             bail = reaper(active.to({extra}, cond="lease_stale"), reason={reason!r})
 
             @guard(description={description!r})
@@ -427,7 +427,7 @@ def test_mermaid_escapes_text_that_would_break_a_statement() -> None:
         end = State(final=True)  # a Mermaid keyword as a state id
         start = worker(queued.to(active))
         finish = worker(active.running.to(active.finalizing))
-        close = worker(active.finalizing.to(end))
+        close = worker(active.finalizing.to(end, cond="holds_lease"))
         expire = reaper(active.to(end, cond="lease_stale"), reason="stale; #1 <x>")
 
     text = to_mermaid(extract(Odd))
@@ -502,10 +502,10 @@ def test_mermaid_ids_never_merge_two_states() -> None:
         ètat = State(final=True)  # noqa: PLC2401
         start = worker(queued.to(active))
         finish = worker(active.running.to(active.finalizing))
-        ok = worker(active.finalizing.to(end))
+        ok = worker(active.finalizing.to(end, cond="holds_lease"))
         ko = worker(active.running.to(state_end))
-        e1 = worker(active.finalizing.to(état))
-        e2 = worker(active.finalizing.to(ètat))
+        e1 = worker(active.finalizing.to(état, cond="holds_lease"))
+        e2 = worker(active.finalizing.to(ètat, cond="holds_lease"))
 
     text = to_mermaid(extract(Collide))
     doc = parse_mermaid(text)  # fails on an id standing for two states

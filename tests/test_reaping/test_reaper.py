@@ -422,7 +422,7 @@ def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
     # a running pipeline has no lease of its own, but acquire_lease can give it one, and
     # the reaper watches running: with max_active set, it needs a budget too
     assert watched_states(PipelineLifecycle) == {"running", "finalizing"}
-    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)})
+    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)}, default_renewal_budget=None)
     with pytest.raises(ConfigError, match="'running' has no renewal budget"):
         Reaper(
             MemoryStoreFactory(),
@@ -431,7 +431,7 @@ def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
 
 
 def test_a_max_active_with_an_unbudgeted_leased_state_is_refused() -> None:
-    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)})
+    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)}, default_renewal_budget=None)
     with pytest.raises(ConfigError, match="'running' has no renewal budget"):
         Reaper(
             MemoryStoreFactory(),
