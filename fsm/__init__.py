@@ -41,9 +41,9 @@ from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, 
 if TYPE_CHECKING:
     from statemachine import State
 
+    from fsm.definition_rules import operator_override
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
-    from fsm.definition_rules import operator_override
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult

@@ -41,7 +41,7 @@ def _shape(**transitions: Any) -> dict[str, Any]:
     plus ``transitions`` (each a function of the namespace)."""
     ns: dict[str, Any] = {"queued": State(initial=True)}
 
-    class active(State.Compound):  # noqa: N801 - the python-statemachine way
+    class active(State.Compound):
         running = State(initial=True)
         finalizing = State()
 
@@ -67,12 +67,10 @@ def _acquire() -> Any:
 
 
 def test_a_worker_transition_out_of_finalizing_without_holds_lease_is_refused_unless_an_operator_override() -> None:
-    with pytest.raises(InvalidDefinition, match="'abort' from 'finalizing'.*lacks the 'holds_lease' guard"):
+    with pytest.raises(InvalidDefinition, match=r"'abort' from 'finalizing'.*lacks the 'holds_lease' guard"):
         type("Deploy", (Lifecycle,), _shape(abort=lambda ns: worker(ns["active"].to(ns["failed"]))))
     # the named override is accepted, recorded and drawn apart from worker edges
-    deploy = type(
-        "Deploy", (Lifecycle,), _shape(abort=lambda ns: operator_override(ns["active"].to(ns["failed"])))
-    )
+    deploy = type("Deploy", (Lifecycle,), _shape(abort=lambda ns: operator_override(ns["active"].to(ns["failed"]))))
     (branch,) = deploy.table.branches_for("finalizing", "abort")
     assert branch.override and branch.reason == "operator"
     diagram = extract(deploy)
@@ -88,7 +86,7 @@ def test_a_worker_transition_out_of_finalizing_without_holds_lease_is_refused_un
 
 
 def test_a_misspelt_state_in_renewal_budget_is_refused() -> None:
-    with pytest.raises(InvalidDefinition, match="renewal_budget names 'finalising'.*did you mean 'finalizing'"):
+    with pytest.raises(InvalidDefinition, match=r"renewal_budget names 'finalising'.*did you mean 'finalizing'"):
 
         class Misspelt(JobLifecycle):
             policy = Policy(renewal_budget={"finalising": timedelta(hours=1)})
@@ -135,7 +133,7 @@ def test_actor_reaper_passed_by_hand_is_still_held_to_the_reapers_guards() -> No
         jobs.fire("j1", "expire", actor="reaper")
     assert jobs.get("j1").state == "finalizing"
     readme = (ROOT / "README.md").read_text()
-    assert "`actor=\"reaper\"` is for the reaper" in readme
+    assert '`actor="reaper"` is for the reaper' in readme
 
 
 # -- item 7: small things a newcomer hit ---------------------------------------------------------
@@ -173,7 +171,7 @@ def test_a_plain_method_guard_is_refused_with_a_hint_to_use_the_guard_decorator(
         ns["tests_green"] = lambda self: True  # a plain method, not @guard
         return worker(ns["active"].running.to(ns["failed"], cond="tests_green"))
 
-    with pytest.raises(InvalidDefinition, match="unknown guard 'tests_green'.*decorated with @guard"):
+    with pytest.raises(InvalidDefinition, match=r"unknown guard 'tests_green'.*decorated with @guard"):
         type("Deploy", (Lifecycle,), _shape(bail=ns_with_method))
 
     @guard
@@ -243,7 +241,16 @@ def test_the_benchmarks_need_an_explicit_postgres_url() -> None:
 def test_pytest_ra_reports_the_postgres_skip_once(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("FSM_TEST_POSTGRES_URL", "FSM_REQUIRE_POSTGRES")}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/test_stores/test_work_contract.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-ra",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_stores/test_work_contract.py",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -254,4 +261,3 @@ def test_pytest_ra_reports_the_postgres_skip_once(tmp_path: Path) -> None:
     skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     assert len(skipped) == 1, done.stdout
     assert "tests/conftest.py" in skipped[0] and "FSM_TEST_POSTGRES_URL" in skipped[0]
-
