@@ -19,6 +19,8 @@ text follows the lifecycle's declaration, so the same lifecycle gives the same t
 
 from __future__ import annotations
 
+import re
+
 from fsm.diagram.model import Diagram, Edge, Node
 from fsm.diagram.provenance import Header
 from fsm.diagram.text import xml_chars
@@ -67,20 +69,33 @@ def via_id(edge: Edge) -> str:
 VIA_STYLE = 'shape=point width=0.02 height=0.02 label="" style=invis'
 
 
+_SPACE_BEFORE_TAG = re.compile(r" (?=<)")
+_SPACE_AFTER_TAG = re.compile(r"(?<=>) ")
+
+
+def keep_spaces(label: str) -> str:
+    """``label`` with each space that touches a tag as a no-break space (``&#160;``).
+
+    Graphviz writes each run of differently styled text (``<b>start</b>`` and `` (worker)``)
+    as its own SVG ``<text>``, and SVG drops a leading or trailing plain space there: the
+    SVG read "start(worker)" and "fired by theworker".  A no-break space is kept."""
+    return _SPACE_AFTER_TAG.sub("&#160;", _SPACE_BEFORE_TAG.sub("&#160;", label))
+
+
 def edge_label(edge: Edge) -> str:
     """The HTML-like label: ``<b>event</b> [guards] (actor)``, then the effects in italics."""
     guards = f" [{', '.join(html(g) for g in edge.guards)}]" if edge.guards else ""
-    lines = [f"<b>{html(edge.event)}</b>{guards} ({html(edge.actor.value)})"]
+    lines = [f"<b>{html(edge.event)}</b>{guards} ({html(edge.who)})"]
     if edge.effects:
         lines.append(f"<i>{html(', '.join(edge.effects))}</i>")
-    return "<" + "<br/>".join(lines) + ">"
+    return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
 def _row(*cells: str) -> str:
     """A left-aligned HTML table row; a single cell spans both legend columns."""
     if len(cells) == 1:
-        return f'<tr><td align="left" colspan="2">{cells[0]}</td></tr>'
-    return "<tr>" + "".join(f'<td align="left">{c}</td>' for c in cells) + "</tr>"
+        return f'<tr><td align="left" colspan="2">{keep_spaces(cells[0])}</td></tr>'
+    return "<tr>" + "".join(f'<td align="left">{keep_spaces(c)}</td>' for c in cells) + "</tr>"
 
 
 class _Writer:
