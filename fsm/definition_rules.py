@@ -47,7 +47,7 @@ def operator_override(
     refused at class creation.
     """
     tl = transitions if isinstance(transitions, TransitionList) else TransitionList([transitions])
-    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, True)
+    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, (), True)
     for t in tl:
         setattr(t, META_ATTR, meta)
     return tl

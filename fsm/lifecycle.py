@@ -27,7 +27,7 @@ the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -43,7 +43,7 @@ from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
-from fsm.records import Actor, LeaseChange
+from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
 from fsm.unsupported import refuse_unsupported
 
@@ -66,13 +66,16 @@ def worker(
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.KEEP,
     counts_attempt: bool = False,
+    changes: Iterable[DataChange] = (),
 ) -> TransitionList:
     """Mark transitions as fired by the worker that owns the entity.
 
     ``lease=LeaseChange.ACQUIRE`` makes the transition take the lease for the caller
-    (token + 1); ``counts_attempt`` increments the entity's attempt counter.
+    (token + 1); ``counts_attempt`` increments the entity's attempt counter; ``changes``
+    (:class:`~fsm.records.SetItems`) are applied to the entity's data in the same write.
     """
-    return _tag(transitions, TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False))
+    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False, tuple(changes))
+    return _tag(transitions, meta)
 
 
 def reaper(
@@ -81,13 +84,17 @@ def reaper(
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.CLEAR,
     counts_reclaim: bool = False,
+    changes: Iterable[DataChange] = (),
 ) -> TransitionList:
     """Mark transitions as fired by the reaper; ``reason`` is recorded in history.
 
     By default a reaper transition clears the lease; ``lease=LeaseChange.ACQUIRE`` with
     ``counts_reclaim`` is a reclaim: the lease passes to a new owner, token + 1.
+    ``changes`` are applied to each moved entity's data in the same write, by the reaper's
+    set-based batch as by the engine (``SetItems("steps", "status", ("running",), "failed")``).
     """
-    return _tag(transitions, TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim))
+    meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes))
+    return _tag(transitions, meta)
 
 
 class LifecycleMeta(StateMachineMetaclass):

@@ -20,7 +20,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guard_expr import guard_names
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
-from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, LeaseChange
+from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, DataChange, LeaseChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,8 @@ class TransitionMeta:
     lease: LeaseChange = LeaseChange.KEEP
     bump_attempt: bool = False
     bump_reclaims: bool = False
+    changes: tuple[DataChange, ...] = ()
+    """Data changes applied in the transition's write (:class:`~fsm.records.SetItems`)."""
     override: bool = False
     """An operator override (:func:`fsm.definition_rules.operator_override`): a worker
     transition allowed to leave ``finalizing`` without holding the lease."""
@@ -77,6 +79,8 @@ class Branch:
     """``actor.value``, precomputed for the hot path."""
     override: bool = False
     """Declared with ``operator_override``: may fail a live finalizer on purpose."""
+    changes: tuple[DataChange, ...] = ()
+    """Data changes applied in the same write, by the engine and the reaper's batch."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -258,6 +262,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             rechecked=any(g.condition is not None for g, _ in gs),
                             actor_name=meta.actor.value,
                             override=meta.override,
+                            changes=meta.changes,
                         )
                     )
     configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}

@@ -48,6 +48,7 @@ from fsm.records import (
     NewerSibling,
     Snapshot,
     TransitionWrite,
+    apply_changes,
     condition_holds,
 )
 from stores.ledger import LedgerRun, check_effect_key, json_result
@@ -246,7 +247,8 @@ class MemoryStore(LedgerRun):
                     or not all(self._holds(c, row, now) for c in batch.require)
                 ):
                     continue  # a lost race: somebody moved, renewed or deleted it first
-                moved.append(self._move(row, batch, now, None, None, None))
+                data = apply_changes(batch.changes, row.data) if batch.changes else None
+                moved.append(self._move(row, batch, now, data, None, None))
         return moved
 
     @staticmethod

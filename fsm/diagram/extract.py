@@ -66,6 +66,7 @@ def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
                 to_final=b.to_final,
                 order=len(edges),
                 override=b.override,
+                changes=tuple(f"{c.key}.{c.field} {'/'.join(map(str, c.when))}->{c.value}" for c in b.changes),
             )
         )
     return tuple(edges)

@@ -58,6 +58,8 @@ class Edge:
     """Position among the lifecycle's declared branches (stable export order)."""
     override: bool = False
     """Declared with ``operator_override``: may fail a live finalizer; drawn apart."""
+    changes: tuple[str, ...] = ()
+    """The data changes the write applies, as read: ``steps.status running->failed``."""
 
     @property
     def is_reaper(self) -> bool:
@@ -92,6 +94,7 @@ class Edge:
             out.append("attempt+1")
         if self.bump_reclaims:
             out.append("reclaims+1")
+        out += self.changes
         return tuple(out)
 
     def label_lines(self) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ from fsm.errors import (
 from fsm.lifecycle import Lifecycle
 from fsm.limits import json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot
+from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, apply_changes
 from fsm.table import Branch
 from stores.base import Store
 
@@ -206,6 +206,10 @@ class Engine(EngineWork):
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
         branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
+        if branch.changes:  # the transition's declared data change, in the same write
+            changed = apply_changes(branch.changes, judged.data)
+            if changed is not None:
+                new_data = self._validate(changed, entity_id=snap.id)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         try:
             new, record = self.store.apply(write)

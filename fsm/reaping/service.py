@@ -227,6 +227,7 @@ class Reaper:
             bump_attempt=branch.bump_attempt,
             bump_reclaims=branch.bump_reclaims,
             reason=branch.reason,
+            changes=branch.changes,
         )
 
     def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:
