@@ -7,8 +7,9 @@ rules close the remaining ways a definition lets live work be killed or silently
 - every transition names its actor: wrapped in :func:`~fsm.lifecycle.worker`,
   :func:`~fsm.lifecycle.reaper` or :func:`operator_override` (an unwrapped one would be
   fired by "the worker" without saying so);
-- a *worker* transition leaving ``finalizing`` (also one declared on the compound parent)
-  must carry ``holds_lease``: otherwise any caller could fail a live finalizer.  Failing a
+- a *worker* transition leaving ``finalizing`` (also one declared on the compound parent),
+  or one that takes or clears its lease, must carry ``holds_lease``: otherwise any caller
+  could fail (or take over) a live finalizer.  Failing a
   live finalizer on purpose (an operator's abort) is declared with
   :func:`operator_override`, which diagrams draw apart;
 - the policy's ``renewal_budget`` names only non-final leaf states of the lifecycle (a
@@ -79,6 +80,8 @@ def check_finalizer_fenced(name: str, table: CompiledTable, finalizing: str) -> 
     for branch in table.declared:
         if branch.source != finalizing or branch.actor is not Actor.WORKER or branch.holds_lease:
             continue
+        if branch.target == finalizing and branch.lease_effect is LeaseChange.KEEP:
+            continue  # stays in finalizing and leaves the lease alone: kills nothing
         if branch.override:
             continue
         on = f" (declared on {branch.declared_on!r})" if branch.declared_on != branch.source else ""

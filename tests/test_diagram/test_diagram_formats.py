@@ -419,7 +419,7 @@ def test_mermaid_reaper_edges_are_told_apart_and_a_legend_note_explains_them() -
     assert any("(reaper)" in line for line in legend) and any("(worker)" in line for line in legend)
     assert any("fsm-diagram ref=fsm.lifecycles:PipelineLifecycle format=mermaid" in c for c in doc.comments)
     supersede = [label for _s, _d, label in doc.edges if label.startswith("supersede")]
-    assert supersede == ["supersede [superseded] (reaper)<br/>reason=duplicate"]
+    assert supersede == ["supersede [superseded] (reaper)<br/>reason=duplicate, steps.status running-#gt;failed"]
 
 
 def test_mermaid_escapes_text_that_would_break_a_statement() -> None:

@@ -86,7 +86,8 @@ def test_AC1_a_running_pipeline_past_stale_after_fails_with_one_signal_carrying_
     assert len(transitioned) == 1
     payload = transitioned[0]
     assert payload.snapshot.id == "p1" and payload.snapshot.state == "failed"
-    assert payload.snapshot.data["steps"] == [{"name": "build", "status": "running"}]
+    # the payload carries the committed row: its running step failed with it (issue 11, item 5)
+    assert payload.snapshot.data["steps"] == [{"name": "build", "status": "failed"}]
 
 
 def test_AC2_a_fresh_running_pipeline_stays_running(any_store: Store, clock: ManualClock) -> None:
