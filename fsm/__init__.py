@@ -41,6 +41,7 @@ from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, 
 if TYPE_CHECKING:
     from statemachine import State
 
+    from fsm.definition_rules import operator_override
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
@@ -57,6 +58,7 @@ _LAZY = {
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
+    "operator_override": "fsm.definition_rules",
     "reaper": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
@@ -145,6 +147,7 @@ __all__ = [
     "Worker",
     "guard",
     "new_owner_id",
+    "operator_override",
     "reaper",
     "worker",
 ]

@@ -4,7 +4,12 @@ Subcommands register themselves here; each one's handler returns the exit code.
 
 - ``fsm demo``: the main job, replaying the seeds' scenarios on a store (SQLite by default);
 - ``fsm reaper``: run the reaper once or on a schedule;
-- ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG.
+- ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG;
+- ``fsm migrate``: upgrade (or inspect) the library's tables, as a deploy step;
+- ``fsm show ID``: one entity, its lease, its history and its effects.
+
+Every subcommand prints what it did on stdout and its errors on stderr; ``-v`` (DEBUG
+logs) and ``-q`` (warnings and errors only) are accepted before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import Any
 
 from fsm.errors import FsmError
 
 Handler = Callable[[argparse.Namespace], int]
 
-SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli")
+SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli", "fsm.commands")
 """Modules exposing ``register(subparsers)``; a module not built yet is skipped."""
 
 
@@ -28,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsm", description="Explicit lifecycles that a reaper cannot break (fsm-lifecycles)."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _log_options(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
@@ -38,14 +46,31 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for child in sub.choices.values():  # `fsm reaper -v` as well as `fsm -v reaper`
+        _log_options(child, argparse.SUPPRESS)
     return parser
+
+
+def _log_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``-v``/``-q``; a subcommand's default is SUPPRESS, so it never undoes the top level's."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log at DEBUG level")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="print warnings and errors only")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fsm-lifecycles")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose and args.quiet:
+        parser.error("-v and -q contradict each other")
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import secrets
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         store = open_simulated(args.db, clock)
     except FsmError as err:  # a bad URL, a missing driver, an unreachable database
-        say(f"fsm demo: {err}")
+        print(f"fsm demo: error: {err}", file=sys.stderr)
         return 2
     run_id = secrets.token_hex(3)
     seen: list[str] = []
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         pipelines_demo(store, clock, run_id)
         jobs_demo(store, clock, run_id)
     except FsmError as err:
-        say(f"demo failed: {type(err).__name__}: {err}")
+        print(f"fsm demo: failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     finally:
         signals.transitioned.disconnect(on_transition)

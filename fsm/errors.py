@@ -147,11 +147,20 @@ class LeaseLost(Fenced):
         self.expected_token = expected_token
         self.found_token = found_token
         self.owner = owner
-        msg = (
-            f"lease on entity {entity_id!r} lost: the caller holds token {expected_token}, "
-            f"the entity holds token {found_token}"
-        )
-        super().__init__(msg + (f" ({detail})" if detail else ""))
+        if expected_token is not None and expected_token == found_token:
+            # the same token: nobody took the lease over; it ran out (expired, budget spent)
+            # or was given up
+            why = detail or "the lease expired or was released"
+            msg = f"lease on entity {entity_id!r} lost: {why} (token {expected_token}, not taken over)"
+        elif expected_token is None or found_token is None:
+            msg = f"lease on entity {entity_id!r} lost" + (f" (token {expected_token})" if expected_token else "")
+            msg += f": {detail}" if detail else ""
+        else:
+            msg = (
+                f"lease on entity {entity_id!r} lost: the caller holds token {expected_token}, "
+                f"the entity holds token {found_token}"
+            ) + (f" ({detail})" if detail else "")
+        super().__init__(msg)
 
 
 class EntityMovedOn(Fenced):

@@ -27,7 +27,7 @@ the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -39,10 +39,11 @@ from statemachine.state import NestedStateFactory
 from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
+from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
-from fsm.records import Actor, LeaseChange
+from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
 from fsm.unsupported import refuse_unsupported
 
@@ -65,13 +66,16 @@ def worker(
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.KEEP,
     counts_attempt: bool = False,
+    changes: Iterable[DataChange] = (),
 ) -> TransitionList:
     """Mark transitions as fired by the worker that owns the entity.
 
     ``lease=LeaseChange.ACQUIRE`` makes the transition take the lease for the caller
-    (token + 1); ``counts_attempt`` increments the entity's attempt counter.
+    (token + 1); ``counts_attempt`` increments the entity's attempt counter; ``changes``
+    (:class:`~fsm.records.SetItems`) are applied to the entity's data in the same write.
     """
-    return _tag(transitions, TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False))
+    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False, tuple(changes))
+    return _tag(transitions, meta)
 
 
 def reaper(
@@ -80,13 +84,17 @@ def reaper(
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.CLEAR,
     counts_reclaim: bool = False,
+    changes: Iterable[DataChange] = (),
 ) -> TransitionList:
     """Mark transitions as fired by the reaper; ``reason`` is recorded in history.
 
     By default a reaper transition clears the lease; ``lease=LeaseChange.ACQUIRE`` with
     ``counts_reclaim`` is a reclaim: the lease passes to a new owner, token + 1.
+    ``changes`` are applied to each moved entity's data in the same write, by the reaper's
+    set-based batch as by the engine (``SetItems("steps", "status", ("running",), "failed")``).
     """
-    return _tag(transitions, TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim))
+    meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes))
+    return _tag(transitions, meta)
 
 
 class LifecycleMeta(StateMachineMetaclass):
@@ -138,7 +146,8 @@ class LifecycleMeta(StateMachineMetaclass):
         if not cls.states:
             return
         refuse_unsupported(name, cls, cls.guards, Lifecycle)
-        if "kind" not in attrs:
+        if "kind" not in attrs and getattr(cls, "kind", None) is None:
+            # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
         # what each (shared) State object held at creation: a refused subclass that appended
@@ -147,6 +156,7 @@ class LifecycleMeta(StateMachineMetaclass):
             id(state): (state, list(state.transitions.transitions)) for state in cls.states_map.values()
         }
         _check_finalizing_rules(name, cls)
+        check_definition(name, cls)  # fsm.definition_rules: actors, fenced finalizers, policy states
 
 
 def _check_finalizing_rules(name: str, cls: Any) -> None:
@@ -215,6 +225,27 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     guards: ClassVar[dict[str, Guard]]
     table: ClassVar[CompiledTable]
 
+    def __init__(
+        self,
+        model: Any = None,
+        state_field: str = "state",
+        start_value: Any = None,
+        listeners: list[object] | None = None,
+        *,
+        guards: Mapping[str, bool] | GuardContext | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A live python-statemachine chart of this lifecycle (the engine never builds one).
+
+        Guard names are answered by ``guards``: a name -> bool mapping (a guard not named
+        there is False) or a :class:`GuardContext` evaluated live.  ``JobLifecycle()``
+        therefore works as a plain chart: unguarded transitions fire, guarded ones are
+        refused until their guards are given as True.
+        """
+        if not any(isinstance(x, _GuardOracle) for x in listeners or ()):
+            listeners = [*(listeners or ()), _GuardOracle(type(self).guards, guards)]
+        super().__init__(model, state_field, start_value, listeners, **kwargs)
+
     @classmethod
     def restore(cls, leaf: str, guards: Mapping[str, bool] | GuardContext | None = None) -> Lifecycle:
         """A live StateChart in the configuration a stored leaf state stands for.
@@ -228,7 +259,7 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         # the engine persists state ids; python-statemachine starts from a state *value*,
         # which differs from the id for a state declared with State(value=...)
         value = next(s.value for s in cls.states_map.values() if s.id == leaf)
-        return cls(start_value=value, listeners=[_GuardOracle(cls.guards, guards)])
+        return cls(start_value=value, guards=guards)
 
 
 __all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]

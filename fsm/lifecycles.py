@@ -21,7 +21,7 @@ from statemachine import State
 
 from fsm.lifecycle import Lifecycle, reaper, worker
 from fsm.policy import Policy
-from fsm.records import LeaseChange
+from fsm.records import LeaseChange, SetItems
 
 StepStatus = Literal["queued", "running", "completed", "failed", "skipped"]
 
@@ -41,6 +41,11 @@ class PipelineData(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     steps: list[PipelineStep] = Field(default_factory=list)
+
+
+FAIL_RUNNING_STEPS = SetItems(key="steps", field="status", when=("running",), value="failed")
+"""A failed pipeline's running steps fail with it (seeds/000: a dashboard must not show
+live steps in a dead pipeline); declared on the reaper's ``expire`` and ``supersede``."""
 
 
 class PipelineLifecycle(Lifecycle):
@@ -67,10 +72,10 @@ class PipelineLifecycle(Lifecycle):
     finish = worker(active.running.to(active.finalizing), lease=LeaseChange.ACQUIRE)
     succeed = worker(active.finalizing.to(completed, cond="holds_lease"))
     fail = worker(active.finalizing.to(failed, cond="holds_lease")) | worker(active.running.to(failed))
-    expire = reaper(active.running.to(failed, cond="lease_stale"), reason="expired") | reaper(
-        active.finalizing.to(failed, cond="lease_stale"), reason="expired"
-    )
-    supersede = reaper(active.running.to(failed, cond="superseded"), reason="duplicate")
+    expire = reaper(
+        active.running.to(failed, cond="lease_stale"), reason="expired", changes=[FAIL_RUNNING_STEPS]
+    ) | reaper(active.finalizing.to(failed, cond="lease_stale"), reason="expired", changes=[FAIL_RUNNING_STEPS])
+    supersede = reaper(active.running.to(failed, cond="superseded"), reason="duplicate", changes=[FAIL_RUNNING_STEPS])
 
 
 class GateResult(BaseModel):
@@ -133,4 +138,12 @@ class JobLifecycle(Lifecycle):
     )
 
 
-__all__ = ["GateResult", "JobData", "JobLifecycle", "PipelineData", "PipelineLifecycle", "PipelineStep"]
+__all__ = [
+    "FAIL_RUNNING_STEPS",
+    "GateResult",
+    "JobData",
+    "JobLifecycle",
+    "PipelineData",
+    "PipelineLifecycle",
+    "PipelineStep",
+]

@@ -17,6 +17,10 @@ DEFAULT_STALE_AFTER = timedelta(minutes=60)
 """A running entity with no lease is stale once not updated for this long (seeds/000)."""
 DEFAULT_LEASE_TTL = timedelta(minutes=2)
 """A lease lives this long after its last renewal; holders renew every third of it."""
+DEFAULT_RENEWAL_BUDGET = timedelta(hours=6)
+"""The renewal budget of every state ``renewal_budget`` does not name: the backstop holds by
+default, so a live-but-hung holder loses its lease at most this long (plus one TTL) after
+entering the state."""
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_MAX_RECLAIMS = 2
 
@@ -25,7 +29,10 @@ class Policy(BaseModel):
     """Timing and retry budgets of one lifecycle.
 
     ``renewal_budget`` caps, per leaf state, how long after entering that state a lease may
-    still be renewed: a live-but-hung holder cannot keep an entity forever.
+    still be renewed: a live-but-hung holder cannot keep an entity forever.  A state it
+    does not name gets ``default_renewal_budget`` (6 hours); ``default_renewal_budget=None``
+    lifts the cap from those states (a hung holder may then keep its lease forever).  The
+    lifecycle refuses a ``renewal_budget`` key that is not one of its non-final states.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -34,6 +41,9 @@ class Policy(BaseModel):
     lease_ttl: timedelta = Field(DEFAULT_LEASE_TTL, description="lifetime of a lease after acquire or renew")
     renewal_budget: dict[str, timedelta] = Field(
         default_factory=dict, description="per state: how long after entering it a lease may be renewed"
+    )
+    default_renewal_budget: timedelta | None = Field(
+        DEFAULT_RENEWAL_BUDGET, description="renewal budget of every state renewal_budget does not name"
     )
     max_attempts: int = Field(
         DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_INT64, strict=True, description="starts before expire fails the entity"
@@ -63,9 +73,16 @@ class Policy(BaseModel):
             raise ValueError(f"renewal budgets must be valid durations ({'; '.join(bad)})")
         return checked
 
+    @field_validator("default_renewal_budget", mode="before")
+    @classmethod
+    def _positive_default(cls, value: Any) -> timedelta | None:
+        return None if value is None else duration(value)  # positive and finite, as every duration
+
     @model_validator(mode="after")
     def _budget_exceeds_ttl(self) -> Policy:
         short = [s for s, b in self.renewal_budget.items() if b < self.lease_ttl]
+        if self.default_renewal_budget is not None and self.default_renewal_budget < self.lease_ttl:
+            short.append("default_renewal_budget")
         if short:
             raise ValueError(
                 f"renewal budget of {', '.join(short)} is shorter than lease_ttl ({self.lease_ttl}); "
@@ -74,7 +91,8 @@ class Policy(BaseModel):
         return self
 
     def budget_for(self, state: str) -> timedelta | None:
-        return self.renewal_budget.get(state)
+        """The renewal budget of ``state``: its own, else ``default_renewal_budget``."""
+        return self.renewal_budget.get(state, self.default_renewal_budget)
 
 
 _TIMEDELTA: TypeAdapter[timedelta] = TypeAdapter(timedelta)
@@ -98,6 +116,7 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_RECLAIMS",
+    "DEFAULT_RENEWAL_BUDGET",
     "DEFAULT_STALE_AFTER",
     "Policy",
     "duration",

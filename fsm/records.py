@@ -176,6 +176,54 @@ class NewEntity:
     own); only a store bound to such a table takes them."""
 
 
+# -- data changes a transition declares ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetItems:
+    """A data change a transition declares, applied in the transition's own write (by the
+    engine and by the reaper's batch alike): every item of the list ``data[key]`` whose
+    ``field`` is one of ``when`` gets ``field = value``.
+
+    ``SetItems("steps", "status", when=("running",), value="failed")`` fails a pipeline's
+    running steps as the pipeline fails.  On a table bound with
+    :class:`~stores.sql.ChildRows` under ``key``, the store updates the child rows.
+    """
+
+    key: str
+    field: str
+    when: tuple[Any, ...]
+    value: Any
+
+    def apply(self, data: dict[str, Any]) -> list[Any] | None:
+        """The changed list, or ``None`` when no item matches (nothing to write)."""
+        items = data.get(self.key)
+        if not isinstance(items, list):
+            return None
+        out: list[Any] = []
+        hit = False
+        for item in items:
+            if isinstance(item, dict) and item.get(self.field) in self.when:
+                out.append({**item, self.field: self.value})
+                hit = True
+            else:
+                out.append(item)
+        return out if hit else None
+
+
+DataChange = SetItems
+
+
+def apply_changes(changes: tuple[DataChange, ...], data: dict[str, Any]) -> dict[str, Any] | None:
+    """``data`` with every change applied, or ``None`` when none of them changes anything."""
+    new: dict[str, Any] | None = None
+    for change in changes:
+        items = change.apply(data if new is None else new)
+        if items is not None:
+            new = {**(data if new is None else new), change.key: items}
+    return new
+
+
 # -- conditions a store re-checks at the commit point -------------------------------------
 
 
@@ -277,6 +325,8 @@ class BatchWrite:
     bump_attempt: bool = False
     bump_reclaims: bool = False
     reason: str | None = None
+    changes: tuple[DataChange, ...] = ()
+    """Data changes applied to each moved row in the same commit (see :class:`SetItems`)."""
 
 
 def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_sibling: bool | None = None) -> bool:
@@ -306,6 +356,7 @@ __all__ = [
     "Condition",
     "CounterAtLeast",
     "CounterBelow",
+    "DataChange",
     "EffectRecord",
     "HistoryRecord",
     "Lease",
@@ -313,7 +364,9 @@ __all__ = [
     "LeaseStale",
     "NewEntity",
     "NewerSibling",
+    "SetItems",
     "Snapshot",
     "TransitionWrite",
+    "apply_changes",
     "condition_holds",
 ]

@@ -20,7 +20,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guard_expr import guard_names
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
-from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, LeaseChange
+from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, DataChange, LeaseChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,11 @@ class TransitionMeta:
     lease: LeaseChange = LeaseChange.KEEP
     bump_attempt: bool = False
     bump_reclaims: bool = False
+    changes: tuple[DataChange, ...] = ()
+    """Data changes applied in the transition's write (:class:`~fsm.records.SetItems`)."""
+    override: bool = False
+    """An operator override (:func:`fsm.definition_rules.operator_override`): a worker
+    transition allowed to leave ``finalizing`` without holding the lease."""
 
 
 META_ATTR = "_fsm_meta"
@@ -72,6 +77,10 @@ class Branch:
     """Some guard has a store-side condition to re-check at commit."""
     actor_name: str = "worker"
     """``actor.value``, precomputed for the hot path."""
+    override: bool = False
+    """Declared with ``operator_override``: may fail a live finalizer on purpose."""
+    changes: tuple[DataChange, ...] = ()
+    """Data changes applied in the same write, by the engine and the reaper's batch."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -169,7 +178,11 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
         for name in guard_names(func, unless=not spec.expected_value, where=where):
             if name not in guards:
                 known = ", ".join(sorted(guards))
-                raise InvalidDefinition(f"{where}: unknown guard {name!r} (known guards: {known})")
+                raise InvalidDefinition(
+                    f"{where}: unknown guard {name!r} (known guards: {known}); declare it on the class as a "
+                    "function decorated with @guard taking a GuardContext (a plain method is not a guard: the "
+                    "engine judges guards on the stored entity, never on a chart instance)"
+                )
             g = guards[name]
             if not spec.expected_value and g.condition is not None and negate_condition(g.condition(Policy())) is None:
                 raise InvalidDefinition(
@@ -248,6 +261,8 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             lease_effect=LeaseChange.CLEAR if target_leaf.final else meta.lease,
                             rechecked=any(g.condition is not None for g, _ in gs),
                             actor_name=meta.actor.value,
+                            override=meta.override,
+                            changes=meta.changes,
                         )
                     )
     configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}

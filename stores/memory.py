@@ -48,6 +48,7 @@ from fsm.records import (
     NewerSibling,
     Snapshot,
     TransitionWrite,
+    apply_changes,
     condition_holds,
 )
 from stores.ledger import LedgerRun, check_effect_key, json_result
@@ -246,10 +247,13 @@ class MemoryStore(LedgerRun):
                     or not all(self._holds(c, row, now) for c in batch.require)
                 ):
                     continue  # a lost race: somebody moved, renewed or deleted it first
-                moved.append(self._move(row, batch, now, None, None, None))
+                data = apply_changes(batch.changes, row.data) if batch.changes else None
+                moved.append(self._move(row, batch, now, data, None, None))
         return moved
 
     def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        check_batch_write(batch)
+        check_int("limit", limit, low=1, high=1_000_000)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
             now = self.clock.now()
@@ -262,7 +266,8 @@ class MemoryStore(LedgerRun):
                     and not row.deleted
                     and all(self._holds(c, row, now) for c in batch.require)
                 ):
-                    moved.append(self._move(row, batch, now, None, None, None))
+                    data = apply_changes(batch.changes, row.data) if batch.changes else None
+                    moved.append(self._move(row, batch, now, data, None, None))
         return moved
 
     @staticmethod

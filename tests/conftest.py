@@ -61,6 +61,22 @@ def postgres_url() -> str:
     return url
 
 
+POSTGRES_SKIP_PREFIX = "PostgreSQL "
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """Every PostgreSQL skip reported at one place, so ``pytest -ra`` prints it once
+    (``SKIPPED [63] tests/conftest.py: PostgreSQL tests need ...``), not once per test."""
+    report = yield
+    longrepr = getattr(report, "longrepr", None)
+    if getattr(report, "skipped", False) and isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = str(longrepr[2]).removeprefix("Skipped: ")
+        if reason.startswith(POSTGRES_SKIP_PREFIX):
+            report.longrepr = ("tests/conftest.py", postgres_url.__code__.co_firstlineno, f"Skipped: {reason}")  # type: ignore[attr-defined]
+    return report
+
+
 def _sqlite(clock: ManualClock) -> Store:
     """A SqlStore on a fresh SQLite file, removed with its directory on close."""
     from stores.sql import SqlStore

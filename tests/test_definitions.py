@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 from statemachine import State
 
-from fsm import Engine, GuardContext, InvalidDefinition, JobLifecycle, Lifecycle, ManualClock, guard, reaper, worker
+from fsm import (
+    Engine,
+    GuardContext,
+    InvalidDefinition,
+    JobLifecycle,
+    Lifecycle,
+    ManualClock,
+    guard,
+    operator_override,
+    reaper,
+    worker,
+)
 from fsm.records import Actor, LeaseChange
 from stores import MemoryStore
 
@@ -77,7 +88,7 @@ def test_unknown_guard_name_is_refused_naming_the_transition() -> None:
             done = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing, cond="tests_green"))
-            succeed = worker(active.finalizing.to(done))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
 
 def test_guard_expressions_with_or_are_refused() -> None:
@@ -93,7 +104,7 @@ def test_guard_expressions_with_or_are_refused() -> None:
             done = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing, cond="holds_lease or lease_stale"))
-            succeed = worker(active.finalizing.to(done))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
 
 def test_python_statemachine_definition_errors_surface_as_our_invalid_definition() -> None:
@@ -110,7 +121,7 @@ def test_python_statemachine_definition_errors_surface_as_our_invalid_definition
             done = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing))
-            succeed = worker(active.finalizing.to(done))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
             jam = worker(active.running.to(stuck))
 
 
@@ -129,7 +140,7 @@ class Deploy(Lifecycle):
     start = worker(queued.to(active), lease=LeaseChange.ACQUIRE)
     promote = worker(active.running.to(active.finalizing, cond=["holds_lease", "tests_green"]))
     done = worker(active.finalizing.to(deployed, cond="holds_lease"))
-    abort = worker(active.to(failed))
+    abort = operator_override(active.to(failed))
     expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
 
     @guard
@@ -212,7 +223,7 @@ def _base(**extra: object) -> dict[str, object]:
         "failed": failed,
         "start": worker(queued.to(active)),
         "finish": worker(active.running.to(active.finalizing)),
-        "succeed": worker(active.finalizing.to(done)),
+        "succeed": worker(active.finalizing.to(done, cond="holds_lease")),
     }
     attrs.update({k: (v(attrs) if callable(v) else v) for k, v in extra.items()})
     return attrs
@@ -266,7 +277,7 @@ def test_a_final_state_nested_in_the_compound_is_refused() -> None:
             failed = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing))
-            ship = worker(active.finalizing.to(active.shipped))
+            ship = worker(active.finalizing.to(active.shipped, cond="holds_lease"))
             abort = worker(active.to(failed))
 
 
@@ -366,7 +377,7 @@ def test_a_guard_returning_a_truthy_value_counts_as_true_as_in_python_statemachi
     owner_set = Guard("owner_set", lambda ctx: ctx.data.get("owner"), "an owner name is set")
     attrs = _base(
         assign=lambda a: worker(a["active"].running.to(a["active"].finalizing, cond="owner_set")),
-        abort=lambda a: worker(a["active"].to(a["failed"])),
+        abort=lambda a: worker(a["active"].running.to(a["failed"])),
     )
     attrs["owner_set"] = owner_set
     assignable = type("Assignable", (Lifecycle,), attrs)

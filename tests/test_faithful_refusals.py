@@ -14,7 +14,7 @@ import pytest
 from statemachine import HistoryState, State
 from statemachine.event import Event
 
-from fsm import Guard, InvalidDefinition, Lifecycle, worker
+from fsm import Guard, InvalidDefinition, Lifecycle, operator_override, worker
 
 Extra = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -33,8 +33,8 @@ def _declare(extra: Extra | None = None, active_body: dict[str, Any] | None = No
     defaults: dict[str, Callable[[], Any]] = {
         "start": lambda: worker(queued.to(active)),
         "finish": lambda: worker(active.running.to(active.finalizing)),
-        "succeed": lambda: worker(active.finalizing.to(done)),
-        "abort": lambda: worker(active.to(failed)),
+        "succeed": lambda: worker(active.finalizing.to(done, cond="holds_lease")),
+        "abort": lambda: operator_override(active.to(failed), reason=None),
     }
     # a default is declared only when `extra` does not redeclare the event: a transition
     # left behind without its attribute would be an (eventless) transition of its own

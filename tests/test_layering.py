@@ -26,10 +26,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (6, ("fsm.cli", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
+    (6, ("fsm.cli", "fsm.commands", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
     (5, ("fsm.reaping", "fsm.work", "fsm.diagram")),
     (4, ("fsm.engine",)),
-    (3, ("fsm.guards", "fsm.guard_expr", "fsm.table", "fsm.unsupported", "fsm.lifecycle", "fsm.lifecycles")),
+    (
+        3,
+        (
+            "fsm.guards",
+            "fsm.guard_expr",
+            "fsm.table",
+            "fsm.unsupported",
+            "fsm.definition_rules",
+            "fsm.lifecycle",
+            "fsm.lifecycles",
+        ),
+    ),
     (2, ("stores", "signals")),
     (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits")),
 ]

@@ -64,6 +64,7 @@ FSM_API = {
     "Worker",
     "guard",
     "new_owner_id",
+    "operator_override",
     "reaper",
     "worker",
 }

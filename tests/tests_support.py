@@ -21,7 +21,7 @@ class Untyped(Lifecycle):
 
     start = worker(queued.to(active))
     finish = worker(active.running.to(active.finalizing))
-    succeed = worker(active.finalizing.to(done))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
     expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
 
 

@@ -121,6 +121,9 @@ def _fail(message: str) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    missing = [p for p in args.check if not Path(p).exists()]
+    if missing:  # bad input, not a stale file: exit 2 as documented
+        raise UsageError(f"--check: no such file or directory: {', '.join(missing)}")
     report = check(args.check)
     for finding in report.findings:
         line = f"{finding.status.value:<5}  {finding.where}"
@@ -210,6 +213,10 @@ def _export(args: argparse.Namespace) -> int:
     if args.last < 0:
         raise UsageError("--last must be >= 0")
     implied = format_for_path(args.out) if args.out else None
+    if args.out and implied is None and not args.format:
+        raise UsageError(
+            f"cannot tell a format from --out {args.out}: name it .mmd, .dot, .svg or .png, or pass --format"
+        )
     if args.format and implied and args.format != implied:
         raise UsageError(f"--format {args.format} does not match --out {args.out} (a {implied} file name)")
     fmt = args.format or implied or "mermaid"

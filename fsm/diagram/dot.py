@@ -19,6 +19,8 @@ text follows the lifecycle's declaration, so the same lifecycle gives the same t
 
 from __future__ import annotations
 
+import re
+
 from fsm.diagram.model import Diagram, Edge, Node
 from fsm.diagram.provenance import Header
 from fsm.diagram.text import xml_chars
@@ -26,6 +28,8 @@ from fsm.diagram.text import xml_chars
 FONT = "Helvetica"
 WORKER_COLOR = "#1f3a5f"
 REAPER_COLOR = "#c0392b"
+OVERRIDE_COLOR = "#b35900"
+"""An operator override (a worker transition that may fail a live finalizer): bold orange."""
 CURRENT_FILL = "#ffe08a"
 CURRENT_BORDER = "#b8860b"
 CLUSTER_COLOR = "#7f8c9a"
@@ -65,20 +69,33 @@ def via_id(edge: Edge) -> str:
 VIA_STYLE = 'shape=point width=0.02 height=0.02 label="" style=invis'
 
 
+_SPACE_BEFORE_TAG = re.compile(r" (?=<)")
+_SPACE_AFTER_TAG = re.compile(r"(?<=>) ")
+
+
+def keep_spaces(label: str) -> str:
+    """``label`` with each space that touches a tag as a no-break space (``&#160;``).
+
+    Graphviz writes each run of differently styled text (``<b>start</b>`` and `` (worker)``)
+    as its own SVG ``<text>``, and SVG drops a leading or trailing plain space there: the
+    SVG read "start(worker)" and "fired by theworker".  A no-break space is kept."""
+    return _SPACE_AFTER_TAG.sub("&#160;", _SPACE_BEFORE_TAG.sub("&#160;", label))
+
+
 def edge_label(edge: Edge) -> str:
     """The HTML-like label: ``<b>event</b> [guards] (actor)``, then the effects in italics."""
     guards = f" [{', '.join(html(g) for g in edge.guards)}]" if edge.guards else ""
-    lines = [f"<b>{html(edge.event)}</b>{guards} ({html(edge.actor.value)})"]
+    lines = [f"<b>{html(edge.event)}</b>{guards} ({html(edge.who)})"]
     if edge.effects:
         lines.append(f"<i>{html(', '.join(edge.effects))}</i>")
-    return "<" + "<br/>".join(lines) + ">"
+    return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
 def _row(*cells: str) -> str:
     """A left-aligned HTML table row; a single cell spans both legend columns."""
     if len(cells) == 1:
-        return f'<tr><td align="left" colspan="2">{cells[0]}</td></tr>'
-    return "<tr>" + "".join(f'<td align="left">{c}</td>' for c in cells) + "</tr>"
+        return f'<tr><td align="left" colspan="2">{keep_spaces(cells[0])}</td></tr>'
+    return "<tr>" + "".join(f'<td align="left">{keep_spaces(c)}</td>' for c in cells) + "</tr>"
 
 
 class _Writer:
@@ -184,12 +201,12 @@ class _Writer:
     def edge(self, edge: Edge) -> None:
         d = self.d
         tail, head = self.exit_anchor(edge.source), self.entry_anchor(edge.target)
-        color = REAPER_COLOR if edge.is_reaper else WORKER_COLOR
+        color = REAPER_COLOR if edge.is_reaper else OVERRIDE_COLOR if edge.override else WORKER_COLOR
         style = [
-            ("class", quote(edge.actor.value)),
+            ("class", quote("operator-override" if edge.override else edge.actor.value)),
             ("color", quote(color)),
             ("fontcolor", quote(color)),
-            ("style", "dashed" if edge.is_reaper else "solid"),
+            ("style", "dashed" if edge.is_reaper else "bold" if edge.override else "solid"),
         ]
         if edge.is_reaper:
             style.append(("penwidth", "1.6"))
@@ -222,6 +239,17 @@ class _Writer:
                 f"{worker}solid: fired by the <b>worker</b></font>",
             ),
             _row(f"{reaper}<b>- - - &#9654;</b></font>", f"{reaper}dashed: fired by the <b>reaper</b></font>"),
+            *(
+                [
+                    _row(
+                        f'<font color="{OVERRIDE_COLOR}"><b>&#9473;&#9473;&#9473;&#9654;</b></font>',
+                        f'<font color="{OVERRIDE_COLOR}">bold: <b>operator override</b>, may fail a live '
+                        "finalizer</font>",
+                    )
+                ]
+                if any(e.override for e in self.d.edges)
+                else []
+            ),
             _row("label", "<b>event</b> [guards] (actor), then <i>effects</i>"),
             _row("states", "double border: final (clears the lease); black dot: initial"),
         ]

@@ -65,6 +65,8 @@ def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
                 leaves=tuple(c.source for c in copies),
                 to_final=b.to_final,
                 order=len(edges),
+                override=b.override,
+                changes=tuple(f"{c.key}.{c.field} {'/'.join(map(str, c.when))}->{c.value}" for c in b.changes),
             )
         )
     return tuple(edges)

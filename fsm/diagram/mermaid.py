@@ -52,6 +52,8 @@ LEGEND = (
     "a final state clears the lease",
 )
 
+OVERRIDE_LEGEND = "(operator override) fired on purpose; may fail a live finalizer"
+
 
 def aliases(diagram: Diagram) -> dict[str, str]:
     """The Mermaid id of every state, unique and deterministic (declaration order).
@@ -108,7 +110,17 @@ def _comment(value: str) -> str:
 
 
 def edge_label(edge: Edge) -> str:
+    """The edge's label; a self-loop gets only ``event (actor)``: Mermaid sets a loop's label
+    beside its state, over the labels of the state's other edges, so its guards and
+    effects are spelled out in the legend note instead (:func:`loop_line`)."""
+    if edge.source == edge.target:
+        return _text(f"{edge.event} ({edge.who}), see note")
     return "<br/>".join(_text(line) for line in edge.label_lines())
+
+
+def loop_line(edge: Edge) -> str:
+    """A self-loop's full label, one line of the legend note."""
+    return f"{edge.source} loop: " + ": ".join(edge.label_lines())
 
 
 def _home(diagram: Diagram, edge: Edge) -> str | None:
@@ -183,12 +195,18 @@ class _Writer:
         d = self.d
         header = Header(d.ref, "mermaid", entity=d.overlay.entity_id if d.overlay else None)
         lines = ["stateDiagram-v2", f"{INDENT}%% {header.line}", f"{INDENT}%% {REGENERATE}"]
-        lines += [f"{INDENT}%% guard {name}: {_comment(desc) or '(no description)'}" for name, desc in d.guards]
         lines += self.block(None, 1)
         initial = next((n for n in d.roots if n.initial), None)
         if initial is not None and d.overlay is None:
+            # the legend is a note, so it renders: comments (%%) never do
             lines.append(f"{INDENT}note left of {self.ids[initial.id]}")
-            lines += [f"{INDENT * 2}{_text(t)}" for t in LEGEND]
+            legend: tuple[str, ...] = (
+                LEGEND if not any(e.override for e in d.edges) else (*LEGEND[:3], OVERRIDE_LEGEND, *LEGEND[3:])
+            )
+            legend += tuple(loop_line(e) for e in d.edges if e.source == e.target)
+            if d.guards:
+                legend += ("Guards:", *(f"{name}: {desc or '(no description)'}" for name, desc in d.guards))
+            lines += [f"{INDENT * 2}{_text(t)}" for t in legend]
             lines.append(f"{INDENT}end note")
         finals = [self.ids[n.id] for n in d.nodes if n.final]
         if finals:

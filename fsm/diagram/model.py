@@ -56,16 +56,25 @@ class Edge:
     to_final: bool = False
     order: int = 0
     """Position among the lifecycle's declared branches (stable export order)."""
+    override: bool = False
+    """Declared with ``operator_override``: may fail a live finalizer; drawn apart."""
+    changes: tuple[str, ...] = ()
+    """The data changes the write applies, as read: ``steps.status running->failed``."""
 
     @property
     def is_reaper(self) -> bool:
         return self.actor is Actor.REAPER
 
     @property
+    def who(self) -> str:
+        """``worker``, ``reaper`` or ``operator override``."""
+        return "operator override" if self.override else self.actor.value
+
+    @property
     def title(self) -> str:
         """``event [guard, guard] (actor)``: the first line of every label."""
         guards = f" [{', '.join(self.guards)}]" if self.guards else ""
-        return f"{self.event}{guards} ({self.actor.value})"
+        return f"{self.event}{guards} ({self.who})"
 
     @property
     def effects(self) -> tuple[str, ...]:
@@ -85,6 +94,7 @@ class Edge:
             out.append("attempt+1")
         if self.bump_reclaims:
             out.append("reclaims+1")
+        out += self.changes
         return tuple(out)
 
     def label_lines(self) -> tuple[str, ...]:

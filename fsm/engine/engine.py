@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
+from fsm.definition_rules import check_policy_states
 from fsm.engine.announce import announce
 from fsm.engine.arguments import (
     actor_arg,
@@ -31,6 +32,7 @@ from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
+    ConfigError,
     Fenced,
     FsmError,
     GuardRejected,
@@ -44,7 +46,7 @@ from fsm.errors import (
 from fsm.lifecycle import Lifecycle
 from fsm.limits import json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot
+from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, apply_changes
 from fsm.table import Branch
 from stores.base import Store
 
@@ -85,6 +87,10 @@ class Engine(EngineWork):
         if policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"policy must be a Policy, not {policy!r}")
         self.clock: Clock = clock or StoreClock(store)
+        if policy is not None and not isinstance(policy, Policy):
+            raise ConfigError(f"policy must be a fsm.Policy, not {type(policy).__name__}")
+        if policy is not None:
+            check_policy_states(lifecycle.__name__, lifecycle.table, policy, ConfigError)
         self.policy: Policy = policy or lifecycle.policy
         self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
@@ -229,6 +235,10 @@ class Engine(EngineWork):
                 raise
             # refused on the caller's snapshot, which may be stale: judge the row as it is
             return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+        if branch.changes:  # the transition's declared data change, in the same write
+            changed = apply_changes(branch.changes, judged.data)
+            if changed is not None:
+                new_data = self._validate(changed, entity_id=snap.id)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         try:
             new, record = self.store.apply(write)

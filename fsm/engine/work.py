@@ -86,7 +86,9 @@ class EngineWork(EngineLeases):
             ttl=self.policy.lease_ttl,
             starts=starts,
             resumes=resumes,
-            budgets=tuple(self.policy.renewal_budget.items()),
+            budgets=tuple(
+                (state, budget) for state in self.table.leaves if (budget := self.policy.budget_for(state)) is not None
+            ),
         )
         claimed = self.store.claim(request)
         if claimed and signals.lease_acquired.receivers:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from fsm.diagram.refs import load_lifecycle
@@ -31,6 +33,14 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="candidates per page")
     parser.add_argument("--dry-run", action="store_true", help="print what a tick would move; move nothing")
+    parser.add_argument(
+        "--list",
+        type=int,
+        default=DEFAULT_LIST,
+        metavar="N",
+        dest="list_limit",
+        help=f"in a dry run, list at most N entities per tick, then count the rest (default {DEFAULT_LIST})",
+    )
     parser.add_argument("--leader", action="store_true", help="tick only while holding the leader lease")
     parser.add_argument(
         "--lifecycle",
@@ -41,16 +51,27 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _print_tick(result: ReapResult) -> None:
-    for kind, entity_id, event, target in result.would_move:
+DEFAULT_LIST = 20
+"""Dry-run entities listed per tick; the rest are counted (a big table lists thousands)."""
+
+
+def _print_tick(tick: int, result: ReapResult, list_limit: int) -> None:
+    """One summary line per tick (``tick 3 at 12:00:05Z: moved ...``), after a dry run's
+    listing of at most ``list_limit`` entities."""
+    shown = result.would_move[: max(list_limit, 0)]
+    for kind, entity_id, event, target in shown:
         print(f"would {event} {kind} {entity_id} -> {target}", flush=True)
-    print(f"tick: {result.summary()}", flush=True)
+    if len(result.would_move) > len(shown):
+        print(f"... and {len(result.would_move) - len(shown)} more (--list N shows more)", flush=True)
+    at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    print(f"tick {tick} at {at}: {result.summary()}", file=sys.stderr if result.errors else sys.stdout, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     """Exit codes: 0 ticks ran; 1 ``--once`` and the tick failed (see the log); 2 bad settings
-    or a store that cannot be opened."""
-    from stores import open_store, safe_url
+    or a store that cannot be opened (it is opened read-only: nothing is created)."""
+    from fsm.commands import ReadOnlyStoreError, open_readonly
+    from stores import safe_url
 
     try:
         lifecycles = (
@@ -59,18 +80,19 @@ def run(args: argparse.Namespace) -> int:
         config = validated_config(  # seconds as given: NaN, inf or a century+ is a ConfigError, not a crash
             {"interval": args.interval, "batch_size": args.batch_size, "leader": args.leader}
         )
-        store = open_store(args.db, table_prefix=args.prefix)
+        store = open_readonly(args.db, args.prefix, "fsm reaper")
         reaper = Reaper(store, lifecycles, config)
-    except FsmError as err:
-        print(f"fsm reaper: {err}")
+    except (FsmError, ReadOnlyStoreError) as err:
+        print(f"fsm reaper: error: {err}", file=sys.stderr)
         return 2
     kinds = ", ".join(lc.kind for lc in lifecycles)
     mode = "dry run" if args.dry_run else "live"
     print(f"reaper {reaper.owner} on {safe_url(args.db)} for {kinds} ({mode})", flush=True)
+    ticks = 0
     try:
         if args.once:
             result = reaper.run_once(dry_run=args.dry_run)
-            _print_tick(result)
+            _print_tick(1, result, args.list_limit)
             return 1 if result.errors else 0
         stop = threading.Event()
 
@@ -80,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         while not stop.is_set():
-            _print_tick(reaper.run_once(dry_run=args.dry_run))
+            ticks += 1
+            _print_tick(ticks, reaper.run_once(dry_run=args.dry_run), args.list_limit)
             stop.wait(min(config.interval.total_seconds(), threading.TIMEOUT_MAX))
         print("reaper stopped", flush=True)
         return 0

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fsm.definition_rules import leased_states as _leased_states
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy, duration
 from fsm.records import LeaseChange
@@ -70,8 +71,10 @@ class ReapPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    lifecycle: type[Lifecycle]
-    policy: Policy
+    lifecycle: type[Lifecycle] | None = None
+    """Optional where the Reaper's mapping key names it already (``{JobLifecycle: ReapPolicy(...)}``)."""
+    policy: Policy | None = None
+    """``None``: the lifecycle's own ``policy``."""
     max_active: timedelta | None = None
 
     @field_validator("max_active", mode="before")
@@ -79,23 +82,44 @@ class ReapPolicy(BaseModel):
     def _positive(cls, value: Any) -> timedelta | None:
         return None if value is None else duration(value)
 
+    def bind(self, lifecycle: type[Lifecycle]) -> ReapPolicy:
+        """This policy for ``lifecycle`` (the mapping key it was given under); refuses a
+        ReapPolicy that names another lifecycle."""
+        if self.lifecycle is not None and self.lifecycle is not lifecycle:
+            raise ValueError(f"the policy given for {lifecycle.__name__} is a ReapPolicy of {self.lifecycle.__name__}")
+        return self.model_copy(update={"lifecycle": lifecycle, "policy": self.policy or lifecycle.policy})
+
+    @property
+    def bound_lifecycle(self) -> type[Lifecycle]:
+        if self.lifecycle is None:
+            raise ValueError(
+                "a ReapPolicy without a lifecycle is given under its lifecycle: {Lifecycle: ReapPolicy(...)}"
+            )
+        return self.lifecycle
+
+    @property
+    def effective_policy(self) -> Policy:
+        return self.policy if self.policy is not None else self.bound_lifecycle.policy
+
     def check_backstop(self, interval: timedelta = DEFAULT_INTERVAL) -> list[str]:
         if self.max_active is None:
             return []
         problems = []
-        table = self.lifecycle.table
-        ttl = self.policy.lease_ttl
-        for state in sorted(watched_states(self.lifecycle) | leased_states(self.lifecycle)):
-            budget = self.policy.budget_for(state)
+        lifecycle = self.bound_lifecycle
+        policy = self.effective_policy
+        table = lifecycle.table
+        ttl = policy.lease_ttl
+        for state in sorted(watched_states(lifecycle) | leased_states(lifecycle)):
+            budget = policy.budget_for(state)
             if budget is None:
                 problems.append(
-                    f"{self.lifecycle.kind}: state {state!r} has no renewal budget, so a hung holder could keep "
+                    f"{lifecycle.kind}: state {state!r} has no renewal budget, so a hung holder could keep "
                     f"its lease forever and max_active={self.max_active} cannot hold"
                 )
                 continue
             # a reclaim re-enters the state with a fresh lease and a fresh budget
             reclaims = (
-                self.policy.max_reclaims
+                policy.max_reclaims
                 if any(b.source == state == b.target and b.lease_effect is LeaseChange.ACQUIRE for b in table.declared)
                 else 0
             )
@@ -106,7 +130,7 @@ class ReapPolicy(BaseModel):
             if self.max_active <= worst:
                 spelled = f"({budget} + {ttl})" + (f" x (1 + {reclaims} reclaims)" if reclaims else "")
                 problems.append(
-                    f"{self.lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
+                    f"{lifecycle.kind}: max_active={self.max_active} must exceed the renewal budget of "
                     f"{state!r} + lease_ttl{' for each entry' if reclaims else ''} + the reaper interval: "
                     f"{spelled} + {interval} = {worst}"
                 )
@@ -125,16 +149,9 @@ LEASE_STALE_NAME = "lease_stale"
 
 
 def leased_states(lifecycle: type[Lifecycle]) -> set[str]:
-    """Non-final states an entity can be in while a lease is held: entered by a transition
-    that acquires one, or by one that keeps it from a leased state (a fixed point)."""
-    table = lifecycle.table
-    leased = {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
-    leased |= {b.source for b in table.declared if b.holds_lease}
-    while True:
-        more = {b.target for b in table.declared if b.source in leased and b.lease_effect is LeaseChange.KEEP}
-        if more <= leased:
-            return leased - table.finals
-        leased |= more
+    """Non-final states an entity can be in while a lease is held (see
+    :func:`fsm.definition_rules.leased_states`)."""
+    return _leased_states(lifecycle.table)
 
 
 @dataclass

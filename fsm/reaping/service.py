@@ -52,14 +52,17 @@ class Reaper:
 
     ``policies`` maps each lifecycle to reap to its policy (``None``: the lifecycle's own
     default) or is a list of lifecycles; values may be :class:`ReapPolicy` to add
-    ``max_active``.  ``run_once()`` is one tick; ``start()``/``stop()`` run ticks on a
+    ``max_active`` (``{JobLifecycle: ReapPolicy(max_active=...)}``: the key names the
+    lifecycle), and a list may hold ``ReapPolicy(lifecycle=..., max_active=...)``.  One
+    reaper reaps each kind with one lifecycle: two of the same kind are refused.
+    ``run_once()`` is one tick; ``start()``/``stop()`` run ticks on a
     thread every ``config.interval``.  A tick never raises (I9).
     """
 
     def __init__(
         self,
         store: Store,
-        policies: Mapping[type[Lifecycle], Policy | ReapPolicy | None] | Iterable[type[Lifecycle]],
+        policies: Mapping[type[Lifecycle], Policy | ReapPolicy | None] | Iterable[type[Lifecycle] | ReapPolicy],
         config: ReaperConfig | Mapping[str, object] | None = None,
         *,
         clock: Clock | None = None,
@@ -68,22 +71,31 @@ class Reaper:
         self.store = store
         self.config = validated_config(config)
         self.owner = owner or new_owner_id("reaper:")
-        items = policies.items() if isinstance(policies, Mapping) else ((lc, None) for lc in policies)
+        items: Iterable[tuple[object, Policy | ReapPolicy | None]] = (
+            policies.items()
+            if isinstance(policies, Mapping)
+            else ((p.lifecycle, p) if isinstance(p, ReapPolicy) else (p, None) for p in policies)
+        )
         reap_policies: list[ReapPolicy] = []
         problems: list[str] = []
+        kinds: dict[str, str] = {}
         for lifecycle, given in items:
             if not (isinstance(lifecycle, type) and issubclass(lifecycle, Lifecycle) and hasattr(lifecycle, "table")):
                 problems.append(f"{lifecycle!r} is not a Lifecycle class")
                 continue
-            if isinstance(given, ReapPolicy):
-                if given.lifecycle is not lifecycle:
-                    problems.append(
-                        f"the policy given for {lifecycle.__name__} is a ReapPolicy of {given.lifecycle.__name__}"
-                    )
-                    continue
-                rp = given
-            else:
-                rp = ReapPolicy(lifecycle=lifecycle, policy=given or lifecycle.policy)
+            if lifecycle.kind in kinds:
+                # both would reap the same rows, each with its own rules and policy
+                problems.append(
+                    f"{lifecycle.__name__} and {kinds[lifecycle.kind]} share kind {lifecycle.kind!r}: one reaper "
+                    "reaps each kind with one lifecycle (give a subclass its own kind, or pass only one)"
+                )
+                continue
+            kinds[lifecycle.kind] = lifecycle.__name__
+            try:
+                rp = (given if isinstance(given, ReapPolicy) else ReapPolicy(policy=given)).bind(lifecycle)
+            except ValueError as err:
+                problems.append(str(err))
+                continue
             problems += rp.check_backstop(self.config.interval)
             reap_policies.append(rp)
         if not reap_policies and not problems:
@@ -92,7 +104,7 @@ class Reaper:
             raise ConfigError("invalid reaper config: " + "; ".join(problems), problems=problems)
         self.policies = reap_policies
         self.engines = [
-            Engine(rp.lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
+            Engine(rp.bound_lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
         if self.config.leader and getattr(store, "binding", None) is not None:
@@ -243,6 +255,7 @@ class Reaper:
             bump_attempt=branch.bump_attempt,
             bump_reclaims=branch.bump_reclaims,
             reason=branch.reason,
+            changes=branch.changes,
         )
 
     def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:

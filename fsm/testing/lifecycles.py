@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from statemachine import State
 from statemachine.state import NestedStateFactory
 
+from fsm.definition_rules import operator_override
 from fsm.guards import Guard
 from fsm.lifecycle import Lifecycle, reaper, worker
 
@@ -272,7 +273,12 @@ def build(spec: LifecycleSpec, name: str = "Generated") -> type[Lifecycle]:
             unless=list(t.unless) or None,
             internal=t.internal,
         )
-        tagged = reaper(declared) if t.reaper else worker(declared)
+        if t.reaper:
+            tagged = reaper(declared)
+        elif "holds_lease" in t.cond:
+            tagged = worker(declared)
+        else:  # may leave finalizing without the lease: declared as the named override (issue 11)
+            tagged = operator_override(declared, reason=None)
         if t.form != "keyword":
             attr = t.events[0]
             attrs[attr] = attrs[attr] | tagged if attr in attrs else tagged

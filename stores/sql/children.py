@@ -49,6 +49,24 @@ class ChildIO:
             f"VALUES ({p('parent')}, {', '.join(p('f_' + f) for f in self.fields)})"
         )
         self._ids = flavor.ids
+        self._q = q.quote
+        self._table, self._parent, self._flavor = table, parent, flavor
+
+    def set_where(self, cur: Any, parents: Sequence[str], field: str, when: Sequence[Any], value: Any) -> None:
+        """``UPDATE child SET field = value WHERE parent IN parents AND field IN when``: a
+        transition's declared change (:class:`fsm.records.SetItems`) on the child rows."""
+        child = self.child
+        col = self._q(child.fields[field])
+        p = self._flavor.p
+        olds = [child.to_column(field, w) for w in when]
+        marks = ", ".join(p(f"w{i}") for i in range(len(olds)))
+        sql = (
+            f"UPDATE {self._table} SET {col} = {p('value')} "
+            f"WHERE {self._flavor.in_ids(self._parent, 'ids')} AND {col} IN ({marks})"
+        )
+        params = {"ids": self._ids(parents), "value": child.to_column(field, value)}
+        params.update({f"w{i}": v for i, v in enumerate(olds)})
+        cur.execute(sql, params)
 
     def load(self, cur: Any, ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """The child items of each parent id, as data items."""

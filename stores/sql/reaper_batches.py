@@ -17,12 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from fsm.errors import FsmError, MalformedRow
-from fsm.limits import check_batch_write, check_page
-from fsm.records import BatchWrite, Condition, HistoryRecord, Snapshot
+from fsm.limits import check_batch_write, check_int, check_page
+from fsm.records import BatchWrite, Condition, DataChange, HistoryRecord, Snapshot, apply_changes
 from stores.sql.connections import is_undecodable, unavailable
 from stores.sql.core import SqlCore
 from stores.sql.dialect import condition_shape
-from stores.sql.rows import snapshot_of
+from stores.sql.rows import dumps_data, snapshot_of
 from stores.sql.schema import decode_time
 
 log = logging.getLogger("stores.sql")
@@ -76,7 +76,11 @@ class ReaperOps(SqlCore):
             self._time_params(params, now, batch.lease_ttl)
             self._sql.condition_params(params, batch.require, now)
             try:
-                moved = self._batch_sqlite(sql, params, now) if self._sqlite else self._batch_pg(sql, params)
+                moved = (
+                    self._batch_sqlite(sql, params, now, batch.changes)
+                    if self._sqlite
+                    else self._batch_pg(sql, params, batch.changes)
+                )
             except MalformedRow as err:  # SQLite only: rolled back; move the others without it
                 log.error("skipping malformed %s %r: %s", batch.kind, err.entity_id, err.reason)
                 ids.remove(err.entity_id)
@@ -94,6 +98,8 @@ class ReaperOps(SqlCore):
     def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
         """See :meth:`stores.Store.move_candidates`: one statement on PostgreSQL (claimed
         with ``FOR UPDATE SKIP LOCKED``), one ``BEGIN IMMEDIATE`` transaction on SQLite."""
+        check_batch_write(batch)
+        check_int("limit", limit, low=1, high=1_000_000)
         sql = self._sql.claim(
             batch.lease_change,
             batch.lease_ttl is not None,
@@ -116,7 +122,11 @@ class ReaperOps(SqlCore):
         now = self._now()
         self._time_params(params, now, batch.lease_ttl)
         self._sql.condition_params(params, batch.require, now)
-        moved = self._batch_sqlite(sql, params, now) if self._sqlite else self._batch_pg(sql, params)
+        moved = (
+            self._batch_sqlite(sql, params, now, batch.changes)
+            if self._sqlite
+            else self._batch_pg(sql, params, batch.changes)
+        )
         snaps = self._attach([s for s, _ in moved])
         return [
             (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
@@ -124,7 +134,9 @@ class ReaperOps(SqlCore):
             for s, (_, when) in zip(snaps, moved, strict=True)
         ]  # fmt: skip
 
-    def _batch_sqlite(self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None) -> list[Any]:
+    def _batch_sqlite(
+        self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, changes: tuple[DataChange, ...]
+    ) -> list[Any]:
         slot = self._conns.slot()
         cur = slot.cursor
         assert now is not None
@@ -135,6 +147,8 @@ class ReaperOps(SqlCore):
                 moved = [(snapshot_of(r), now) for r in cur.fetchall()]
                 if moved:
                     cur.execute(sql[1], {**params, "moved": self._f.ids([s.id for s, _ in moved])})
+                    if changes:
+                        moved = self._apply_changes(cur, moved, changes)
                 cur.execute("COMMIT")
             except BaseException:
                 slot.conn.rollback()
@@ -160,14 +174,52 @@ class ReaperOps(SqlCore):
                 continue
         return None
 
-    def _batch_pg(self, sql: tuple[str, ...], params: dict[str, Any]) -> list[Any]:
+    def _batch_pg(self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]) -> list[Any]:
+        if changes:  # the statement and the declared data changes in one transaction
+            slot = self._conns.slot()
+            try:
+                with slot.conn.transaction():
+                    slot.cursor.execute(sql[0], params)
+                    moved = self._decode_pg(slot.cursor.fetchall())
+                    return self._apply_changes(slot.cursor, moved, changes) if moved else moved
+            except self._errors as err:
+                raise unavailable(err, self._conns) from err
+        return self._decode_pg(self._run(sql[0], params))
+
+    @staticmethod
+    def _decode_pg(rows: list[Any]) -> list[Any]:
         moved = []
-        for row in self._run(sql[0], params):
+        for row in rows:
             try:
                 moved.append((snapshot_of(row), decode_time(row[15])))
             except MalformedRow as err:  # committed already; cannot happen for jsonb objects
                 log.error("moved a malformed row %r: %s", err.entity_id, err.reason)
         return moved
+
+    def _apply_changes(
+        self, cur: Any, moved: list[tuple[Snapshot, datetime]], changes: tuple[DataChange, ...]
+    ) -> list[tuple[Snapshot, datetime]]:
+        """The batch's declared data changes on the moved rows, inside the batch's transaction:
+        on a bound table's child rows with one ``UPDATE`` per change, else on each moved
+        row's JSON data that the change alters (the rest are not written)."""
+        children = {io.child.key: io for io in self._children}
+        ids = [s.id for s, _ in moved]
+        own = tuple(c for c in changes if c.key not in children)
+        for change in changes:
+            io = children.get(change.key)
+            if io is not None and change.field in io.child.fields:
+                io.set_where(cur, ids, change.field, change.when, change.value)
+        if not own:
+            return moved
+        col, f = self._sql.L.col, self._f
+        update = f"UPDATE {self._sql.E} SET {col['data']} = {f.json('data')} WHERE {col['id']} = {f.p('id')}"
+        out = []
+        for snap, at in moved:
+            data = apply_changes(own, snap.data)
+            if data is not None:
+                cur.execute(update, {"id": snap.id, "data": dumps_data(data, snap.id)})
+            out.append((snap if data is None else snap._replace(data=data), at))
+        return out
 
 
 __all__ = ["ReaperOps"]

@@ -241,9 +241,13 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             else:
                 current = current_revision(engine, table_prefix=table_prefix, schema=schema or _schema_of(binding))
                 if current != HEAD_REVISION:
+                    upgrade = f"fsm migrate upgrade URL --prefix {table_prefix}"
                     raise ConfigError(
-                        f"the store's tables are at revision {current or '(none)'}, not {HEAD_REVISION}: "
-                        f"run `python -m stores.migrations upgrade URL` (or stores.sql.upgrade) or pass create=True"
+                        f"no fsm-lifecycles tables with prefix {table_prefix!r} here (opened without creating any): "
+                        f"check the URL and the prefix, or create them with `{upgrade}`"
+                        if current is None
+                        else f"the store's tables ({table_prefix}*) are at revision {current or '(none)'}, not "
+                        f"{HEAD_REVISION}: upgrade them first with `{upgrade}` (or stores.sql.upgrade(url))"
                     )
             if binding is not None and (absent := missing_columns(engine, binding)):
                 raise ConfigError(

@@ -19,6 +19,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+POSTGRES_URL_ENV = "FSM_TEST_POSTGRES_URL"
+
+
+def postgres_url(report: Report, suite: str) -> str | None:
+    """The PostgreSQL URL the benchmarks may write tables into, or None (printed, noted).
+
+    There is no default: a benchmark creates and fills tables, and must never do that in
+    a database nobody named (a shared ``test`` database, say)."""
+    import os
+
+    url = os.environ.get(POSTGRES_URL_ENV)
+    if not url:
+        why = f"set {POSTGRES_URL_ENV} to a database the benchmark may create tables in (no default)"
+        print(f"  SKIPPED {suite} postgres: {why}")
+        report.notes.append(f"{suite} postgres skipped: {why}")
+    return url or None
+
+
 Setup = Callable[[], Callable[[], int]]
 """Prepares one round (untimed) and returns the timed body, which returns its op count."""
 

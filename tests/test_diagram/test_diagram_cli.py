@@ -253,7 +253,7 @@ def test_a_module_in_the_current_directory_is_found_as_with_python_m(
                 done = State(final=True)
                 start = worker(queued.to(active))
                 finish = worker(active.running.to(active.finalizing))
-                succeed = worker(active.finalizing.to(done))
+                succeed = worker(active.finalizing.to(done, cond="holds_lease"))
             """
         )
     )
@@ -301,7 +301,7 @@ def test_check_fails_naming_a_stale_mermaid_file_and_shows_the_diff(
     assert f"stale  {stale}: differs from {JOB}" in out
     diff = [line for line in out.splitlines() if line.startswith(("-    ", "+    "))]
     assert [line[0] for line in diff] == ["-", "+"]
-    assert "finalizing --> finalizing : reclaim" in diff[0] and diff[0].endswith("reclaims+2")
+    assert "finalizing loop: reclaim" in diff[0] and diff[0].endswith("reclaims+2")
     assert diff[1].endswith("reclaims+1")
     assert f"fresh  {diagrams / 'pipeline.mmd'}" in out
     assert f"regenerate: fsm diagram {JOB} --format mermaid --out {stale}" in out
@@ -341,7 +341,7 @@ def test_check_fails_when_the_lifecycle_changed_after_export(
             failed = State(final=True)
             start = worker(queued.to(active))
             finish = worker(active.running.to(active.finalizing))
-            succeed = worker(active.finalizing.to(done))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
             expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
         """
     )
@@ -383,8 +383,8 @@ def test_check_flags_files_it_cannot_trace_back_and_entity_exports(
 
 
 def test_check_of_a_missing_or_empty_directory_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diagram", "--check", str(tmp_path / "nope")]) == 1
-    assert "is not a directory" in capsys.readouterr().err
+    assert main(["diagram", "--check", str(tmp_path / "nope")]) == 2  # bad input, as the README says
+    assert "no such file or directory" in capsys.readouterr().err
     assert main(["diagram", "--check", str(tmp_path)]) == 1
     assert "holds no diagram file" in capsys.readouterr().err
 
@@ -459,7 +459,7 @@ class Job(Lifecycle):
     done = State(final=True)
     start = worker(queued.to(active))
     finish = worker(active.running.to(active.finalizing))
-    succeed = worker(active.finalizing.to(done))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
 
 class Sneaky(Job):

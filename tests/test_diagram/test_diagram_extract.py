@@ -104,7 +104,7 @@ def test_negated_guard_reads_not_name() -> None:
         done = State(final=True)
         start = worker(queued.to(active, unless="attempts_left"))
         finish = worker(active.running.to(active.finalizing))
-        succeed = worker(active.finalizing.to(done))
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
     (start,) = [e for e in extract(Gate).edges if e.event == "start"]
     assert start.guards == ("not attempts_left",)

@@ -72,7 +72,7 @@ def test_transitioned_carries_the_committed_snapshot_with_its_steps(
     assert isinstance(payload, TransitionPayload)
     assert payload.snapshot.state == "failed" and payload.record.reason == "expired"
     as_json = json.loads(payload.model_dump_json())
-    assert as_json["snapshot"]["data"]["steps"] == [{"name": "build", "status": "running"}]
+    assert as_json["snapshot"]["data"]["steps"] == [{"name": "build", "status": "failed"}]  # expire fails it
 
 
 def test_lease_signals_on_acquire_reclaim_and_lost_renewal(

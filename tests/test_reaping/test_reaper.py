@@ -87,7 +87,8 @@ def test_AC1_a_running_pipeline_past_stale_after_fails_with_one_signal_carrying_
     assert len(transitioned) == 1
     payload = transitioned[0]
     assert payload.snapshot.id == "p1" and payload.snapshot.state == "failed"
-    assert payload.snapshot.data["steps"] == [{"name": "build", "status": "running"}]
+    # the payload carries the committed row: its running step failed with it (issue 11, item 5)
+    assert payload.snapshot.data["steps"] == [{"name": "build", "status": "failed"}]
 
 
 def test_AC2_a_fresh_running_pipeline_stays_running(any_store: Store, clock: ManualClock) -> None:
@@ -439,7 +440,7 @@ def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
     # a running pipeline has no lease of its own, but acquire_lease can give it one, and
     # the reaper watches running: with max_active set, it needs a budget too
     assert watched_states(PipelineLifecycle) == {"running", "finalizing"}
-    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)})
+    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)}, default_renewal_budget=None)
     with pytest.raises(ConfigError, match="'running' has no renewal budget"):
         Reaper(
             MemoryStoreFactory(),
@@ -448,7 +449,7 @@ def test_a_state_entered_with_a_kept_lease_needs_a_budget_too() -> None:
 
 
 def test_a_max_active_with_an_unbudgeted_leased_state_is_refused() -> None:
-    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)})
+    policy = Policy(renewal_budget={"finalizing": timedelta(hours=1)}, default_renewal_budget=None)
     with pytest.raises(ConfigError, match="'running' has no renewal budget"):
         Reaper(
             MemoryStoreFactory(),

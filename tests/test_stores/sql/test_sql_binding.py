@@ -285,3 +285,24 @@ def test_a_status_the_application_changed_itself_wins_and_is_never_overwritten(a
     with pytest.raises(TransitionNotAllowed):
         engine.fire("p1", "fail")
     assert app.row("p1")["status"] == "Completed"
+
+
+def test_a_reaped_pipeline_fails_its_running_child_rows_in_the_same_write(app: App) -> None:
+    """Issue 11, item 5: seeds/000's zombie pipeline fails, and so do its steps still running
+    in the application's own steps table (the reaper's set-based batch)."""
+    now = datetime.now(UTC)
+    app.insert("zombie", "Running", now - timedelta(hours=2), steps=("build", "test"))
+    app.insert("fresh", "Running", now - timedelta(minutes=5), steps=("build",))
+    app.run(f"UPDATE {app.steps} SET status = 'Running'")
+    app.run(f"UPDATE {app.steps} SET status = 'Completed' WHERE name = 'build' AND \"pipelineId\" = 'zombie'")
+    add_missing_columns(app.engine, app.binding)
+    store = app.target.store(binding=app.binding)
+    result = Reaper(store, [PipelineLifecycle]).run_once()
+    assert result.moved == {"pipeline.expire": 1}
+    assert app.row("zombie")["status"] == "Failed"
+    assert app.step_statuses("zombie") == [("build", "Completed"), ("test", "Failed")]
+    assert app.step_statuses("fresh") == [("build", "Running")]  # a live pipeline keeps its running step
+    assert Engine(PipelineLifecycle, store).get("zombie").data["steps"] == [
+        {"name": "build", "status": "completed"},
+        {"name": "test", "status": "failed"},
+    ]

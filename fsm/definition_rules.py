@@ -1,0 +1,129 @@
+"""Definition rules that keep live work alive, checked when a Lifecycle class is created.
+
+:mod:`fsm.lifecycle` checks the shape a reaper depends on (``finalizing`` is a sub-state of
+a compound active state; no *reaper* transition leaves it without ``lease_stale``).  These
+rules close the remaining ways a definition lets live work be killed or silently mislabelled:
+
+- every transition names its actor: wrapped in :func:`~fsm.lifecycle.worker`,
+  :func:`~fsm.lifecycle.reaper` or :func:`operator_override` (an unwrapped one would be
+  fired by "the worker" without saying so);
+- a *worker* transition leaving ``finalizing`` (also one declared on the compound parent),
+  or one that takes or clears its lease, must carry ``holds_lease``: otherwise any caller
+  could fail (or take over) a live finalizer.  Failing a
+  live finalizer on purpose (an operator's abort) is declared with
+  :func:`operator_override`, which diagrams draw apart;
+- the policy's ``renewal_budget`` names only non-final leaf states of the lifecycle (a
+  misspelt ``"finalising"`` would silently leave ``finalizing`` with the default budget).
+
+Every refusal is an ``InvalidDefinition`` naming the lifecycle and the transition.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from statemachine.transition import Transition
+from statemachine.transition_list import TransitionList
+
+from fsm.errors import InvalidDefinition
+from fsm.policy import Policy
+from fsm.records import Actor, LeaseChange
+from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe
+
+
+def operator_override(
+    transitions: TransitionList | Transition,
+    *,
+    reason: str | None = "operator",
+    lease: LeaseChange = LeaseChange.KEEP,
+) -> TransitionList:
+    """Mark transitions as an operator's override: fired like a worker transition (by a
+    person or an admin tool, ``actor="worker"``), but allowed to leave ``finalizing``
+    without holding the lease, so it fails or moves a finalizer that may be alive.
+
+    Use it for an explicit abort; the name says what it does, history records ``reason``
+    (``"operator"`` by default), and diagrams draw it apart (``(operator override)``).
+    A plain ``worker(...)`` transition leaving ``finalizing`` without ``holds_lease`` is
+    refused at class creation.
+    """
+    tl = transitions if isinstance(transitions, TransitionList) else TransitionList([transitions])
+    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, (), True)
+    for t in tl:
+        setattr(t, META_ATTR, meta)
+    return tl
+
+
+def check_definition(name: str, cls: Any) -> None:
+    """Every rule of this module on a freshly created Lifecycle class ``cls``."""
+    check_actors_declared(name, cls.states_map.values())
+    check_finalizer_fenced(name, cls.table, cls.finalizing_state)
+    check_policy_states(name, cls.table, cls.policy, InvalidDefinition)
+
+
+def check_actors_declared(name: str, states: Any) -> None:
+    """Refuse a transition not wrapped in ``worker()``, ``reaper()`` or ``operator_override()``."""
+    for state in states:
+        for t in state.transitions:
+            if t.initial or t.is_eventless:
+                continue
+            if not isinstance(getattr(t, META_ATTR, None), TransitionMeta):
+                raise InvalidDefinition(
+                    f"{name}: {describe(t)} does not name its actor; wrap it in worker(...) (the entity's "
+                    "owner fires it), reaper(...) (the reaper fires it) or operator_override(...)"
+                )
+
+
+def check_finalizer_fenced(name: str, table: CompiledTable, finalizing: str) -> None:
+    """Refuse a worker transition leaving ``finalizing`` without ``holds_lease`` (unless it
+    is declared an operator override)."""
+    for branch in table.declared:
+        if branch.source != finalizing or branch.actor is not Actor.WORKER or branch.holds_lease:
+            continue
+        if branch.target == finalizing and branch.lease_effect is LeaseChange.KEEP:
+            continue  # stays in finalizing and leaves the lease alone: kills nothing
+        if branch.override:
+            continue
+        on = f" (declared on {branch.declared_on!r})" if branch.declared_on != branch.source else ""
+        raise InvalidDefinition(
+            f"{name}: worker transition {branch.event!r} from {finalizing!r} to {branch.target!r}{on} lacks "
+            f"the 'holds_lease' guard: any caller could fail a live finalizer. Add cond='holds_lease', "
+            f"declare it from the state before {finalizing!r} only, or, to abort a live finalizer on "
+            "purpose, declare it with operator_override(...)"
+        )
+
+
+def check_policy_states(
+    name: str, table: CompiledTable, policy: Policy, error: type[Exception] = InvalidDefinition
+) -> None:
+    """Refuse a ``renewal_budget`` naming a state that is not a non-final leaf of ``table``."""
+    states = [s for s in table.leaves if s not in table.finals]
+    for key in policy.renewal_budget:
+        if key in states:
+            continue
+        close = difflib.get_close_matches(key, states, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        what = "a final state (a final state holds no lease)" if key in table.finals else "not a state of it"
+        raise error(f"{name}: renewal_budget names {key!r}, {what}{hint} (states with budgets: {', '.join(states)})")
+
+
+def leased_states(table: CompiledTable) -> set[str]:
+    """Non-final states an entity can be in while a lease is held: entered by a transition
+    that acquires one, or by one that keeps it from a leased state (a fixed point)."""
+    leased = {b.target for b in table.declared if b.lease_effect is LeaseChange.ACQUIRE}
+    leased |= {b.source for b in table.declared if b.holds_lease}
+    while True:
+        more = {b.target for b in table.declared if b.source in leased and b.lease_effect is LeaseChange.KEEP}
+        if more <= leased:
+            return leased - table.finals
+        leased |= more
+
+
+__all__ = [
+    "check_actors_declared",
+    "check_definition",
+    "check_finalizer_fenced",
+    "check_policy_states",
+    "leased_states",
+    "operator_override",
+]
