@@ -41,6 +41,7 @@ from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, 
 if TYPE_CHECKING:
     from statemachine import State
 
+    from fsm.aio import AsyncEngine
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "State": "statemachine",
+    "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
     "FireResult": "fsm.engine",
     "Guard": "fsm.guards",
@@ -92,6 +94,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Actor",
+    "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
     "Clock",

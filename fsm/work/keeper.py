@@ -26,7 +26,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -274,11 +274,21 @@ class AsyncLeaseKeeper:
             ...
 
     Renewals run in a thread (``asyncio.to_thread``) because the engine's stores are
-    synchronous; the decisions are :class:`KeeperCore`'s, the same as the thread keeper's.
+    synchronous, or through ``runner`` (:meth:`fsm.AsyncEngine.keep` passes its greenlet
+    bridge, so renewals wait on the async store); the decisions are :class:`KeeperCore`'s,
+    the same as the thread keeper's.
     """
 
-    def __init__(self, engine: Engine, lease: Lease, *, period: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        lease: Lease,
+        *,
+        period: timedelta | None = None,
+        runner: Callable[[Callable[[], KeepResult]], Awaitable[KeepResult]] | None = None,
+    ) -> None:
         self.core = KeeperCore(engine, lease, period=period)
+        self._runner = runner or asyncio.to_thread  # AsyncEngine passes its greenlet bridge
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -290,7 +300,7 @@ class AsyncLeaseKeeper:
         while True:
             await asyncio.sleep(self.core.next_delay(result))
             try:
-                result = await asyncio.to_thread(self.core.renew)
+                result = await self._runner(self.core.renew)
             except Exception:
                 log.exception("lease keeper of %s failed", self.held.entity_id)
                 result = KeepResult(renewed=False, retry=True, reason="keeper error")
