@@ -43,6 +43,9 @@ class LaneCursor:
         self._rows = []
 
 
+_TUPLES_OK = 2  # psycopg.pq.ExecStatus.TUPLES_OK
+
+
 class PsycopgLane:
     """A psycopg ``AsyncConnection`` (autocommit, UTC) with the sync face of the store."""
 
@@ -72,7 +75,8 @@ class PsycopgLane:
     async def execute_all(self, sql: str, params: Any) -> tuple[list[Any], int]:
         cur = self._cur
         await cur.execute(sql, params)
-        rows = await cur.fetchall() if cur.description is not None else []
+        result = cur.pgresult  # not ``description``: it builds a column object per column per call
+        rows = await cur.fetchall() if result is not None and result.status == _TUPLES_OK else []
         return rows, cur.rowcount
 
     @property
