@@ -4,7 +4,8 @@ Subcommands register themselves here; each one's handler returns the exit code.
 
 - ``fsm demo``: the main job, replaying the seeds' scenarios on a store (SQLite by default);
 - ``fsm reaper``: run the reaper once or on a schedule;
-- ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG.
+- ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG;
+- ``fsm inspect``: a read-only live web page of a store.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fsm.errors import FsmError
 
 Handler = Callable[[argparse.Namespace], int]
 
-SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli")
+SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli", "fsm.inspect.cli")
 """Modules exposing ``register(subparsers)``; a module not built yet is skipped."""
 
 
