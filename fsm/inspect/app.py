@@ -30,6 +30,8 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
+DIAGRAM_LAST = 4
+"""Transitions listed in the diagram's entity box (the timeline has them all)."""
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -58,6 +60,7 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
             filters,
             data.reaper_moves(),
             database,
+            data.expired_leases(),
         )
 
     def live_url(path: str, request: Request) -> str:
@@ -104,7 +107,7 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
             lifecycle = by_kind.get(snap.kind)
             if lifecycle is None or snap.deleted:
                 return Response("no diagram", status_code=404, headers=HEADERS, media_type="text/plain")
-            svg = render(extract(lifecycle, store=store, entity_id=entity_id, last=0), "svg")
+            svg = render(extract(lifecycle, store=store, entity_id=entity_id, last=DIAGRAM_LAST), "svg")
         except FsmError as err:
             return Response(f"no diagram: {err}", status_code=404, headers=HEADERS, media_type="text/plain")
         return Response(svg, headers=HEADERS, media_type="image/svg+xml")

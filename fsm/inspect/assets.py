@@ -67,6 +67,9 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .held { color: #0b5d1e; }
 .expired { color: #a11d0b; font-weight: 600; }
 .unknown td { color: #a11d0b; }
+.alert { color: #a11d0b; font-weight: 600; margin: 0 0 6px; }
+.alert a { color: inherit; }
+.entities td:not(.id), .reaper td:first-child { white-space: nowrap; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 8px; }
 .split { display: grid; grid-template-columns: minmax(320px, 1fr) minmax(320px, 1fr); gap: 12px; }
 .facts th { width: 130px; }

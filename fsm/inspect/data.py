@@ -26,6 +26,8 @@ class Filters:
     text: str = ""
     """A substring of the id or of the lease holder."""
     limit: int = 100
+    expired: bool = False
+    """Only entities whose holder's lease has expired (stuck until the reaper moves them)."""
 
     @classmethod
     def of(cls, query: Any) -> Filters:
@@ -38,6 +40,7 @@ class Filters:
             state=str(query.get("state", ""))[:200],
             text=str(query.get("q", ""))[:200],
             limit=max(1, min(limit, MAX_ROWS)),
+            expired=query.get("expired", "") == "1",
         )
 
 
@@ -69,6 +72,11 @@ class InspectorData:
             f"SELECT {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}, COUNT(*) FROM {sql.E} AS e "
             f"WHERE {live} GROUP BY {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}"
         )
+        exp = lay.ref("lease_expires_at", "e")
+        self._stale = (
+            f"SELECT {lay.ref('kind', 'e')}, COUNT(*) FROM {sql.E} AS e WHERE {live} "
+            f"AND {lay.ref('lease_owner', 'e')} IS NOT NULL AND {exp} < {f.now} GROUP BY {lay.ref('kind', 'e')}"
+        )
         self._moves = (
             f"SELECT h.entity_id, {lay.ref('kind', 'e')}, h.event, h.source, h.target, h.reason, h.at "
             f"FROM {sql.H} AS h JOIN {sql.E} AS e ON {lay.ref('id', 'e')} = h.entity_id "
@@ -85,6 +93,14 @@ class InspectorData:
             found.setdefault(str(kind), {})[str(state)] = int(n)
         return found
 
+    def expired_leases(self) -> dict[str, int]:
+        """``{kind: n}`` of entities whose holder's lease expired: stuck until the reaper moves them."""
+        params: dict[str, Any] = {"leader": LEADER_KIND}
+        now = self.store._now()
+        if now is not None:
+            params["now"] = self._f.time(now)
+        return {str(kind): int(n) for kind, n in self.store._run(self._stale, params)}
+
     def entities(self, filters: Filters) -> list[Snapshot]:
         """Live entities matching ``filters``, most recently updated first."""
         f, ref = self._f, self._ref
@@ -96,6 +112,11 @@ class InspectorData:
         if filters.state:
             where += f" AND {ref('state', 'e')} = {f.p('state')}"
             params["state"] = filters.state
+        if filters.expired:
+            where += f" AND {ref('lease_owner', 'e')} IS NOT NULL AND {ref('lease_expires_at', 'e')} < {f.now}"
+            now = self.store._now()
+            if now is not None:
+                params["now"] = f.time(now)
         if filters.text:
             pattern = "%" + filters.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             where += (

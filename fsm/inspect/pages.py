@@ -66,7 +66,7 @@ def page(title: str, body: str, *, live: str, refresh_ms: int) -> str:
 # -- the overview ------------------------------------------------------------------------------
 
 
-def counts_section(counts: dict[str, dict[str, int]], leaves: dict[str, list[str]]) -> str:
+def counts_section(counts: dict[str, dict[str, int]], leaves: dict[str, list[str]], expired: dict[str, int]) -> str:
     if not counts:
         return "<section><h2>Counts</h2><p class=empty>No entities in this store yet.</p></section>"
     parts = ["<section><h2>Counts by lifecycle and state</h2><div class=cards>"]
@@ -74,9 +74,15 @@ def counts_section(counts: dict[str, dict[str, int]], leaves: dict[str, list[str
         states = leaves.get(kind) or sorted(counts[kind])
         extra = [s for s in sorted(counts[kind]) if s not in states]
         total = sum(counts[kind].values())
-        parts.append(
-            f"<div class=card data-kind='{esc(kind)}'><h3>{esc(kind)} <span class=total>{total} total</span></h3><table>"
-        )
+        head = f"<h3>{esc(kind)} <span class=total>{total} total</span></h3>"
+        stuck = expired.get(kind, 0)
+        if stuck:
+            head += (
+                f"<p class=alert data-expired='{esc(kind)}' title='their holder stopped renewing; the reaper moves "
+                f"them at its next tick'><a href='{esc('/?' + urlencode({'kind': kind, 'expired': '1'}))}'>"
+                f"{stuck} with an expired lease</a></p>"
+            )
+        parts.append(f"<div class=card data-kind='{esc(kind)}'>{head}<table>")
         for state in [*states, *extra]:
             n = counts[kind].get(state, 0)
             url = "/?" + urlencode({"kind": kind, "state": state})
@@ -100,18 +106,25 @@ def filter_form(filters: Filters, kinds: Iterable[str]) -> str:
         f"<label>state <input name=state value='{esc(filters.state)}' size=12></label>"
         f"<label>id or holder contains <input name=q value='{esc(filters.text)}' size=24></label>"
         f"<label>rows <input name=limit value='{filters.limit}' size=4></label>"
+        f"<label><input type=checkbox name=expired value=1{' checked' if filters.expired else ''}> "
+        "expired leases only</label>"
         "<button type=submit>Filter</button> <a href=/>clear</a></form>"
     )
 
 
 def lease_cells(now: datetime, snap: Snapshot) -> str:
     if snap.lease_owner is None:
-        free = "free" if snap.lease_token == 0 else f"free (token {snap.lease_token})"
-        return f"<td class=muted>{esc(free)}</td><td></td>"
+        return f"<td class=muted title='fencing token {snap.lease_token}'>none</td><td></td>"
     exp = snap.lease_expires_at
     expired = exp is not None and exp < now
     cls = "expired" if expired else "held"
-    when = "expired " + age(now, exp) if expired else f"expires {age(now, exp)}" if exp is not None else "no expiry"
+    when = (
+        f"expired {age(now, exp)}, reaper due"
+        if expired
+        else f"expires {age(now, exp)}"
+        if exp is not None
+        else "no expiry"
+    )
     return (
         f"<td class={cls}>{esc(snap.lease_owner)} <span class=muted>#{snap.lease_token}</span></td>"
         f"<td class={cls} title='{esc(stamp(exp))}'>{esc(when)}</td>"
@@ -156,7 +169,7 @@ def reaper_section(now: datetime, moves: list[ReaperMove]) -> str:
         for m in batch:
             label = f"{m.kind} {m.event} {m.source}→{m.target}" + (f" ({m.reason})" if m.reason else "")
             summary[label] = summary.get(label, 0) + 1
-        what = "; ".join(f"{n} × {label}" for label, n in summary.items())
+        what = "; ".join(f"{n} x {label}" for label, n in summary.items())
         ids = ", ".join(m.entity_id for m in batch[:5]) + (f" and {len(batch) - 5} more" if len(batch) > 5 else "")
         rows.append(
             f"<tr><td title='{esc(stamp(at))}'>{esc(age(now, at))}</td><td class=n>{len(batch)}</td>"
@@ -178,11 +191,12 @@ def overview(
     filters: Filters,
     moves: list[ReaperMove],
     database: str,
+    expired: dict[str, int],
 ) -> str:
     kinds = sorted(set(counts) | set(leaves))
     return (
         f"<p class=meta>Store <code>{esc(database)}</code> · database time {esc(stamp(now))}</p>"
-        + counts_section(counts, leaves)
+        + counts_section(counts, leaves, expired)
         + entities_section(now, snaps, filters, kinds)
         + reaper_section(now, moves)
     )
@@ -275,7 +289,8 @@ def entity_page(
     )
     effect_rows = "".join(
         f"<tr><td>{esc(e.key)}</td><td class='{esc(e.status)}'>{esc(e.status)}</td><td class=n>{e.lease_token}</td>"
-        f"<td class=n>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td><td><pre>{esc(_json(e.result))}</pre></td></tr>"
+        f"<td class=n>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td>"
+        f"<td><pre>{esc(_json(e.result))}</pre></td></tr>"
         for e in effects
     )
     effect_table = (

@@ -93,7 +93,8 @@ class Served:
         from stores.sql import SqlStore
 
         self.url, self.prefix = url, prefix
-        start = datetime.now(UTC) - timedelta(hours=2)
+        # seeded in the recent past, so the page shows live leases and an expired one
+        start = datetime.now(UTC) - timedelta(minutes=7) - JobLifecycle.policy.lease_ttl
         self.clock = ManualClock(start)
         self.store = SqlStore(url, table_prefix=prefix, clock=self.clock)
         self.jobs = Engine(JobLifecycle, self.store, owner="worker-a:host1:4242")
@@ -104,6 +105,9 @@ class Served:
 
     def seed(self) -> None:
         jobs, pipelines, clock = self.jobs, self.pipelines, self.clock
+        pipelines.create("pipe-deploy-41", data={"commit": "9f2c1e"})  # its finalizer dies: lease expires
+        pipelines.fire("pipe-deploy-41", "start")
+        pipelines.fire("pipe-deploy-41", "finish")
         for i in range(3):
             jobs.create(f"job-done-{i}", data={"task": "deploy"})
         done = jobs.claim(3)
@@ -112,7 +116,7 @@ class Served:
             jobs.run(snap.id, "merge-gate", lambda key: {"status": "passed"}, snap.lease)
             jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
             jobs.fire(snap.id, "complete", lease=snap.lease)
-        clock.advance(timedelta(minutes=30))
+        clock.advance(timedelta(minutes=5))
         jobs.create("job-stuck", data={"task": "migrate"})
         [stuck] = jobs.claim(1)
         clock.advance(timedelta(minutes=1))

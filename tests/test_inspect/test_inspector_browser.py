@@ -72,6 +72,8 @@ def test_the_overview_shows_the_stores_counts_and_entities(browser: Any, served:
     rows = rows_by_id(browser)
     assert "job-live" in rows and "worker-a:host1:4242" in rows["job-live"]
     assert "job-stuck" in rows  # requeued by the reaper: its lease gone
+    assert "expired" in rows["pipe-deploy-41"] and "reaper due" in rows["pipe-deploy-41"]
+    assert text(browser, "p[data-expired='pipeline']").startswith("1 with an expired lease")
     reaper = text(browser, "section.reaper")
     assert "job-stuck" in reaper and "expire" in reaper
     browser.save_screenshot(str(artifacts / f"overview-{served.url.split(':')[0]}.png"))
@@ -84,6 +86,8 @@ def test_the_filters_narrow_the_table(browser: Any, served: Served) -> None:
     browser.get(served.base + "/?" + urlencode({"q": "host1"}))
     ids = list(rows_by_id(browser))
     assert ids == ["job-live"]
+    browser.get(served.base + "/?" + urlencode({"expired": "1"}))
+    assert list(rows_by_id(browser)) == ["pipe-deploy-41"]
     browser.get(served.base + "/?" + urlencode({"q": "' OR 1=1 --"}))  # a bound parameter, not SQL
     assert rows_by_id(browser) == {}
 
