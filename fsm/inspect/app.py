@@ -61,6 +61,7 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
             data.reaper_moves(),
             database,
             data.expired_leases(),
+            data.reaper_ticks(),
         )
 
     def live_url(path: str, request: Request) -> str:

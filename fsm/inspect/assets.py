@@ -83,6 +83,7 @@ img.diagram { max-width: 100%; }
 .timeline li.renewal { border-color: #27ae60; }
 .timeline .when { display: inline-block; min-width: 90px; color: #4a5366; }
 .tag { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #4a5366; margin-right: 6px; }
+td.bad { color: #a11d0b; font-weight: 600; }
 td.succeeded { color: #0b5d1e; } td.failed { color: #a11d0b; }
 """
 

@@ -4,6 +4,7 @@ value a bound parameter; the rows decode through the store's own decoders."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,6 +15,8 @@ from stores.sql.rows import snapshot_of
 from stores.sql.schema import decode_time
 
 LEADER_KIND = "fsm.leader"
+TICKS_KIND = "fsm.reaper"
+TICKS_ID = "fsm-reaper-ticks"
 MAX_ROWS = 500
 
 
@@ -55,6 +58,13 @@ class ReaperMove:
     at: datetime
 
 
+@dataclass(frozen=True)
+class ReaperTick:
+    seq: int
+    at: datetime
+    summary: dict[str, Any]
+
+
 class InspectorData:
     """The inspector's reads over one :class:`stores.sql.SqlStore` (opened read-only)."""
 
@@ -66,7 +76,8 @@ class InspectorData:
         self._E, self._H = sql.E, sql.H
         self._ref = lay.ref
         self._cols = sql.cols_e
-        live = f"NOT {lay.ref('deleted', 'e')} AND {lay.ref('kind', 'e')} <> {f.p('leader')}"
+        kind = lay.ref("kind", "e")
+        live = f"NOT {lay.ref('deleted', 'e')} AND {kind} <> {f.p('leader')} AND {kind} <> {f.p('ticks')}"
         self._live = live
         self._counts = (
             f"SELECT {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}, COUNT(*) FROM {sql.E} AS e "
@@ -76,6 +87,9 @@ class InspectorData:
         self._stale = (
             f"SELECT {lay.ref('kind', 'e')}, COUNT(*) FROM {sql.E} AS e WHERE {live} "
             f"AND {lay.ref('lease_owner', 'e')} IS NOT NULL AND {exp} < {f.now} GROUP BY {lay.ref('kind', 'e')}"
+        )
+        self._ticks = (
+            f"SELECT seq, at, data FROM {sql.H} WHERE entity_id = {f.p('id')} ORDER BY seq DESC LIMIT {f.p('limit')}"
         )
         self._moves = (
             f"SELECT h.entity_id, {lay.ref('kind', 'e')}, h.event, h.source, h.target, h.reason, h.at "
@@ -89,13 +103,13 @@ class InspectorData:
     def counts(self) -> dict[str, dict[str, int]]:
         """``{kind: {state: n}}`` of live entities (the reaper's leader row left out)."""
         found: dict[str, dict[str, int]] = {}
-        for kind, state, n in self.store._run(self._counts, {"leader": LEADER_KIND}):
+        for kind, state, n in self.store._run(self._counts, {"leader": LEADER_KIND, "ticks": TICKS_KIND}):
             found.setdefault(str(kind), {})[str(state)] = int(n)
         return found
 
     def expired_leases(self) -> dict[str, int]:
         """``{kind: n}`` of entities whose holder's lease expired: stuck until the reaper moves them."""
-        params: dict[str, Any] = {"leader": LEADER_KIND}
+        params: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND}
         now = self.store._now()
         if now is not None:
             params["now"] = self._f.time(now)
@@ -105,7 +119,7 @@ class InspectorData:
         """Live entities matching ``filters``, most recently updated first."""
         f, ref = self._f, self._ref
         where = self._live
-        params: dict[str, Any] = {"leader": LEADER_KIND, "limit": filters.limit}
+        params: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND, "limit": filters.limit}
         if filters.kind:
             where += f" AND {ref('kind', 'e')} = {f.p('kind')}"
             params["kind"] = filters.kind
@@ -147,10 +161,21 @@ class InspectorData:
         every = self.store.effects(entity_id)
         return [e for e in every if e.key != PROGRESS_KEY], next((e for e in every if e.key == PROGRESS_KEY), None)
 
+    def reaper_ticks(self, limit: int = 20) -> list[ReaperTick]:
+        """The reaper's latest recorded ticks (its tick log, :mod:`fsm.reaping.ticklog`), newest first."""
+        found = []
+        for seq, at, data in self.store._run(self._ticks, {"id": TICKS_ID, "limit": limit}):
+            try:
+                summary = json.loads(data) if isinstance(data, str) else data
+                found.append(ReaperTick(int(seq), decode_time(at), summary if isinstance(summary, dict) else {}))
+            except (ValueError, TypeError):
+                continue
+        return found
+
     def reaper_moves(self, limit: int = 50) -> list[ReaperMove]:
         """The reaper's latest transitions (from history: what the store records of it)."""
         rows = self.store._run(self._moves, {"limit": limit})
         return [ReaperMove(str(r[0]), str(r[1]), r[2], r[3], r[4], r[5], decode_time(r[6])) for r in rows]
 
 
-__all__ = ["LEADER_KIND", "Filters", "InspectorData", "ReaperMove"]
+__all__ = ["LEADER_KIND", "TICKS_ID", "TICKS_KIND", "Filters", "InspectorData", "ReaperMove", "ReaperTick"]

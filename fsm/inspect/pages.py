@@ -16,7 +16,7 @@ from itertools import groupby
 from typing import Any
 from urllib.parse import urlencode
 
-from fsm.inspect.data import Filters, ReaperMove
+from fsm.inspect.data import Filters, ReaperMove, ReaperTick
 from fsm.records import EffectRecord, HistoryRecord, Snapshot
 
 
@@ -155,11 +155,53 @@ def entities_section(now: datetime, snaps: list[Snapshot], filters: Filters, kin
     )
 
 
+def _count(summary: dict[str, Any], key: str) -> str:
+    value = summary.get(key, 0)
+    bad = " bad" if key in {"errors", "bad_rows"} and value else ""
+    return f"<td class='n{bad}'>{esc(value)}</td>"
+
+
+def ticks_section(now: datetime, ticks: list[ReaperTick]) -> str:
+    """The reaper's tick log: what each tick did, failures in red."""
+    if not ticks:
+        return (
+            "<section class=ticks><h2>Reaper: recent ticks</h2><p class=empty>No tick recorded. "
+            "<code>fsm reaper</code> records each tick; a reaper embedded in an application records "
+            "them with <code>TickLog(store).record(result, reaper.owner)</code>.</p></section>"
+        )
+    head = (
+        "<tr><th>when</th><th>reaper</th><th class=n>moved</th><th>what moved</th><th class=n>lost races</th>"
+        "<th class=n>refused</th><th class=n>bad rows</th><th class=n>errors</th><th class=n>took</th></tr>"
+    )
+    rows = []
+    for t in ticks:
+        s = t.summary
+        moved = s.get("moved") if isinstance(s.get("moved"), dict) else {}
+        assert isinstance(moved, dict)
+        total = sum(v for v in moved.values() if isinstance(v, int))
+        what = ", ".join(f"{k} {v}" for k, v in moved.items()) or "nothing"
+        if s.get("leading") is False:
+            what = "skipped: another reaper leads"
+        elif s.get("enabled") is False:
+            what = "skipped: disabled"
+
+        rows.append(
+            f"<tr data-tick='{t.seq}'><td title='{esc(stamp(t.at))}'>{esc(age(now, t.at))}</td>"
+            f"<td class=id>{esc(s.get('owner', ''))}</td><td class=n>{total}</td><td>{esc(what)}</td>"
+            f"{_count(s, 'lost_races')}{_count(s, 'refused')}{_count(s, 'bad_rows')}{_count(s, 'errors')}"
+            f"<td class=n>{esc(s.get('duration_ms', ''))} ms</td></tr>"
+        )
+    return (
+        "<section class=ticks><h2>Reaper: recent ticks <span class=muted>newest first</span></h2>"
+        f"<table>{head}{''.join(rows)}</table></section>"
+    )
+
+
 def reaper_section(now: datetime, moves: list[ReaperMove]) -> str:
     """The reaper's recent work, one row per batch (its moves share one commit time)."""
     if not moves:
         return (
-            "<section class=reaper><h2>Reaper: recent ticks</h2><p class=empty>The reaper has moved nothing yet "
+            "<section class=reaper><h2>Reaper: recent moves</h2><p class=empty>The reaper has moved nothing yet "
             "(it records its moves in each entity's history).</p></section>"
         )
     rows = []
@@ -176,7 +218,7 @@ def reaper_section(now: datetime, moves: list[ReaperMove]) -> str:
             f"<td>{esc(what)}</td><td class=id>{esc(ids)}</td></tr>"
         )
     return (
-        "<section class=reaper><h2>Reaper: recent ticks <span class=muted>(moves grouped by commit)</span></h2>"
+        "<section class=reaper><h2>Reaper: recent moves <span class=muted>(grouped by commit)</span></h2>"
         "<table><tr><th>when</th><th>moved</th><th>what</th><th>entities</th></tr>"
         + "".join(rows)
         + "</table></section>"
@@ -192,11 +234,13 @@ def overview(
     moves: list[ReaperMove],
     database: str,
     expired: dict[str, int],
+    ticks: list[ReaperTick],
 ) -> str:
     kinds = sorted(set(counts) | set(leaves))
     return (
         f"<p class=meta>Store <code>{esc(database)}</code> · database time {esc(stamp(now))}</p>"
         + counts_section(counts, leaves, expired)
+        + ticks_section(now, ticks)
         + entities_section(now, snaps, filters, kinds)
         + reaper_section(now, moves)
     )

@@ -13,6 +13,7 @@ from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping.config import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, ReapResult
 from fsm.reaping.service import Reaper, validated_config
+from fsm.reaping.ticklog import TickLog
 
 log = logging.getLogger("fsm.reaper")
 
@@ -32,6 +33,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="candidates per page")
     parser.add_argument("--dry-run", action="store_true", help="print what a tick would move; move nothing")
     parser.add_argument("--leader", action="store_true", help="tick only while holding the leader lease")
+    parser.add_argument(
+        "--no-tick-log",
+        dest="tick_log",
+        action="store_false",
+        help="do not record each tick's summary in the store (what fsm inspect shows as the reaper's ticks)",
+    )
     parser.add_argument(
         "--lifecycle",
         action="append",
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
         store = open_store(args.db, table_prefix=args.prefix)
         reaper = Reaper(store, lifecycles, config)
+        ticks = TickLog(store) if getattr(args, "tick_log", True) else None
     except FsmError as err:
         print(f"fsm reaper: {err}")
         return 2
@@ -70,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.once:
             result = reaper.run_once(dry_run=args.dry_run)
+            if ticks is not None:
+                ticks.record(result, reaper.owner)
             _print_tick(result)
             return 1 if result.errors else 0
         stop = threading.Event()
@@ -80,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         while not stop.is_set():
-            _print_tick(reaper.run_once(dry_run=args.dry_run))
+            result = reaper.run_once(dry_run=args.dry_run)
+            if ticks is not None:
+                ticks.record(result, reaper.owner)
+            _print_tick(result)
             stop.wait(min(config.interval.total_seconds(), threading.TIMEOUT_MAX))
         print("reaper stopped", flush=True)
         return 0

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle, Reaper
+from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle, Reaper, ReapResult
+from fsm.reaping.ticklog import TickLog
 from tests.conftest import postgres_url
 
 REQUIRE_BROWSER_ENV = "FSM_REQUIRE_BROWSER"
@@ -127,7 +128,11 @@ class Served:
         assert live.lease is not None
         jobs.renew_lease(live.lease)
         jobs.record_progress(live.lease, {"phase": "indexing", "done": 40})
-        Reaper(self.store, [JobLifecycle], clock=clock).run_once()
+        reaper = Reaper(self.store, [JobLifecycle], clock=clock, owner="reaper:ops-1:77")
+        ticks = TickLog(self.store)
+        ticks.record(reaper.run_once(), reaper.owner)
+        clock.advance(timedelta(seconds=5))
+        ticks.record(ReapResult(lost_races=2, bad_rows=1, errors=1, duration_s=0.004), "reaper:ops-2:91")
         for i in range(4):
             jobs.create(f"job-queued-{i}", data={"task": f"build #{i}"})
         for i in range(2):

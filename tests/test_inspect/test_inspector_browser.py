@@ -76,6 +76,10 @@ def test_the_overview_shows_the_stores_counts_and_entities(browser: Any, served:
     assert text(browser, "p[data-expired='pipeline']").startswith("1 with an expired lease")
     reaper = text(browser, "section.reaper")
     assert "job-stuck" in reaper and "expire" in reaper
+    ticks = texts(browser, "tr[data-tick]")
+    assert len(ticks) == 2
+    assert "reaper:ops-2:91" in ticks[0] and "2\t0\t1\t1" in ticks[0]  # lost races, refused, bad rows, errors
+    assert "reaper:ops-1:77" in ticks[1] and "job.expire 1" in ticks[1]
     browser.save_screenshot(str(artifacts / f"overview-{served.url.split(':')[0]}.png"))
 
 
