@@ -1,5 +1,7 @@
 """The async stores seen through a synchronous facade, so the store contract suite runs
-unchanged on both faces.
+unchanged on both faces: the contract modules import the ``any_store`` fixture from here, which
+adds the async adapters (:mod:`stores.aio`) to the sync ones of ``tests/conftest.py``
+(``from async_support import every_face``: a fixture named ``any_store``).
 
 Each facade call is one coroutine of the async store, run on a private event loop in its
 own thread (``asyncio.run_coroutine_threadsafe``): the async adapter's own I/O (psycopg's
@@ -14,10 +16,14 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+import pytest
+from conftest import STORE_FACTORIES, postgres_url
+
 from fsm import ManualClock
+from stores import Store
 from stores.aio.greenlets import bridged, wait
 
 
@@ -110,3 +116,24 @@ def async_postgres(clock: ManualClock, url: str) -> SyncFacade:
             engine.dispose()
 
     return SyncFacade(store, LoopThread(), drop)
+
+
+FACES = ["aio-memory", "aio-sqlite", "aio-postgres"]
+
+
+@pytest.fixture(name="any_store", params=[*sorted(STORE_FACTORIES), *FACES])
+def every_face(request: pytest.FixtureRequest, clock: ManualClock) -> Iterator[Store]:
+    """Each store adapter, sync and async (the async ones through :class:`SyncFacade`)."""
+    name = request.param
+    if name == "aio-memory":
+        store: Any = async_memory(clock)
+    elif name == "aio-sqlite":
+        store = async_sqlite(clock)
+    elif name == "aio-postgres":
+        store = async_postgres(clock, postgres_url())
+    else:
+        store = STORE_FACTORIES[name](clock)
+    yield store
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()

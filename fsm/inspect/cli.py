@@ -47,13 +47,15 @@ def build(args: argparse.Namespace) -> Any:
     """The Starlette app for ``args`` (the store opened read-only)."""
     from fsm.diagram.refs import cwd_on_path, load_lifecycle
     from fsm.inspect.app import create_app
+    from stores.factory import open_store
     from stores.sql import SqlStore
 
     cwd_on_path()
     lifecycles = [load_lifecycle(ref) for ref in (*BUILT_INS, *args.lifecycle)]
     if args.db == "memory://":
         raise ConfigError("fsm inspect reads a database: give a sqlite:/// or postgresql:// URL")
-    store = SqlStore(args.db, table_prefix=args.prefix, create=False)
+    store = open_store(args.db, table_prefix=args.prefix, create=False)  # creates nothing
+    assert isinstance(store, SqlStore)
     return create_app(store, lifecycles, refresh_ms=max(200, int(args.refresh * 1000)))
 
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from conftest import postgres_url
 
 import signals
 from fsm import (
@@ -24,7 +25,6 @@ from fsm import (
 )
 from fsm.aio import AsyncJob, AsyncWorker
 from stores.aio import AsyncMemoryStore, AsyncSqlStore
-from tests.conftest import postgres_url
 
 Opener = Callable[[], Any]
 

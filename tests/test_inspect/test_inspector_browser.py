@@ -9,8 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-
-from tests.test_inspect.conftest import HOSTILE_DATA, HOSTILE_ID, Served
+from inspect_support import HOSTILE_DATA, HOSTILE_ID, Served, artifacts_dir, chromium, served_store  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

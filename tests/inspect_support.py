@@ -1,4 +1,5 @@
-"""The inspector served for real (uvicorn in a thread) and a headless Chromium driving it.
+"""Fixtures of the inspector's browser tests (imported by them): the inspector served for
+real (uvicorn in a thread) and a headless Chromium driving it.
 
 Chromium is Debian's (``/usr/bin/chromium`` and ``chromedriver``); the tests skip with the
 reason when either is missing, unless ``FSM_REQUIRE_BROWSER=1`` (set in CI) makes that a
@@ -20,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import postgres_url
 
 from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle, Reaper, ReapResult
 from fsm.reaping.ticklog import TickLog
-from tests.conftest import postgres_url
 
 REQUIRE_BROWSER_ENV = "FSM_REQUIRE_BROWSER"
 ARTIFACTS_ENV = "FSM_ARTIFACTS_DIR"
@@ -56,8 +57,8 @@ def _problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="session", name="browser")
+def chromium() -> Iterator[Any]:
     problem = _problem()
     if problem is not None:
         if os.environ.get(REQUIRE_BROWSER_ENV) == "1":
@@ -80,8 +81,8 @@ def browser() -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-@pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
+@pytest.fixture(name="artifacts")
+def artifacts_dir(tmp_path: Path) -> Path:
     directory = Path(os.environ.get(ARTIFACTS_ENV) or tmp_path / "screenshots")
     directory.mkdir(parents=True, exist_ok=True)
     return directory
@@ -172,10 +173,11 @@ class Served:
         self.store.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+@pytest.fixture(name="served", params=["sqlite", "postgres"], scope="module")
+def served_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """Seeded and served once per dialect: the tests only add to it (and check relative to it)."""
     if request.param == "sqlite":
-        target = Served(f"sqlite:///{tmp_path}/fsm.db", "fsm_")
+        target = Served(f"sqlite:///{tmp_path_factory.mktemp('inspect')}/fsm.db", "fsm_")
     else:
         target = Served(postgres_url(), f"t{uuid.uuid4().hex[:10]}_")
     try:
