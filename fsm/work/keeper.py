@@ -158,6 +158,10 @@ class KeeperCore:
             if details is not _NO_PROGRESS:
                 self.engine.record_progress(lease, details)
         except Fenced as err:
+            if self._finished_by_holder():
+                # the holder itself fired the entity into a final state (which clears the
+                # lease) while this renewal was on its way: nothing was lost, stop renewing
+                return KeepResult(renewed=False, lost=True, reason="finished by its holder")
             held._lose(err)
             log.warning("lease of %s lost: %s", held.entity_id, err)
             return KeepResult(renewed=False, lost=True, reason=str(err))
@@ -181,6 +185,15 @@ class KeeperCore:
         held._renewed(lease)
         self.deadline = started + self.ttl
         return KeepResult(renewed=True)
+
+    def _finished_by_holder(self) -> bool:
+        """Whether the lease's own holder finished the entity (the engine's fencing rule)."""
+        try:
+            snap = self.engine.store.get(self.held.entity_id)
+            self.engine._check_holder(snap, self.held.lease)
+        except FsmError:
+            return False
+        return snap.state in self.engine.table.finals
 
     def next_delay(self, result: KeepResult | None) -> float:
         """Seconds until the next renewal step."""
