@@ -79,13 +79,15 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
 
     def entity_fragment(entity_id: str) -> tuple[str, int]:
         try:
-            snap = data.entity(entity_id)
+            for _ in range(3):  # two reads: a transition committing between them would tear the page
+                snap = data.entity(entity_id)
+                history = data.history(entity_id)
+                if (history[-1].seq if history else 0) == snap.version:
+                    break
         except UnknownEntity:
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
-        body = pages.entity_page(
-            data.now(), snap, data.history(entity_id), effects, progress, has_diagram=snap.kind in by_kind
-        )
+        body = pages.entity_page(data.now(), snap, history, effects, progress, has_diagram=snap.kind in by_kind)
         return body, 200
 
     def entity(request: Request) -> Response:

@@ -123,8 +123,8 @@ def test_a_transition_shows_up_without_a_reload(browser: Any, served: Served, ar
     lease = served.pipelines.fire("pipe-0", "finish").lease
     served.pipelines.fire("pipe-0", "succeed", lease=lease)
     wait_for(lambda: len(attrs(browser, "li[data-seq]", "data-seq")) == before + 2)
+    wait_for(lambda: "completed" in text(browser, "table.facts"))
     assert browser.execute_script("return window.__same_page") == "yes"  # not reloaded
-    assert "completed" in text(browser, "table.facts")
 
     browser.get(served.base + "/")
     browser.execute_script("window.__same_page = 'yes'")
