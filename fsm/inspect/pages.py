@@ -325,9 +325,11 @@ def entity_page(
     ]
     lease = "<table class=facts>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     lease += f"<tr><th>lease</th>{lease_cells(now, snap)}</tr></table>"
+    svg = "/diagram.svg?" + urlencode({"id": snap.id, "v": snap.version})
     diagram = (
+        f"<a href='{esc(svg)}' target=_blank rel=noopener title='open the diagram full size'>"
         f"<img class=diagram alt='diagram of {esc(snap.kind)} with {esc(snap.state)} highlighted' "
-        f"src='{esc('/diagram.svg?' + urlencode({'id': snap.id, 'v': snap.version}))}'>"
+        f"src='{esc(svg)}'></a>"
         if has_diagram
         else "<p class=empty>No diagram: this lifecycle was not given to fsm inspect (--lifecycle MODULE:Class).</p>"
     )
