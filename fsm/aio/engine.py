@@ -113,7 +113,7 @@ class AsyncEngine:
 
     async def fire(
         self,
-        entity_id: str,
+        entity: str | Snapshot | FireResult,
         event: str,
         *,
         lease: Lease | None = None,
@@ -123,10 +123,11 @@ class AsyncEngine:
         actor: Actor | str = Actor.WORKER,
         owner: str | None = None,
     ) -> FireResult:
-        """See :meth:`fsm.Engine.fire`: one compare-and-set write, the same refusals."""
+        """See :meth:`fsm.Engine.fire`: one compare-and-set write, the same refusals.  Given
+        the snapshot (or the result of the last fire) the caller holds, the read is skipped."""
         return await self._call(
             self.sync.fire,
-            entity_id,
+            entity,
             event,
             lease=lease,
             idempotency_key=idempotency_key,

@@ -31,7 +31,13 @@ sys.path.insert(0, HERE)
 
 from harness import Report, load  # noqa: E402
 
-SUITES = {"fire": "bench_fire", "sql": "bench_sql", "reaper": "bench_reaper", "scale": "bench_scale", "aio": "bench_aio"}
+SUITES = {
+    "fire": "bench_fire",
+    "sql": "bench_sql",
+    "reaper": "bench_reaper",
+    "scale": "bench_scale",
+    "aio": "bench_aio",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
