@@ -101,6 +101,10 @@ class AsyncFace:
         result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("apply_batch", batch)
         return result
 
+    async def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("move_candidates", batch, limit=limit)
+        return result
+
     async def effect(self, entity_id: str, key: str) -> EffectRecord | None:
         result: EffectRecord | None = await self._invoke("effect", entity_id, key)
         return result
@@ -220,6 +224,10 @@ class BridgeStore(LedgerRun):
 
     def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
         result: list[tuple[Snapshot, HistoryRecord]] = self._call("apply_batch", (batch,), {})
+        return result
+
+    def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = self._call("move_candidates", (batch,), {"limit": limit})
         return result
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:
