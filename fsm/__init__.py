@@ -41,6 +41,7 @@ from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, 
 if TYPE_CHECKING:
     from statemachine import State
 
+    from fsm.aio import AsyncEngine
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "State": "statemachine",
+    "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
     "FireResult": "fsm.engine",
     "Guard": "fsm.guards",
@@ -94,6 +96,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Actor",
+    "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
     "Clock",

@@ -17,8 +17,12 @@ still run.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from blinker import Namespace, Signal
@@ -89,12 +93,63 @@ def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
                 )
                 return 1
         try:
-            receiver(sender, payload=built)
+            result = receiver(sender, payload=built)
+            if inspect.isawaitable(result):
+                _defer(signal, receiver, result)
         except Exception:
             failures += 1
             log.exception(
                 "receiver %r of signal %r raised; what it reports stands", receiver, getattr(signal, "name", "?")
             )
+    return failures
+
+
+Pending = list[tuple[str, Any, Awaitable[Any]]]
+_tasks: set[asyncio.Task[int]] = set()
+_pending: contextvars.ContextVar[Pending | None] = contextvars.ContextVar("fsm_signals_pending", default=None)
+
+
+def _defer(signal: Signal, receiver: Any, awaitable: Awaitable[Any]) -> None:
+    """An async receiver's awaitable: awaited by the async engine after its call (inside
+    :func:`collecting`), else run as a task on the running loop, else refused (logged)."""
+    name = getattr(signal, "name", "?")
+    box = _pending.get()
+    if box is not None:
+        box.append((name, receiver, awaitable))
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()
+        log.error("async receiver %r of signal %r needs a running event loop (use AsyncEngine)", receiver, name)
+        return
+    task = loop.create_task(deliver([(name, receiver, awaitable)]))
+    _tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+    task.add_done_callback(_tasks.discard)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Pending]:
+    """Collect the awaitables of async receivers sent within, for :func:`deliver`."""
+    box: Pending = []
+    token = _pending.set(box)
+    try:
+        yield box
+    finally:
+        _pending.reset(token)
+
+
+async def deliver(pending: Pending) -> int:
+    """Await each async receiver's awaitable in order; one that raises is logged (as a sync
+    receiver's would be) and the others still run.  Returns how many raised."""
+    failures = 0
+    for name, receiver, awaitable in pending:
+        try:
+            await awaitable
+        except Exception:
+            failures += 1
+            log.exception("receiver %r of signal %r raised; what it reports stands", receiver, name)
     return failures
 
 
@@ -107,6 +162,8 @@ __all__ = [
     "ReaperTickPayload",
     "SnapshotModel",
     "TransitionPayload",
+    "collecting",
+    "deliver",
     "effect_recorded",
     "expired",
     "lease_acquired",

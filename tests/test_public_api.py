@@ -11,6 +11,7 @@ import stores
 
 FSM_API = {
     "Actor",
+    "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
     "Clock",
@@ -142,3 +143,20 @@ def test_importing_fsm_does_not_import_hypothesis() -> None:
     code = "import fsm, fsm.engine, fsm.work, fsm.reaping, stores, sys; print('hypothesis' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_async_faces_export_their_pinned_names() -> None:
+    import fsm.aio
+    import stores.aio
+
+    assert set(fsm.aio.__all__) == {"AsyncEngine", "AsyncJob", "AsyncWorker"}
+    assert set(stores.aio.__all__) == {
+        "AsyncFace",
+        "AsyncMemoryStore",
+        "AsyncSqlStore",
+        "AsyncStore",
+        "BridgeStore",
+        "open_async_store",
+    }
+    for name in stores.aio.__all__:
+        assert getattr(stores.aio, name) is not None, name

@@ -15,6 +15,7 @@ from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping.config import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, ReapResult
 from fsm.reaping.service import Reaper, validated_config
+from fsm.reaping.ticklog import TickLog
 
 log = logging.getLogger("fsm.reaper")
 
@@ -42,6 +43,12 @@ def register(sub: Any) -> None:
         help=f"in a dry run, list at most N entities per tick, then count the rest (default {DEFAULT_LIST})",
     )
     parser.add_argument("--leader", action="store_true", help="tick only while holding the leader lease")
+    parser.add_argument(
+        "--no-tick-log",
+        dest="tick_log",
+        action="store_false",
+        help="do not record each tick's summary in the store (what fsm inspect shows as the reaper's ticks)",
+    )
     parser.add_argument(
         "--lifecycle",
         action="append",
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         )
         store = open_readonly(args.db, args.prefix, "fsm reaper")
         reaper = Reaper(store, lifecycles, config)
+        tick_log = TickLog(store) if getattr(args, "tick_log", True) else None
     except (FsmError, ReadOnlyStoreError) as err:
         print(f"fsm reaper: error: {err}", file=sys.stderr)
         return 2
@@ -92,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.once:
             result = reaper.run_once(dry_run=args.dry_run)
+            if tick_log is not None:
+                tick_log.record(result, reaper.owner)
             _print_tick(1, result, args.list_limit)
             return 1 if result.errors else 0
         stop = threading.Event()
@@ -103,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         while not stop.is_set():
             ticks += 1
-            _print_tick(ticks, reaper.run_once(dry_run=args.dry_run), args.list_limit)
+            result = reaper.run_once(dry_run=args.dry_run)
+            if tick_log is not None:
+                tick_log.record(result, reaper.owner)
+            _print_tick(ticks, result, args.list_limit)
             stop.wait(min(config.interval.total_seconds(), threading.TIMEOUT_MAX))
         print("reaper stopped", flush=True)
         return 0

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -158,6 +158,10 @@ class KeeperCore:
             if details is not _NO_PROGRESS:
                 self.engine.record_progress(lease, details)
         except Fenced as err:
+            if self._finished_by_holder():
+                # the holder itself fired the entity into a final state (which clears the
+                # lease) while this renewal was on its way: nothing was lost, stop renewing
+                return KeepResult(renewed=False, lost=True, reason="finished by its holder")
             held._lose(err)
             log.warning("lease of %s lost: %s", held.entity_id, err)
             return KeepResult(renewed=False, lost=True, reason=str(err))
@@ -181,6 +185,15 @@ class KeeperCore:
         held._renewed(lease)
         self.deadline = started + self.ttl
         return KeepResult(renewed=True)
+
+    def _finished_by_holder(self) -> bool:
+        """Whether the lease's own holder finished the entity (the engine's fencing rule)."""
+        try:
+            snap = self.engine.store.get(self.held.entity_id)
+            self.engine._check_holder(snap, self.held.lease)
+        except FsmError:
+            return False
+        return snap.state in self.engine.table.finals
 
     def next_delay(self, result: KeepResult | None) -> float:
         """Seconds until the next renewal step."""
@@ -274,11 +287,21 @@ class AsyncLeaseKeeper:
             ...
 
     Renewals run in a thread (``asyncio.to_thread``) because the engine's stores are
-    synchronous; the decisions are :class:`KeeperCore`'s, the same as the thread keeper's.
+    synchronous, or through ``runner`` (:meth:`fsm.AsyncEngine.keep` passes its greenlet
+    bridge, so renewals wait on the async store); the decisions are :class:`KeeperCore`'s,
+    the same as the thread keeper's.
     """
 
-    def __init__(self, engine: Engine, lease: Lease, *, period: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        lease: Lease,
+        *,
+        period: timedelta | None = None,
+        runner: Callable[[Callable[[], KeepResult]], Awaitable[KeepResult]] | None = None,
+    ) -> None:
         self.core = KeeperCore(engine, lease, period=period)
+        self._runner = runner or asyncio.to_thread  # AsyncEngine passes its greenlet bridge
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -290,7 +313,7 @@ class AsyncLeaseKeeper:
         while True:
             await asyncio.sleep(self.core.next_delay(result))
             try:
-                result = await asyncio.to_thread(self.core.renew)
+                result = await self._runner(self.core.renew)
             except Exception:
                 log.exception("lease keeper of %s failed", self.held.entity_id)
                 result = KeepResult(renewed=False, retry=True, reason="keeper error")

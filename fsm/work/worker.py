@@ -48,6 +48,7 @@ from fsm.work.keeper import HeldLease, LeaseKeeper
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
+    from fsm.table import CompiledTable
 
 log = logging.getLogger("fsm.worker")
 
@@ -59,6 +60,38 @@ DEFAULT_GRACE = timedelta(seconds=30)
 
 Outcome = str | tuple[str, Mapping[str, Any]] | None
 Handler = Callable[["Job"], Outcome]
+
+
+def check_worker(
+    table: CompiledTable,
+    kind: str,
+    handlers: Mapping[str, Any],
+    concurrency: object,
+    poll_interval: object,
+    grace: object,
+) -> None:
+    """Refuse a worker's configuration with every problem named (both faces' worker)."""
+    problems = []
+    unknown = sorted(set(handlers) - set(table.leaves))
+    if unknown:
+        problems.append(f"no such leaf state of {kind}: {', '.join(unknown)}")
+    finals = sorted(set(handlers) & table.finals)
+    if finals:
+        problems.append(f"final states have no work to do: {', '.join(finals)}")
+    if not all(callable(h) for h in handlers.values()):
+        problems.append("every handler must be callable")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
+        problems.append(f"concurrency must be an integer from 1 to 1024, not {concurrency!r}")
+    for name, value in (("poll_interval", poll_interval), ("grace", grace)):
+        if not isinstance(value, timedelta) or value < timedelta() or value > timedelta(days=1):
+            problems.append(f"{name} must be a timedelta from 0 to 1 day, not {value!r}")
+    if problems:
+        raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
+
+
+def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
+    """A handler's outcome as ``(event, data)``."""
+    return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
 
 
 class Job:
@@ -138,22 +171,7 @@ class Worker:
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
     ) -> None:
-        problems = []
-        unknown = sorted(set(handlers) - set(engine.table.leaves))
-        if unknown:
-            problems.append(f"no such leaf state of {engine.kind}: {', '.join(unknown)}")
-        finals = sorted(set(handlers) & engine.table.finals)
-        if finals:
-            problems.append(f"final states have no work to do: {', '.join(finals)}")
-        if not all(callable(h) for h in handlers.values()):
-            problems.append("every handler must be callable")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
-            problems.append(f"concurrency must be an integer from 1 to 1024, not {concurrency!r}")
-        for name, value in (("poll_interval", poll_interval), ("grace", grace)):
-            if not isinstance(value, timedelta) or value < timedelta() or value > timedelta(days=1):
-                problems.append(f"{name} must be a timedelta from 0 to 1 day, not {value!r}")
-        if problems:
-            raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
+        check_worker(engine.table, engine.kind, handlers, concurrency, poll_interval, grace)
         self.engine = engine
         self.handlers = dict(handlers)
         self.concurrency = concurrency
@@ -215,7 +233,7 @@ class Worker:
             try:
                 outcome = handler(job)
                 if outcome is not None:
-                    event, data = (outcome, None) if isinstance(outcome, str) else outcome
+                    event, data = parse_outcome(outcome)
                     job.fire(event, data=data)
                 elif job.state == state:
                     job.snapshot = self.engine.get(job.id)  # the handler fired through other means
@@ -317,4 +335,6 @@ __all__ = [
     "Outcome",
     "Worker",
     "WorkerStats",
+    "check_worker",
+    "parse_outcome",
 ]

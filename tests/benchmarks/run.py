@@ -1,13 +1,15 @@
 """Run the benchmarks.
 
-    python tests/benchmarks/run.py [--only fire,sql,reaper,scale] [--pg-url URL] [--big] [--json FILE]
+    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio] [--pg-url URL] [--big] [--json FILE]
 
 - ``fire``: in-memory ``fire`` vs python-statemachine and ``transitions`` (fast: the CI smoke run);
 - ``sql``: ``fire`` through SqlStore vs the fastest honest raw driver code on the same tables,
   SQLite always, PostgreSQL with 1, 2, 4 and 8 writers when a URL is given;
 - ``reaper``: a tick over 10,000 rows with 1,000 stale (``--big``: also 1,000,000 rows) vs
   seeds/000's own way and one set-based ``UPDATE .. RETURNING``, SQLite and PostgreSQL;
-- ``scale``: 1, 2 and 4 reaper processes on 100,000 stale rows (PostgreSQL only).
+- ``scale``: 1, 2 and 4 reaper processes on 100,000 stale rows (PostgreSQL only);
+- ``aio``: ``AsyncEngine`` fire from 8 tasks vs the sync engine from 8 threads vs raw async
+  psycopg from 8 tasks (PostgreSQL only).
 
 The PostgreSQL parts run only on the database named by ``--pg-url`` (or the
 ``FSM_BENCH_POSTGRES_URL`` environment variable), never on a default: use a database of
@@ -29,7 +31,13 @@ sys.path.insert(0, HERE)
 
 from harness import Report, load  # noqa: E402
 
-SUITES = {"fire": "bench_fire", "sql": "bench_sql", "reaper": "bench_reaper", "scale": "bench_scale"}
+SUITES = {
+    "fire": "bench_fire",
+    "sql": "bench_sql",
+    "reaper": "bench_reaper",
+    "scale": "bench_scale",
+    "aio": "bench_aio",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

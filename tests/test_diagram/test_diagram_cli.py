@@ -30,8 +30,8 @@ PIPELINE = "fsm.lifecycles:PipelineLifecycle"
 
 @pytest.fixture
 def diagrams(tmp_path: Path) -> Path:
-    """A copy of the committed diagrams/ directory."""
-    return Path(shutil.copytree(REPO_DIAGRAMS, tmp_path / "diagrams"))
+    """A copy of the committed diagrams/ directory (its diagram files; not screenshots/)."""
+    return Path(shutil.copytree(REPO_DIAGRAMS, tmp_path / "diagrams", ignore=shutil.ignore_patterns("screenshots")))
 
 
 @pytest.fixture

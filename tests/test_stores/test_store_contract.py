@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, timedelta
 
 import pytest
+from async_support import every_face  # noqa: F401 - any_store: the contract on the sync and async faces
 
 from fsm import (
     ConditionFailed,

@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from async_support import every_face  # noqa: F401 - any_store: the contract on the sync and async faces
 
 from fsm import InvalidArgument, LeaseLost, ManualClock, UnknownEntity
 from fsm.records import (

@@ -186,3 +186,22 @@ def test_keep_refuses_what_is_not_a_lease(jobs: Engine) -> None:
 
     with pytest.raises(InvalidArgument):
         LeaseKeeper(jobs, "not a lease")  # type: ignore[arg-type]
+
+
+def test_a_renewal_racing_the_holders_own_completion_is_not_a_loss(jobs: Engine) -> None:
+    lease = finalizing(jobs)
+    core = KeeperCore(jobs, lease)
+    jobs.fire("j1", "complete", lease=lease)  # the final state clears the lease; a renewal was due
+    result = core.renew()
+    assert result.lost and result.reason == "finished by its holder"  # the keeper stops...
+    assert not core.held.lost and core.held.error is None  # ...and the holder is not told it lost
+
+
+def test_a_renewal_after_somebody_else_finished_the_entity_is_a_loss(jobs: Engine) -> None:
+    lease = finalizing(jobs)
+    core = KeeperCore(jobs, lease)
+    jobs.release_lease(lease)
+    (other,) = jobs.claim(owner="w2")
+    assert other.lease is not None
+    jobs.fire("j1", "complete", lease=other.lease)
+    assert core.renew().lost and core.held.lost

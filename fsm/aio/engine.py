@@ -1,0 +1,228 @@
+"""The asyncio engine: :class:`fsm.Engine`'s operations as coroutines, on an async store.
+
+There is one transition logic.  :class:`AsyncEngine` runs the synchronous engine's own code
+(argument checks, the compiled table, guards, branch choice, write building, idempotent
+replay, fencing, signals) in a greenlet (:mod:`stores.aio.greenlets`), over a
+:class:`stores.aio.BridgeStore` whose every store call suspends only the calling task while
+the async store does its I/O.  A guard that reads the store (``superseded`` asks for a
+newer sibling) reads it the same way, and the store re-checks it in the write.
+
+Signals: sync receivers run after the commit as with the sync engine; an async receiver's
+coroutine is awaited after the commit, before the call returns, and one that raises is
+logged and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+import signals
+from fsm.clock import Clock
+from fsm.engine import Engine, FireResult
+from fsm.lifecycle import Lifecycle
+from fsm.policy import Policy
+from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, Snapshot
+from fsm.table import Branch, CompiledTable
+from fsm.work.keeper import AsyncLeaseKeeper
+from stores.aio import AsyncFace, BridgeStore
+from stores.aio.greenlets import resolved, spawn
+
+if TYPE_CHECKING:
+    from stores.aio import AsyncStore
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class AsyncEngine:
+    """Runs one lifecycle over one async store; the same operations as :class:`fsm.Engine`.
+
+    ::
+
+        store = await open_async_store("postgresql+psycopg://app@db/app")
+        jobs = AsyncEngine(JobLifecycle, store)
+        job = await jobs.create(data={"task": "deploy"})
+        [claimed] = await jobs.claim()
+        async with jobs.keep(claimed.lease) as held:
+            await jobs.run(job.id, "gate", run_gate, held.check())   # run_gate may be async
+            await jobs.fire(job.id, "exited", lease=held.check())
+
+    ``store`` is an :class:`~stores.aio.AsyncMemoryStore` or an
+    :class:`~stores.aio.AsyncSqlStore` (any :class:`~stores.aio.AsyncFace`).  ``clock``,
+    ``policy`` and ``owner`` are :class:`fsm.Engine`'s.  The errors are the sync engine's.
+    """
+
+    def __init__(
+        self,
+        lifecycle: type[Lifecycle],
+        store: AsyncStore,
+        *,
+        clock: Clock | None = None,
+        policy: Policy | None = None,
+        owner: str | None = None,
+    ) -> None:
+        if not isinstance(store, AsyncFace):
+            raise TypeError(f"AsyncEngine needs an async store from stores.aio, got {store!r}")
+        self.store = store
+        self.sync = Engine(lifecycle, BridgeStore(store), clock=clock, policy=policy, owner=owner)
+        """The synchronous engine whose logic runs here (only usable inside the bridge)."""
+
+    @property
+    def lifecycle(self) -> type[Lifecycle]:
+        return self.sync.lifecycle
+
+    @property
+    def kind(self) -> str:
+        return self.sync.kind
+
+    @property
+    def table(self) -> CompiledTable:
+        return self.sync.table
+
+    @property
+    def policy(self) -> Policy:
+        return self.sync.policy
+
+    @property
+    def owner(self) -> str:
+        return self.sync.owner
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with signals.collecting() as pending:
+            try:
+                return await spawn(fn, *args, **kwargs)
+            finally:
+                if pending:
+                    await signals.deliver(pending)
+
+    # -- the engine's operations ------------------------------------------------------------
+
+    async def create(
+        self,
+        entity_id: str | None = None,
+        *,
+        data: Mapping[str, Any] | None = None,
+        concurrency_key: str | None = None,
+    ) -> Snapshot:
+        """See :meth:`fsm.Engine.create`."""
+        return await self._call(self.sync.create, entity_id, data=data, concurrency_key=concurrency_key)
+
+    async def fire(
+        self,
+        entity: str | Snapshot | FireResult,
+        event: str,
+        *,
+        lease: Lease | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        actor: Actor | str = Actor.WORKER,
+        owner: str | None = None,
+    ) -> FireResult:
+        """See :meth:`fsm.Engine.fire`: one compare-and-set write, the same refusals.  Given
+        the snapshot (or the result of the last fire) the caller holds, the read is skipped."""
+        return await self._call(
+            self.sync.fire,
+            entity,
+            event,
+            lease=lease,
+            idempotency_key=idempotency_key,
+            reason=reason,
+            data=data,
+            actor=actor,
+            owner=owner,
+        )
+
+    async def get(self, entity_id: str) -> Snapshot:
+        """See :meth:`fsm.Engine.get`."""
+        return await self._call(self.sync.get, entity_id)
+
+    async def history(self, entity_id: str) -> list[HistoryRecord]:
+        """See :meth:`fsm.Engine.history`."""
+        return await self._call(self.sync.history, entity_id)
+
+    async def configuration(self, entity: Snapshot | str) -> tuple[str, ...]:
+        """See :meth:`fsm.Engine.configuration`."""
+        return await self._call(self.sync.configuration, entity)
+
+    async def allowed_events(self, entity: Snapshot | str, actor: Actor = Actor.WORKER) -> list[str]:
+        """See :meth:`fsm.Engine.allowed_events`."""
+        return await self._call(self.sync.allowed_events, entity, actor)
+
+    async def would_fire(self, entity: Snapshot, event: str, actor: Actor = Actor.WORKER) -> Branch | None:
+        """See :meth:`fsm.Engine.would_fire`."""
+        return await self._call(self.sync.would_fire, entity, event, actor)
+
+    async def acquire_lease(self, entity_id: str, *, owner: str | None = None, ttl: timedelta | None = None) -> Lease:
+        """See :meth:`fsm.Engine.acquire_lease`."""
+        return await self._call(self.sync.acquire_lease, entity_id, owner=owner, ttl=ttl)
+
+    async def renew_lease(self, lease: Lease, *, ttl: timedelta | None = None) -> Lease:
+        """See :meth:`fsm.Engine.renew_lease`."""
+        return await self._call(self.sync.renew_lease, lease, ttl=ttl)
+
+    async def release_lease(self, lease: Lease) -> Snapshot:
+        """See :meth:`fsm.Engine.release_lease`."""
+        return await self._call(self.sync.release_lease, lease)
+
+    async def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
+        """See :meth:`fsm.Engine.claim`."""
+        return await self._call(self.sync.claim, limit, owner=owner)
+
+    async def run(
+        self,
+        entity_id: str,
+        key: str,
+        fn: Callable[[str], Any],
+        lease: Lease,
+        *,
+        model: type[M] | None = None,
+        retry_failed: bool = True,
+    ) -> Any:
+        """See :meth:`fsm.Engine.run`.  ``fn`` may be a coroutine function: it is awaited,
+        and no database connection is held while it runs."""
+        if not callable(fn):
+            return await self._call(self.sync.run, entity_id, key, fn, lease, model=model, retry_failed=retry_failed)
+
+        def call(idempotency_key: str) -> Any:
+            return resolved(fn(idempotency_key))
+
+        return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
+
+    async def effects(self, entity_id: str) -> list[EffectRecord]:
+        """See :meth:`fsm.Engine.effects`."""
+        return await self._call(self.sync.effects, entity_id)
+
+    async def progress(self, entity_id: str) -> Any:
+        """See :meth:`fsm.Engine.progress`."""
+        return await self._call(self.sync.progress, entity_id)
+
+    async def record_progress(self, lease: Lease, details: Any) -> None:
+        """See :meth:`fsm.Engine.record_progress`."""
+        await self._call(self.sync.record_progress, lease, details)
+
+    async def entities(
+        self, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        """See :meth:`fsm.Engine.entities`."""
+        return await self._call(self.sync.entities, state=state, limit=limit, after_id=after_id)
+
+    async def counts(self) -> dict[str, int]:
+        """See :meth:`fsm.Engine.counts`."""
+        return await self._call(self.sync.counts)
+
+    def keep(self, lease: Lease, *, period: timedelta | None = None) -> AsyncLeaseKeeper:
+        """An asyncio lease keeper: ``async with engine.keep(lease) as held: ...``.
+
+        A task renews every ``period`` (default: a third of the TTL), within the state's
+        renewal budget, on the async store; see :class:`fsm.work.keeper.AsyncLeaseKeeper`."""
+        from fsm.engine.arguments import lease_arg
+
+        return AsyncLeaseKeeper(self.sync, lease_arg(lease), period=period, runner=self._call)
+
+
+__all__ = ["AsyncEngine"]

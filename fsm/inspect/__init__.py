@@ -1,0 +1,11 @@
+"""``fsm inspect``: a read-only, live web page of a store (the ``inspect`` extra).
+
+- ``data``: the read-only queries (bound parameters only);
+- ``pages``: the HTML, every database value escaped;
+- ``app``: the Starlette application (GET only, a strict Content-Security-Policy);
+- ``cli``: the ``fsm inspect`` subcommand.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,90 @@
+"""The inspector's one script and one style sheet (served from /static, no inline code)."""
+
+from __future__ import annotations
+
+SCRIPT = """\
+// Live updates without reloading: fetch this page's fragment and swap it in.
+// The server renders every value escaped; nothing here builds HTML from data.
+(function () {
+  var live = document.getElementById('live');
+  var status = document.getElementById('status');
+  if (!live) { return; }
+  var every = parseInt(live.getAttribute('data-every'), 10) || 2000;
+  var busy = false;
+  function tick() {
+    if (busy) { return; }
+    var active = document.activeElement;
+    if (active && live.contains(active) && (active.tagName === 'INPUT' || active.tagName === 'SELECT')) {
+      return;  // never swap the form under the user's cursor
+    }
+    busy = true;
+    fetch(live.getAttribute('data-src'), {headers: {'Accept': 'text/html'}, cache: 'no-store'})
+      .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })
+      .then(function (text) {
+        live.innerHTML = text;
+        status.textContent = 'live · updated ' + new Date().toLocaleTimeString();
+        status.className = 'status ok';
+      })
+      .catch(function (err) {
+        status.textContent = 'not updating: ' + err.message;
+        status.className = 'status bad';
+      })
+      .finally(function () { busy = false; });
+  }
+  setInterval(tick, every);
+})();
+"""
+
+STYLE = """\
+body { font: 14px/1.4 system-ui, sans-serif; margin: 0; color: #1d2330; background: #f6f7f9; }
+header { background: #1d2330; color: #fff; padding: 8px 16px; display: flex; gap: 12px; align-items: center; }
+header .home { color: #fff; font-weight: 600; text-decoration: none; }
+.ro { background: #3b4456; border-radius: 3px; padding: 1px 6px; font-size: 12px; }
+.status { margin-left: auto; font-size: 12px; color: #b8c0cc; }
+.status.bad { color: #ffb4a8; }
+main { padding: 12px 16px 40px; }
+h1 { font-size: 18px; margin: 8px 0; }
+h2 { font-size: 15px; margin: 18px 0 8px; }
+h3 { font-size: 14px; margin: 0 0 6px; }
+section { background: #fff; border: 1px solid #dde1e7; border-radius: 6px; padding: 8px 12px 12px; margin-top: 12px; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eceef2; vertical-align: top; }
+th { font-weight: 600; color: #4a5366; background: #fafbfc; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; }
+.card { border: 1px solid #dde1e7; border-radius: 6px; padding: 8px; min-width: 220px; }
+.card table td { border: none; padding: 1px 6px; }
+.total { font-weight: normal; color: #6b7385; font-size: 12px; }
+.muted { color: #6b7385; font-weight: normal; }
+.meta { color: #4a5366; margin: 4px 0; }
+.empty { color: #6b7385; font-style: italic; }
+.id { font-family: ui-monospace, monospace; word-break: break-all; }
+.state { border-radius: 10px; padding: 0 8px; background: #e8ebf0; white-space: nowrap; }
+.s-running, .s-finalizing { background: #dbe9ff; }
+.s-completed { background: #daf3df; }
+.s-failed { background: #fde0dc; }
+.s-queued { background: #f1ecd9; }
+.held { color: #0b5d1e; }
+.expired { color: #a11d0b; font-weight: 600; }
+.unknown td { color: #a11d0b; }
+.alert { color: #a11d0b; font-weight: 600; margin: 0 0 6px; }
+.alert a { color: inherit; }
+.entities td:not(.id), .reaper td:first-child { white-space: nowrap; }
+.filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 8px; }
+.split { display: grid; grid-template-columns: minmax(320px, 1fr) minmax(320px, 1fr); gap: 12px; }
+.facts th { width: 130px; }
+pre { margin: 4px 0; white-space: pre-wrap; word-break: break-all; font-size: 12px; }
+pre.data { background: #fafbfc; border: 1px solid #eceef2; padding: 6px; max-height: 280px; overflow: auto; }
+img.diagram { max-width: 100%; }
+.timeline { list-style: none; padding: 0; margin: 0; }
+.timeline li { border-left: 3px solid #9aa5b8; padding: 4px 10px; margin: 0 0 6px; background: #fafbfc; }
+.timeline li.reaper { border-color: #c0392b; }
+.timeline li.effect { border-color: #2e86de; }
+.timeline li.renewal { border-color: #27ae60; }
+.timeline .when { display: inline-block; min-width: 90px; color: #4a5366; }
+.tag { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #4a5366; margin-right: 6px; }
+td.bad { color: #a11d0b; font-weight: 600; }
+td.succeeded { color: #0b5d1e; } td.failed { color: #a11d0b; }
+"""
+
+__all__ = ["SCRIPT", "STYLE"]

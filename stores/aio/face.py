@@ -1,0 +1,272 @@
+"""One async face for any synchronous store, and the sync view of it inside a greenlet.
+
+:class:`AsyncFace` gives every :class:`~stores.aio.AsyncStore` method by handing the call,
+by name, to :meth:`AsyncFace.call` (synchronous, run in a greenlet): the memory store
+answers at once, the SQL store takes one of its async connections for the call.
+:class:`BridgeStore` is the other direction: a synchronous :class:`stores.Store` for code
+that runs under :func:`stores.aio.greenlets.spawn` (the engine's own logic), which calls
+the same :meth:`AsyncFace.call` without a second greenlet hop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from fsm.records import (
+    BatchWrite,
+    ClaimRequest,
+    Condition,
+    EffectRecord,
+    HistoryRecord,
+    Lease,
+    NewEntity,
+    Snapshot,
+    TransitionWrite,
+)
+from stores.aio.greenlets import resolved, spawn
+from stores.ledger import LedgerRun
+
+
+class AsyncFace:
+    """Every async store method, as one synchronous :meth:`call` run in a greenlet."""
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # pragma: no cover
+        """Run the synchronous store method ``name`` (inside a greenlet); provided by adapters."""
+        raise NotImplementedError
+
+    async def _invoke(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await spawn(self.call, name, args, kwargs)
+
+    async def now(self) -> datetime:
+        result: datetime = await self._invoke("now")
+        return result
+
+    async def create(self, entity: NewEntity) -> Snapshot:
+        result: Snapshot = await self._invoke("create", entity)
+        return result
+
+    async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
+        result: Snapshot = await self._invoke("get", entity_id, include_deleted=include_deleted)
+        return result
+
+    async def history(self, entity_id: str) -> list[HistoryRecord]:
+        result: list[HistoryRecord] = await self._invoke("history", entity_id)
+        return result
+
+    async def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
+        result: HistoryRecord | None = await self._invoke("find_transition", entity_id, idempotency_key)
+        return result
+
+    async def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        result: tuple[Snapshot, HistoryRecord] = await self._invoke("apply", write)
+        return result
+
+    async def acquire_lease(
+        self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
+    ) -> Snapshot:
+        result: Snapshot = await self._invoke(
+            "acquire_lease", entity_id, owner=owner, ttl=ttl, budget=budget, expect_version=expect_version
+        )
+        return result
+
+    async def renew_lease(
+        self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
+    ) -> Snapshot:
+        result: Snapshot = await self._invoke(
+            "renew_lease", entity_id, owner=owner, token=token, ttl=ttl, budget=budget
+        )
+        return result
+
+    async def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
+        result: Snapshot = await self._invoke("release_lease", entity_id, owner=owner, token=token)
+        return result
+
+    async def soft_delete(self, entity_id: str) -> Snapshot:
+        result: Snapshot = await self._invoke("soft_delete", entity_id)
+        return result
+
+    async def has_newer_sibling(self, entity_id: str) -> bool:
+        result: bool = await self._invoke("has_newer_sibling", entity_id)
+        return result
+
+    async def candidates(
+        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
+    ) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("candidates", kind, state, require, limit=limit, after_id=after_id)
+        return result
+
+    async def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("apply_batch", batch)
+        return result
+
+    async def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("move_candidates", batch, limit=limit)
+        return result
+
+    async def effect(self, entity_id: str, key: str) -> EffectRecord | None:
+        result: EffectRecord | None = await self._invoke("effect", entity_id, key)
+        return result
+
+    async def effects(self, entity_id: str) -> list[EffectRecord]:
+        result: list[EffectRecord] = await self._invoke("effects", entity_id)
+        return result
+
+    async def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        found: tuple[EffectRecord, bool] = await self._invoke(
+            "record_effect", entity_id, key, owner=owner, token=token, status=status, result=result, replace=replace
+        )
+        return found
+
+    async def run(
+        self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
+    ) -> tuple[EffectRecord, bool]:
+        """See :meth:`stores.Store.run`; ``fn`` may be async.  The ledger's one algorithm
+        (:class:`stores.ledger.LedgerRun`) runs over this store; no connection is held while
+        ``fn`` runs."""
+        bridge = BridgeStore(self)
+        return await spawn(bridge.run, entity_id, key, lambda k: resolved(fn(k)), lease, retry_failed=retry_failed)
+
+    async def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("claim", request)
+        return result
+
+    async def entities(
+        self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("entities", kind, state=state, limit=limit, after_id=after_id)
+        return result
+
+    async def count_states(self, kind: str) -> dict[str, int]:
+        result: dict[str, int] = await self._invoke("count_states", kind)
+        return result
+
+    async def close(self) -> None:
+        """Release what the store holds (connections); idempotent."""
+
+
+class BridgeStore(LedgerRun):
+    """A synchronous :class:`stores.Store` over an :class:`AsyncFace`, for code running
+    under :func:`stores.aio.greenlets.spawn`: each call suspends only its own greenlet."""
+
+    def __init__(self, face: AsyncFace) -> None:
+        self.face = face
+        self._call = face.call
+
+    def now(self) -> datetime:
+        result: datetime = self._call("now", (), {})
+        return result
+
+    def create(self, entity: NewEntity) -> Snapshot:
+        result: Snapshot = self._call("create", (entity,), {})
+        return result
+
+    def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
+        result: Snapshot = self._call("get", (entity_id,), {"include_deleted": include_deleted})
+        return result
+
+    def history(self, entity_id: str) -> list[HistoryRecord]:
+        result: list[HistoryRecord] = self._call("history", (entity_id,), {})
+        return result
+
+    def find_transition(self, entity_id: str, idempotency_key: str) -> HistoryRecord | None:
+        result: HistoryRecord | None = self._call("find_transition", (entity_id, idempotency_key), {})
+        return result
+
+    def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        result: tuple[Snapshot, HistoryRecord] = self._call("apply", (write,), {})
+        return result
+
+    def acquire_lease(
+        self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
+    ) -> Snapshot:
+        kwargs = {"owner": owner, "ttl": ttl, "budget": budget, "expect_version": expect_version}
+        result: Snapshot = self._call("acquire_lease", (entity_id,), kwargs)
+        return result
+
+    def renew_lease(
+        self, entity_id: str, *, owner: str, token: int, ttl: timedelta, budget: timedelta | None
+    ) -> Snapshot:
+        kwargs = {"owner": owner, "token": token, "ttl": ttl, "budget": budget}
+        result: Snapshot = self._call("renew_lease", (entity_id,), kwargs)
+        return result
+
+    def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
+        result: Snapshot = self._call("release_lease", (entity_id,), {"owner": owner, "token": token})
+        return result
+
+    def soft_delete(self, entity_id: str) -> Snapshot:
+        result: Snapshot = self._call("soft_delete", (entity_id,), {})
+        return result
+
+    def has_newer_sibling(self, entity_id: str) -> bool:
+        result: bool = self._call("has_newer_sibling", (entity_id,), {})
+        return result
+
+    def candidates(
+        self, kind: str, state: str, require: tuple[Condition, ...], *, limit: int, after_id: str | None = None
+    ) -> list[Snapshot]:
+        result: list[Snapshot] = self._call(
+            "candidates", (kind, state, require), {"limit": limit, "after_id": after_id}
+        )
+        return result
+
+    def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = self._call("apply_batch", (batch,), {})
+        return result
+
+    def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = self._call("move_candidates", (batch,), {"limit": limit})
+        return result
+
+    def effect(self, entity_id: str, key: str) -> EffectRecord | None:
+        result: EffectRecord | None = self._call("effect", (entity_id, key), {})
+        return result
+
+    def effects(self, entity_id: str) -> list[EffectRecord]:
+        result: list[EffectRecord] = self._call("effects", (entity_id,), {})
+        return result
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        kwargs = {"owner": owner, "token": token, "status": status, "result": result, "replace": replace}
+        found: tuple[EffectRecord, bool] = self._call("record_effect", (entity_id, key), kwargs)
+        return found
+
+    def claim(self, request: ClaimRequest) -> list[Snapshot]:
+        result: list[Snapshot] = self._call("claim", (request,), {})
+        return result
+
+    def entities(
+        self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None
+    ) -> list[Snapshot]:
+        kwargs = {"state": state, "limit": limit, "after_id": after_id}
+        result: list[Snapshot] = self._call("entities", (kind,), kwargs)
+        return result
+
+    def count_states(self, kind: str) -> dict[str, int]:
+        result: dict[str, int] = self._call("count_states", (kind,), {})
+        return result
+
+
+__all__ = ["AsyncFace", "BridgeStore"]

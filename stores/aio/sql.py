@@ -1,0 +1,226 @@
+"""The SQL store's async face: psycopg's ``AsyncConnection`` or aiosqlite, one per call.
+
+:class:`AsyncSqlStore` runs the synchronous :class:`stores.sql.SqlStore`'s own code (its
+statements from :mod:`stores.sql.dialect`, row decoders, refusal diagnosis, claim and
+ledger logic) in a greenlet over an async connection (:mod:`stores.aio.drivers`): the SQL
+and its semantics exist once.  Each call takes one connection of a small pool
+(``pool_size``, opened on demand, newest first), so concurrent tasks never share a
+connection and a multi-statement write keeps its transaction to itself.
+
+The constructor is synchronous (it checks or creates the tables, as ``SqlStore`` does);
+from a running loop use :func:`open_async_store`, which does that in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+from typing import Any
+
+import sqlalchemy as sa
+
+from fsm.clock import Clock
+from fsm.errors import ConfigError, StoreUnavailable
+from stores.aio.drivers import PsycopgLane, SqliteLane
+from stores.aio.face import AsyncFace
+from stores.aio.greenlets import wait
+from stores.sql.connections import is_memory
+from stores.sql.store import SqlStore
+
+DEFAULT_POOL_SIZE = 10
+
+
+class _Slot:
+    __slots__ = ("conn", "cursor")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.cursor = conn.cursor()
+
+
+class _LaneConnections:
+    """What the SQL store's code asks of its connections, for one async connection."""
+
+    lock = None
+
+    def __init__(self, conn: Any, engine: sa.Engine) -> None:
+        self._slot = _Slot(conn)
+        self.engine = engine
+        self.dropped = False
+
+    def slot(self) -> _Slot:
+        if self.dropped:
+            raise StoreUnavailable("the connection broke; the next call opens a new one")
+        return self._slot
+
+    def current(self) -> _Slot:
+        return self._slot
+
+    def drop(self) -> None:
+        self.dropped = True
+
+    def close(self) -> None:
+        self.dropped = True
+
+
+class _Lane:
+    """One async connection and a view of the store whose calls run on it."""
+
+    def __init__(self, base: SqlStore, conn: PsycopgLane | SqliteLane) -> None:
+        self.conn = conn
+        self.conns = _LaneConnections(conn, base.engine)
+        self.store = copy.copy(base)
+        self.store._conns = self.conns  # type: ignore[assignment]
+
+
+class AsyncSqlStore(AsyncFace):
+    """An :class:`~stores.aio.AsyncStore` on PostgreSQL (psycopg async) or SQLite (aiosqlite).
+
+    ``url``: ``postgresql+psycopg://user@host/db`` or ``sqlite:///fsm.db`` (the ``+aiosqlite``
+    and ``+psycopg_async`` spellings are taken too).  The other options are
+    :class:`stores.sql.SqlStore`'s.  An in-memory SQLite database is refused: each async
+    connection would see its own; use ``memory://`` (:class:`~stores.aio.AsyncMemoryStore`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        table_prefix: str = "fsm_",
+        create: bool = True,
+        schema: str | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        busy_timeout: float = 5.0,
+        sqlite_synchronous: str = "FULL",
+    ) -> None:
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
+            raise ConfigError(f"pool_size must be an integer from 1 to 1000, not {pool_size!r}")
+        try:
+            u = sa.make_url(url)
+        except sa.exc.ArgumentError as err:
+            raise ConfigError(f"cannot open {url!r}: {err}") from err
+        backend = u.get_backend_name()
+        if backend in {"postgresql", "postgres"}:
+            u = u.set(drivername="postgresql+psycopg")
+        elif backend == "sqlite":
+            if is_memory(u):
+                raise ConfigError("an in-memory SQLite database cannot be shared by async connections: use memory://")
+            u = u.set(drivername="sqlite")
+        else:
+            raise ConfigError(f"AsyncSqlStore runs on sqlite or postgresql, not {u.drivername!r}")
+        self.url = u
+        self.pool_size = pool_size
+        self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._synchronous = sqlite_synchronous
+        self._base = SqlStore(
+            u.render_as_string(hide_password=False),
+            clock=clock,
+            table_prefix=table_prefix,
+            create=create,
+            schema=schema,
+            busy_timeout=busy_timeout,
+            sqlite_synchronous=sqlite_synchronous,
+        )
+        self._base.close()  # its sync connections did the schema; the lanes do the rest
+        self.clock = clock
+        self.table_prefix = table_prefix
+        self._idle: list[_Lane] = []
+        self._busy: set[_Lane] = set()
+        self._waiters: collections.deque[asyncio.Future[_Lane | None]] = collections.deque()
+        self._opened = 0
+        self._closed = False
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        return str(self._base.engine.dialect.name)
+
+    @property
+    def statements(self) -> Any:
+        """The store's SQL (:class:`stores.sql.dialect.Statements`), shared with the sync store."""
+        return self._base._sql
+
+    def __repr__(self) -> str:
+        return f"AsyncSqlStore({self.url.render_as_string(hide_password=True)!r}, table_prefix={self.table_prefix!r})"
+
+    # -- the one entry point: a sync store method on a connection of the pool -----------------
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        lane = self._take()
+        try:
+            return getattr(lane.store, name)(*args, **kwargs)
+        finally:
+            self._give(lane)
+
+    def _take(self) -> _Lane:
+        while True:
+            if self._closed:
+                raise StoreUnavailable("the store is closed")
+            if self._idle:
+                lane = self._idle.pop()
+                self._busy.add(lane)
+                return lane
+            if self._opened < self.pool_size:
+                self._opened += 1
+                try:
+                    lane = _Lane(self._base, wait(self._open()))
+                except BaseException:
+                    self._opened -= 1
+                    raise
+                self._busy.add(lane)
+                return lane
+            waiter: asyncio.Future[_Lane | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            found = wait(waiter)
+            if found is not None:
+                return found
+
+    def _give(self, lane: _Lane) -> None:
+        self._busy.discard(lane)
+        if lane.conns.dropped or self._closed:
+            self._opened -= 1
+            asyncio.get_running_loop().create_task(lane.conn.aclose())
+            lane = None  # type: ignore[assignment]
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                if lane is not None:
+                    self._busy.add(lane)
+                waiter.set_result(lane)  # None: open a new connection in its place
+                return
+        if lane is not None:
+            self._idle.append(lane)
+
+    async def _open(self) -> PsycopgLane | SqliteLane:
+        try:
+            if self.dialect == "postgresql":
+                return await PsycopgLane.open(self.url)
+            return await SqliteLane.open(self.url.database or "", self._busy_timeout_ms, self._synchronous)
+        except Exception as err:
+            raise StoreUnavailable(f"cannot connect to {self.url.render_as_string(hide_password=True)}: {err}") from err
+
+    async def close(self) -> None:
+        """Close every idle connection now, and each busy one when its call ends."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for lane in idle:
+            await lane.conn.aclose()
+        self._opened -= len(idle)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+async def open_async_store(url: str, **options: Any) -> AsyncFace:
+    """An async store for ``url`` (``memory://`` too), its tables checked or created in a
+    thread so the loop never blocks; options as :class:`AsyncSqlStore` takes them."""
+    if url == "memory://":
+        from stores.aio.memory import AsyncMemoryStore
+
+        return AsyncMemoryStore(clock=options.get("clock"))
+    return await asyncio.to_thread(lambda: AsyncSqlStore(url, **options))
+
+
+__all__ = ["DEFAULT_POOL_SIZE", "AsyncSqlStore", "open_async_store"]

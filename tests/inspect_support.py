@@ -1,0 +1,196 @@
+"""Fixtures of the inspector's browser tests (imported by them): the inspector served for
+real (uvicorn in a thread) and a headless Chromium driving it.
+
+Chromium is Debian's (``/usr/bin/chromium`` and ``chromedriver``); the tests skip with the
+reason when either is missing, unless ``FSM_REQUIRE_BROWSER=1`` (set in CI) makes that a
+failure.  Screenshots go to ``FSM_ARTIFACTS_DIR`` when set, else under pytest's tmp path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import postgres_url
+
+from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle, Reaper, ReapResult
+from fsm.reaping.ticklog import TickLog
+
+REQUIRE_BROWSER_ENV = "FSM_REQUIRE_BROWSER"
+ARTIFACTS_ENV = "FSM_ARTIFACTS_DIR"
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+HOSTILE_ID = "<script>window.__pwned=1</script>\"'&<b>x"
+HOSTILE_DATA = {"note": '<img src=x onerror="window.__pwned=2">', "quote": 'it\'s "quoted" </pre>'}
+
+
+def _problem() -> str | None:
+    for name in ("chromium", "chromedriver"):
+        if shutil.which(name) is None:
+            return f"{name} is not installed (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        return f"{err.name} is not installed (pip install 'fsm-lifecycles[inspect,test]')"
+    return None
+
+
+@pytest.fixture(scope="session", name="browser")
+def chromium() -> Iterator[Any]:
+    problem = _problem()
+    if problem is not None:
+        if os.environ.get(REQUIRE_BROWSER_ENV) == "1":
+            pytest.fail(f"browser tests cannot run: {problem} ({REQUIRE_BROWSER_ENV}=1)")
+        pytest.skip(f"browser tests skipped: {problem}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="fsm-chromium-")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=shutil.which("chromedriver")))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(name="artifacts")
+def artifacts_dir(tmp_path: Path) -> Path:
+    directory = Path(os.environ.get(ARTIFACTS_ENV) or tmp_path / "screenshots")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+class Served:
+    """A seeded store, the inspector serving it, and an engine to change it meanwhile."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        from stores.sql import SqlStore
+
+        self.url, self.prefix = url, prefix
+        # seeded in the recent past, so the page shows live leases and an expired one
+        start = datetime.now(UTC) - timedelta(minutes=7) - JobLifecycle.policy.lease_ttl
+        self.clock = ManualClock(start)
+        self.store = SqlStore(url, table_prefix=prefix, clock=self.clock)
+        self.jobs = Engine(JobLifecycle, self.store, owner="worker-a:host1:4242")
+        self.pipelines = Engine(PipelineLifecycle, self.store, owner="ci-runner-7")
+        self.server: Any = None
+        self.thread: threading.Thread | None = None
+        self.base = ""
+
+    def seed(self) -> None:
+        jobs, pipelines, clock = self.jobs, self.pipelines, self.clock
+        pipelines.create("pipe-deploy-41", data={"commit": "9f2c1e"})  # its finalizer dies: lease expires
+        pipelines.fire("pipe-deploy-41", "start")
+        pipelines.fire("pipe-deploy-41", "finish")
+        for i in range(3):
+            jobs.create(f"job-done-{i}", data={"task": "deploy"})
+        done = jobs.claim(3)
+        for snap in done:
+            assert snap.lease is not None
+            jobs.run(snap.id, "merge-gate", lambda key: {"status": "passed"}, snap.lease)
+            jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
+            jobs.fire(snap.id, "complete", lease=snap.lease)
+        clock.advance(timedelta(minutes=5))
+        jobs.create("job-stuck", data={"task": "migrate"})
+        [stuck] = jobs.claim(1)
+        clock.advance(timedelta(minutes=1))
+        jobs.create("job-live", data={"task": "index"})
+        [live] = jobs.claim(1)
+        assert stuck.id == "job-stuck" and live.id == "job-live"
+        clock.advance(JobLifecycle.policy.lease_ttl - timedelta(seconds=10))  # job-stuck's lease lapses
+        assert live.lease is not None
+        jobs.renew_lease(live.lease)
+        jobs.record_progress(live.lease, {"phase": "indexing", "done": 40})
+        reaper = Reaper(self.store, [JobLifecycle], clock=clock, owner="reaper:ops-1:77")
+        ticks = TickLog(self.store)
+        ticks.record(reaper.run_once(), reaper.owner)
+        clock.advance(timedelta(seconds=5))
+        ticks.record(ReapResult(lost_races=2, bad_rows=1, errors=1, duration_s=0.004), "reaper:ops-2:91")
+        for i in range(4):
+            jobs.create(f"job-queued-{i}", data={"task": f"build #{i}"})
+        for i in range(2):
+            pipelines.create(f"pipe-{i}", concurrency_key="main")
+            pipelines.fire(f"pipe-{i}", "start")
+        jobs.create(HOSTILE_ID, data=HOSTILE_DATA)
+        clock.set(datetime.now(UTC))  # later writes (the tests') happen now
+
+    def serve(self) -> str:
+        import uvicorn
+
+        from fsm.inspect.app import create_app
+        from stores.sql import SqlStore
+
+        reader = SqlStore(self.url, table_prefix=self.prefix, create=False)
+        app = create_app(reader, [JobLifecycle, PipelineLifecycle], refresh_ms=300)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                break
+            time.sleep(0.02)
+        self.reader = reader
+        self.base = f"http://127.0.0.1:{port}"
+        return self.base
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            if self.thread is not None:
+                self.thread.join(10)
+            self.reader.close()
+        self.store.close()
+
+
+@pytest.fixture(name="served", params=["sqlite", "postgres"], scope="module")
+def served_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """Seeded and served once per dialect: the tests only add to it (and check relative to it)."""
+    if request.param == "sqlite":
+        target = Served(f"sqlite:///{tmp_path_factory.mktemp('inspect')}/fsm.db", "fsm_")
+    else:
+        target = Served(postgres_url(), f"t{uuid.uuid4().hex[:10]}_")
+    try:
+        target.seed()
+        target.serve()
+        yield target
+    finally:
+        target.close()
+        if request.param == "postgres":
+            import sqlalchemy as sa
+
+            from stores.sql.migrate import drop_schema
+
+            engine = sa.create_engine(target.url)
+            drop_schema(engine, table_prefix=target.prefix)
+            engine.dispose()

@@ -1,0 +1,163 @@
+"""The inspector in a real browser (headless Chromium): counts, timeline, live updates, escaping."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from inspect_support import HOSTILE_DATA, HOSTILE_ID, Served, artifacts_dir, chromium, served_store  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the page")
+        time.sleep(0.05)
+
+
+# The page swaps its live region in every few hundred ms, so each read is one script
+# call (an element reference could go stale between two WebDriver calls).
+
+
+def texts(browser: Any, selector: str) -> list[str]:
+    return list(
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.innerText)", selector
+        )
+    )
+
+
+def attrs(browser: Any, selector: str, name: str) -> list[str]:
+    return list(
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.getAttribute(arguments[1]))",
+            selector,
+            name,
+        )
+    )
+
+
+def rows_by_id(browser: Any) -> dict[str, str]:
+    pairs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('tr[data-id]')).map(r => [r.getAttribute('data-id'), r.innerText])"
+    )
+    return {k: v for k, v in pairs}
+
+
+def text(browser: Any, selector: str) -> str:
+    found = texts(browser, selector)
+    return found[0] if found else ""
+
+
+def count_cell(browser: Any, kind: str, state: str) -> str:
+    return text(browser, f"td[data-count='{kind}/{state}']")
+
+
+def test_the_overview_shows_the_stores_counts_and_entities(browser: Any, served: Served, artifacts: Path) -> None:
+    browser.get(served.base + "/")
+    for kind, engine in (("job", served.jobs), ("pipeline", served.pipelines)):
+        for state, n in engine.counts().items():
+            assert count_cell(browser, kind, state) == str(n), (kind, state)
+    rows = rows_by_id(browser)
+    assert "job-live" in rows and "worker-a:host1:4242" in rows["job-live"]
+    assert "job-stuck" in rows  # requeued by the reaper: its lease gone
+    assert "expired" in rows["pipe-deploy-41"] and "reaper due" in rows["pipe-deploy-41"]
+    assert text(browser, "p[data-expired='pipeline']").startswith("1 with an expired lease")
+    reaper = text(browser, "section.reaper")
+    assert "job-stuck" in reaper and "expire" in reaper
+    ticks = texts(browser, "tr[data-tick]")
+    assert len(ticks) == 2
+    assert "reaper:ops-2:91" in ticks[0] and "2\t0\t1\t1" in ticks[0]  # lost races, refused, bad rows, errors
+    assert "reaper:ops-1:77" in ticks[1] and "job.expire 1" in ticks[1]
+    browser.save_screenshot(str(artifacts / f"overview-{served.url.split(':')[0]}.png"))
+
+
+def test_the_filters_narrow_the_table(browser: Any, served: Served) -> None:
+    browser.get(served.base + "/?" + urlencode({"kind": "job", "state": "completed"}))
+    ids = sorted(rows_by_id(browser))
+    assert ids == ["job-done-0", "job-done-1", "job-done-2"]
+    browser.get(served.base + "/?" + urlencode({"q": "host1"}))
+    ids = list(rows_by_id(browser))
+    assert ids == ["job-live"]
+    browser.get(served.base + "/?" + urlencode({"expired": "1"}))
+    assert list(rows_by_id(browser)) == ["pipe-deploy-41"]
+    browser.get(served.base + "/?" + urlencode({"q": "' OR 1=1 --"}))  # a bound parameter, not SQL
+    assert rows_by_id(browser) == {}
+
+
+def test_an_entitys_page_shows_its_timeline_effects_and_diagram(browser: Any, served: Served, artifacts: Path) -> None:
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-done-0"}))
+    seqs = [int(v) for v in attrs(browser, "li[data-seq]", "data-seq")]
+    history = served.jobs.history("job-done-0")
+    assert sorted(seqs) == [h.seq for h in history]
+    timeline = text(browser, "ol.timeline")
+    for h in history:
+        assert f"#{h.seq} {h.event}: {h.source} → {h.target}" in timeline
+    assert "merge-gate" in timeline  # the recorded effect
+    width = "const i = document.querySelector('img.diagram'); return i && i.complete ? i.naturalWidth : 0"
+    assert wait_for(lambda: browser.execute_script(width)) > 0
+    browser.save_screenshot(str(artifacts / f"entity-{served.url.split(':')[0]}.png"))
+
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-stuck"}))
+    story = text(browser, "ol.timeline")
+    assert "REAPER TICK" in story.upper() and "expire" in story
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-live"}))
+    story = text(browser, "ol.timeline")
+    assert "LEASE RENEWAL" in story.upper() and "indexing" in story
+
+
+def test_a_transition_shows_up_without_a_reload(browser: Any, served: Served, artifacts: Path) -> None:
+    browser.get(served.base + "/entity?" + urlencode({"id": "pipe-0"}))
+    browser.execute_script("window.__same_page = 'yes'")
+    before = len(attrs(browser, "li[data-seq]", "data-seq"))
+    lease = served.pipelines.fire("pipe-0", "finish").lease
+    served.pipelines.fire("pipe-0", "succeed", lease=lease)
+    wait_for(lambda: len(attrs(browser, "li[data-seq]", "data-seq")) == before + 2)
+    wait_for(lambda: "completed" in text(browser, "table.facts"))
+    assert browser.execute_script("return window.__same_page") == "yes"  # not reloaded
+
+    browser.get(served.base + "/")
+    browser.execute_script("window.__same_page = 'yes'")
+    old = int(count_cell(browser, "job", "queued"))
+    served.jobs.create("job-new")
+    wait_for(lambda: count_cell(browser, "job", "queued") == str(old + 1))
+    assert browser.execute_script("return window.__same_page") == "yes"
+    browser.save_screenshot(str(artifacts / f"live-{served.url.split(':')[0]}.png"))
+
+
+def test_hostile_ids_and_data_are_shown_as_text(browser: Any, served: Served, artifacts: Path) -> None:
+    browser.get(served.base + "/")
+    assert HOSTILE_ID in rows_by_id(browser)
+    assert HOSTILE_ID in text(browser, "table.entities")
+    browser.get(served.base + "/entity?" + urlencode({"id": HOSTILE_ID}))
+    time.sleep(0.7)  # let a live update or two swap the fragment in as well
+    assert text(browser, "h1.id") == HOSTILE_ID
+    data = text(browser, "pre.data")
+    for value in HOSTILE_DATA.values():  # shown as the JSON text it is stored as
+        assert json.dumps(value)[1:-1] in data
+    assert browser.execute_script("return window.__pwned") is None
+    assert texts(browser, "main script, main img[src=x]") == []
+    browser.save_screenshot(str(artifacts / f"hostile-{served.url.split(':')[0]}.png"))
+
+
+def test_the_inspector_has_no_write_action(served: Served) -> None:
+    import urllib.error
+    import urllib.request
+
+    for path in ("/", "/entity?id=job-live", "/fragment/overview"):
+        request = urllib.request.Request(served.base + path, data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 405
+    with urllib.request.urlopen(served.base + "/", timeout=5) as response:
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"]
