@@ -1,6 +1,7 @@
-"""The child processes of the seeds/002 scenarios: ``python -m fsm.demo.proc '<json>'``.
+"""The child processes of the seeds/002 scenarios: ``fsm.demo.proc``.
 
-Real processes, so that SIGKILL, SIGSTOP and SIGCONT are real signals and the store is
+Started through :mod:`multiprocessing` (:func:`child_main`) or as ``python -m
+fsm.demo.proc '<json>'``.  Real processes, so that SIGKILL, SIGSTOP and SIGCONT are real signals and the store is
 shared the way it is in production (SQLite file or PostgreSQL).  Two roles:
 
 - ``worker``: an :class:`fsm.work.Worker` with a handler for ``running`` (the agent: it
@@ -101,8 +102,9 @@ def policy_of(cfg: dict[str, Any]) -> Policy:
     )
 
 
-def watchdog(parent: int, deadline: float, log: Log) -> None:
+def watchdog(parent: int | None, deadline: float, log: Log) -> None:
     """Exit when the parent is gone or the deadline passed: no orphan outlives a demo."""
+    parent = os.getppid() if parent is None else parent
     while True:
         time.sleep(0.2)
         if os.getppid() != parent or time.time() > deadline:
@@ -239,6 +241,18 @@ def main(argv: list[str]) -> int:
     if role == "claimer":
         return claimer_main(cfg, log)
     raise SystemExit(f"unknown role {role!r}")
+
+
+def child_main(cfg_json: str, output: str) -> None:
+    """The entry point of a child started by :mod:`multiprocessing`: its output (warnings,
+    a traceback) goes to ``output``; its exit code is ``main``'s."""
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own stream
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    raise SystemExit(main([cfg_json]))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
+import multiprocessing
 import threading
 import time
 from collections import Counter
@@ -36,7 +35,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fsm.demo.proc import EVENTS, GATE_LOG, GATES, Log, policy_of
+from fsm.demo.proc import EVENTS, GATE_LOG, GATES, Log, child_main, policy_of
 from fsm.engine import Engine
 from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle
@@ -84,18 +83,42 @@ class ScenarioStuck(FsmError):
     """A scenario did not reach its next step in time, or a child process died on its own."""
 
 
+def process_context() -> multiprocessing.context.BaseContext:
+    """How children start: a fork server that imported :mod:`fsm.demo.proc` once forks
+    each of them (milliseconds, instead of an interpreter importing SQLAlchemy, pydantic
+    and python-statemachine per child).  The server itself is a fresh, single-threaded
+    interpreter, so no thread or connection of this process is forked; the children are
+    real processes, and the signals they get are real signals."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # pragma: no cover - not POSIX
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["fsm.demo.proc"])
+    return ctx
+
+
 @dataclass
 class Child:
     """A child process of the stage, by the name it uses as lease owner."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    process: multiprocessing.process.BaseProcess
     output: Path
     signalled: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        pid = self.process.pid
+        assert pid is not None
+        return pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; its exit code, or minus the signal that ended it."""
+        return self.process.exitcode
+
+    def wait(self, timeout: float) -> int | None:
+        self.process.join(timeout)
+        return self.process.exitcode
 
 
 class EventReader:
@@ -219,6 +242,7 @@ class Stage:
         self.log = Log(self.directory, "stage")
         self.reader = EventReader(self.directory / EVENTS)
         self.children: list[Child] = []
+        self._context = process_context()
         self.ticks: list[tuple[float, dict[str, int]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -252,30 +276,22 @@ class Stage:
     # -- children --------------------------------------------------------------------------
 
     def spawn(self, role: str, name: str, **extra: Any) -> Child:
-        """Start ``python -m fsm.demo.proc`` in ``role``; its output goes to ``<name>.log``."""
+        """Start a child process in ``role`` (:mod:`fsm.demo.proc`); its output goes to ``<name>.log``."""
         cfg = {
             "role": role,
             "name": name,
             "url": self.url,
             "prefix": self.prefix,
             "dir": str(self.directory),
-            "parent": os.getpid(),
+            "parent": None,  # the child's parent is the fork server, which ends with this process
             "deadline": time.time() + self.timing.timeout * 3,
             **self.timing.config(),
             **extra,
         }
-        root = str(Path(__file__).resolve().parents[2])  # the children import this very code
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
         output = self.directory / f"{name}.log"
-        with open(output, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "fsm.demo.proc", json.dumps(cfg)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        child = Child(name, proc, output)
+        process = self._context.Process(target=child_main, args=(json.dumps(cfg), str(output)), name=name, daemon=False)
+        process.start()
+        child = Child(name, process, output)
         self.children.append(child)
         return child
 
@@ -295,15 +311,14 @@ class Stage:
 
     def end(self, child: Child) -> None:
         """Stop one child of ours: SIGCONT (if stopped), SIGTERM, then SIGKILL if it lingers."""
-        if child.proc.poll() is not None:
+        if child.returncode is not None:
             return
         try:
             os.kill(child.pid, signal.SIGCONT)
-            child.proc.terminate()
-            child.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
-            child.proc.wait(10)
+            os.kill(child.pid, signal.SIGTERM)
+            if child.wait(10) is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(10)
         except ProcessLookupError:
             pass
 
@@ -312,7 +327,7 @@ class Stage:
 
     def _check_children(self) -> None:
         for child in self.children:
-            code = child.proc.poll()
+            code = child.returncode
             if code is not None and not child.signalled:
                 tail = child.output.read_text(errors="replace")[-2000:]
                 raise ScenarioStuck(f"{child.name} (pid {child.pid}) exited on its own with code {code}:\n{tail}")
@@ -419,19 +434,34 @@ class Stage:
             **extra,
         )
 
-    def _begin(self, name: str, gate: float, *, stubborn: bool = False) -> tuple[str, float, Child, Child]:
+    def prepare(self, names: list[str]) -> None:
+        """Start the worker processes of these scenarios now, all at once, so that the
+        scenarios do not each wait for two interpreters to start; each waits for its go."""
+        for name in names:
+            for letter in "ab":
+                self._worker(name, letter)
+
+    def _worker(self, name: str, letter: str) -> Child:
+        worker_name = f"{name}-worker-{letter}"
+        found = next((c for c in self.children if c.name == worker_name), None)
+        if found is not None:
+            return found
+        gate = self.timing.slow_gate if name == "slow" else self.timing.gate
+        return self.worker(worker_name, gate=gate, go=self.directory / f"go-{worker_name}", stubborn=name == "paused")
+
+    def _begin(self, name: str) -> tuple[str, float, Child, Child]:
         """Two worker processes (the finalizer, and a standby that waits for its go), one job."""
-        go = self.directory / f"go-{name}"
-        first = self.worker(f"{name}-worker-a", gate=gate, stubborn=stubborn)
-        standby = self.worker(f"{name}-worker-b", gate=gate, go=go)
+        first, standby = self._worker(name, "a"), self._worker(name, "b")
         job_id = f"job-{self.run_id}-{name}" if self.run_id else f"job-{name}"
         self.wait_until(lambda: self.ready(first) and self.ready(standby), f"{name}: worker processes start")
         t0 = time.time()
         self.engine.create(job_id)
+        (self.directory / f"go-{first.name}").touch()
         status = self.status_of(name, job_id, t0)
         self.wait_until(lambda: self.store.get(job_id).lease_owner == first.name, f"{name}: claimed", status)
         self.say(f"  {job_id}: claimed by {first.name} (pid {first.pid}); standby {standby.name} (pid {standby.pid})")
-        go.touch()  # only now may the standby claim: it must not take the job away from the first
+        # only now may the standby claim: it must not take the job away from the first
+        (self.directory / f"go-{standby.name}").touch()
         return job_id, t0, first, standby
 
     def _finish(self, job_id: str, name: str, t0: float, *children: Child, also: Callable[[], bool] | None = None) -> None:
@@ -442,12 +472,10 @@ class Stage:
             status,
         )
         for child in children:
-            if child.proc.poll() is None:
+            if child.returncode is None:
                 self.signal(child, signal.SIGTERM)  # a graceful stop: stop claiming, release
         for child in children:
-            try:
-                child.proc.wait(15)
-            except subprocess.TimeoutExpired:
+            if child.wait(15) is None:
                 self.end(child)
 
 
@@ -473,7 +501,7 @@ def wait_stopped(pid: int, timeout: float = 2.0) -> None:
 def slow_but_alive(stage: Stage) -> JobStory:
     """A finalizer whose gates take far longer than the TTL and the reaper's interval."""
     name, title = "slow", "live finalizer, slow gates"
-    job_id, t0, first, standby = stage._begin(name, stage.timing.slow_gate)
+    job_id, t0, first, standby = stage._begin(name)
     stage._finish(job_id, name, t0, first, standby)
     return stage.story(name, title, job_id, t0, [first, standby])
 
@@ -481,13 +509,13 @@ def slow_but_alive(stage: Stage) -> JobStory:
 def killed(stage: Stage) -> JobStory:
     """A finalizer SIGKILLed once its second gate is recorded; a standby worker resumes it."""
     name, title = "killed", "finalizer killed after gate 2"
-    job_id, t0, first, standby = stage._begin(name, stage.timing.gate)
+    job_id, t0, first, standby = stage._begin(name)
     status = stage.status_of(name, job_id, t0)
     stage.wait_until(lambda: stage.store.effect(job_id, GATES[1]) is not None, f"{name}: gate 2 recorded", status)
     token = stage.store.get(job_id).lease_token
     marks = [(time.time(), "SIGKILL", first.name)]
     stage.signal(first, signal.SIGKILL)
-    first.proc.wait(10)
+    first.wait(10)
     stage.say(f"  {job_id}: {first.name} killed with SIGKILL after gate 2 was recorded")
     in_flight = in_flight_gates(stage, job_id, first.name)
     stage._finish(job_id, name, t0, standby)
@@ -500,7 +528,7 @@ def paused(stage: Stage) -> JobStory:
     """A finalizer SIGSTOPped in gate 2 past its TTL, reclaimed, claimed by the standby, then
     SIGCONTed: it goes on writing with its old lease, and every write is refused."""
     name, title = "paused", "finalizer paused past its TTL"
-    job_id, t0, first, standby = stage._begin(name, stage.timing.gate, stubborn=True)
+    job_id, t0, first, standby = stage._begin(name)
     status = stage.status_of(name, job_id, t0)
 
     def in_gate_2() -> bool:
