@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from fsm.demo.proc import GATES
 from fsm.demo.scenario import JobStory, Timing
@@ -69,9 +70,7 @@ def check_story(story: JobStory, timing: Timing) -> list[Finding]:
         )
     else:
         found.append(
-            Finding(
-                "I1", job, not early, f"{len(reaper_rows)} reaper move(s), {len(early)} before the lease lapsed"
-            )
+            Finding("I1", job, not early, f"{len(reaper_rows)} reaper move(s), {len(early)} before the lease lapsed")
         )
         # I2: a dead (or stopped) holder's entity is reclaimed within TTL + interval
         reclaims = story.rows("reclaim")
@@ -91,8 +90,12 @@ def check_story(story: JobStory, timing: Timing) -> list[Finding]:
             )
         # I3: nothing the fenced holder wrote after it was fenced survives
         fenced_at = min(t for t, sig, _ in story.marks) if story.marks else story.t_end
-        stale = [e.key for e in story.effects if e.lease_token == story.fenced_token and _after(e.recorded_at, fenced_at)]
-        stale += [r.event for r in story.history if r.lease_token == story.fenced_token and r.at.timestamp() > fenced_at]
+        stale = [
+            e.key for e in story.effects if e.lease_token == story.fenced_token and _after(e.recorded_at, fenced_at)
+        ]
+        stale += [
+            r.event for r in story.history if r.lease_token == story.fenced_token and r.at.timestamp() > fenced_at
+        ]
         accepted = story.of("accepted")
         found.append(
             Finding(
@@ -123,8 +126,6 @@ def check_story(story: JobStory, timing: Timing) -> list[Finding]:
 
 
 def _after(when: object, t: float) -> bool:
-    from datetime import datetime
-
     return isinstance(when, datetime) and when.timestamp() > t
 
 

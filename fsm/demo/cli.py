@@ -33,6 +33,7 @@ from fsm.demo.proc import GATES
 from fsm.demo.scenario import FULL, QUICK, SCENARIOS, JobStory, ScenarioStuck, Stage, Timing, moved_counts
 from fsm.demo.timeline import timeline_svg
 from fsm.errors import FsmError
+from fsm.lifecycle import Lifecycle
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from stores.base import Store
 from stores.factory import DEFAULT_URL, safe_url
@@ -108,17 +109,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     clock = ManualClock(SystemClock().now())
     try:
-        store = reset_demo_tables(args.db, clock)
+        store = open_simulated(args.db, clock)
     except FsmError as err:  # a bad URL, a missing driver, an unreachable database
         out.say(f"fsm demo: {err}")
         return 2
     run_id = secrets.token_hex(3)
     directory = Path(args.out)
+    work = directory / f"run-{run_id}"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        work = directory / f"run-{run_id}"
+        work.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         out.say(f"fsm demo: cannot write to {directory}: {err}")
+        store.close()  # type: ignore[attr-defined]
+        return 2
+    try:
+        store = reset_demo_tables(store, args.db, clock)
+    except FsmError as err:
+        out.say(f"fsm demo: {err}")
         return 2
     started = time.monotonic()
     try:
@@ -164,17 +171,16 @@ DESCRIPTIONS = {
 }
 
 
-def reset_demo_tables(url: str, clock: ManualClock) -> Store:
+def reset_demo_tables(store: Store, url: str, clock: ManualClock) -> Store:
     """The demo's own tables, emptied: each run starts clean, and an entity left behind by
     an interrupted run can never be claimed by this run's workers."""
-    store = open_simulated(url, clock)
-    engine = getattr(store, "engine", None)
-    if engine is None:
-        return store
+    from stores.sql import SqlStore
     from stores.sql.migrate import drop_schema
 
-    drop_schema(engine, table_prefix=DEMO_PREFIX)
-    store.close()  # type: ignore[attr-defined]
+    if not isinstance(store, SqlStore):
+        return store
+    drop_schema(store.engine, table_prefix=DEMO_PREFIX)
+    store.close()
     return open_simulated(url, clock)
 
 
@@ -197,7 +203,9 @@ def write_pictures(directory: Path, store: Store, stories: list[JobStory], zombi
         path.write_text(timeline_svg(story), encoding="utf-8")
         written.append(path)
     # the reader's store (real time): the jobs' rows are the same in either store
-    subjects = [(JobLifecycle, s.job_id, f"lifecycle-job-{s.name}") for s in stories]
+    subjects: list[tuple[type[Lifecycle], str, str]] = [
+        (JobLifecycle, s.job_id, f"lifecycle-job-{s.name}") for s in stories
+    ]
     subjects.append((PipelineLifecycle, zombie, "lifecycle-pipeline-zombie"))
     for lifecycle, entity_id, stem in subjects:
         diagram = extract(lifecycle, store=store, entity_id=entity_id)
@@ -212,7 +220,11 @@ def write_pictures(directory: Path, store: Store, stories: list[JobStory], zombi
 
 
 def report(
-    stories: list[JobStory], ticks: list[tuple[float, dict[str, int]]], findings: list[Finding], timing: Timing, took: float
+    stories: list[JobStory],
+    ticks: list[tuple[float, dict[str, int]]],
+    findings: list[Finding],
+    timing: Timing,
+    took: float,
 ) -> list[str]:
     """The closing report; ``tests/test_cli.py`` parses its figures."""
     lines = ["", "== report =="]
@@ -254,7 +266,7 @@ def report(
     moved = moved_counts(ticks)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(moved.items())) or "nothing"
     lines.append(f"reaper: {len(ticks)} ticks, moved {shown}")
-    verdicts = {}
+    verdicts: dict[str, bool] = {}
     for f in findings:
         verdicts[f.invariant] = verdicts.get(f.invariant, True) and f.ok
     lines.append(

@@ -7,21 +7,14 @@ the reaper, signals and a database.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import secrets
 from datetime import timedelta
-from typing import Any
 
-import signals
-from fsm.clock import ManualClock, SystemClock
+from fsm.clock import ManualClock
 from fsm.engine import Engine
-from fsm.errors import Fenced, FsmError
-from fsm.lifecycles import JobLifecycle, PipelineLifecycle
+from fsm.lifecycles import PipelineLifecycle
 from fsm.reaping import Reaper
-from fsm.records import Lease
 from stores.base import Store
-from stores.factory import DEFAULT_URL, open_store
+from stores.factory import open_store
 
 DEMO_PREFIX = "fsm_demo_"
 """The demo's table prefix on a SQL store, apart from the default ``fsm_`` tables."""

@@ -138,7 +138,7 @@ def worker_main(cfg: dict[str, Any], log: Log) -> int:
             job.progress({"gate": gate})
             ran: list[bool] = []
 
-            def call(key: str, gate: str = gate) -> GateResult:
+            def call(key: str, gate: str = gate, ran: list[bool] = ran) -> GateResult:
                 ran.append(True)
                 log.gate(job.id, gate, token)
                 log("gate-start", job=job.id, gate=gate, token=token)

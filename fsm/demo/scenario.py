@@ -20,10 +20,10 @@ processes do the work:
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sqlite3
-import multiprocessing
 import threading
 import time
 from collections import Counter
@@ -83,7 +83,7 @@ class ScenarioStuck(FsmError):
     """A scenario did not reach its next step in time, or a child process died on its own."""
 
 
-def process_context() -> multiprocessing.context.BaseContext:
+def process_context() -> Any:
     """How children start: a fork server that imported :mod:`fsm.demo.proc` once forks
     each of them (milliseconds, instead of an interpreter importing SQLAlchemy, pydantic
     and python-statemachine per child).  The server itself is a fresh, single-threaded
@@ -366,15 +366,15 @@ class Stage:
         """Whether a write could start now (SQLite: the write lock; PostgreSQL: the job rows)."""
         url = sa.engine.make_url(self.url)
         if url.get_backend_name() == "sqlite":
-            conn = sqlite3.connect(url.database or "", timeout=0, isolation_level=None)
+            lite = sqlite3.connect(url.database or "", timeout=0, isolation_level=None)
             try:
-                conn.execute("BEGIN IMMEDIATE")  # fails at once while another process holds it
-                conn.execute("ROLLBACK")
+                lite.execute("BEGIN IMMEDIATE")  # fails at once while another process holds it
+                lite.execute("ROLLBACK")
                 return True
             except sqlite3.OperationalError:
                 return False
             finally:
-                conn.close()
+                lite.close()
         engine = create_engine(self.url)
         try:
             with engine.connect() as conn:
@@ -407,9 +407,7 @@ class Stage:
 
         return status
 
-    def story(
-        self, name: str, title: str, job_id: str, t0: float, workers: list[Child], **extra: Any
-    ) -> JobStory:
+    def story(self, name: str, title: str, job_id: str, t0: float, workers: list[Child], **extra: Any) -> JobStory:
         self.reader.refresh()
         t_end = time.time()
         ours = {c.name for c in workers}
@@ -464,7 +462,9 @@ class Stage:
         (self.directory / f"go-{standby.name}").touch()
         return job_id, t0, first, standby
 
-    def _finish(self, job_id: str, name: str, t0: float, *children: Child, also: Callable[[], bool] | None = None) -> None:
+    def _finish(
+        self, job_id: str, name: str, t0: float, *children: Child, also: Callable[[], bool] | None = None
+    ) -> None:
         status = self.status_of(name, job_id, t0)
         self.wait_until(
             lambda: self.store.get(job_id).state in JobLifecycle.table.finals and (also is None or also()),
@@ -519,9 +519,7 @@ def killed(stage: Stage) -> JobStory:
     stage.say(f"  {job_id}: {first.name} killed with SIGKILL after gate 2 was recorded")
     in_flight = in_flight_gates(stage, job_id, first.name)
     stage._finish(job_id, name, t0, standby)
-    return stage.story(
-        name, title, job_id, t0, [first, standby], marks=marks, in_flight=in_flight, fenced_token=token
-    )
+    return stage.story(name, title, job_id, t0, [first, standby], marks=marks, in_flight=in_flight, fenced_token=token)
 
 
 def paused(stage: Stage) -> JobStory:
@@ -532,7 +530,9 @@ def paused(stage: Stage) -> JobStory:
     status = stage.status_of(name, job_id, t0)
 
     def in_gate_2() -> bool:
-        return any(e["ev"] == "gate-start" and e.get("gate") == GATES[1] for e in stage.reader.events if e.get("job") == job_id)
+        return any(
+            e["ev"] == "gate-start" and e.get("gate") == GATES[1] for e in stage.reader.events if e.get("job") == job_id
+        )
 
     stage.wait_until(in_gate_2, f"{name}: gate 2 started", status)
     token = stage.store.get(job_id).lease_token
@@ -550,9 +550,7 @@ def paused(stage: Stage) -> JobStory:
         return any(e["ev"] == "insisted" and e["who"] == first.name for e in stage.reader.events)
 
     stage._finish(job_id, name, t0, first, standby, also=insisted)
-    return stage.story(
-        name, title, job_id, t0, [first, standby], marks=marks, in_flight=in_flight, fenced_token=token
-    )
+    return stage.story(name, title, job_id, t0, [first, standby], marks=marks, in_flight=in_flight, fenced_token=token)
 
 
 def in_flight_gates(stage: Stage, job_id: str, who: str) -> list[str]:

@@ -79,7 +79,9 @@ def timeline_svg(story: JobStory) -> str:
     step = max(0.5, round(span / 10 * 2) / 2)
     t = 0.0
     while t <= span + 1e-9:
-        out.append(f'<line x1="{x(start + t):.1f}" y1="{axis_y}" x2="{x(start + t):.1f}" y2="{axis_y + 5}" stroke="#888"/>')
+        out.append(
+            f'<line x1="{x(start + t):.1f}" y1="{axis_y}" x2="{x(start + t):.1f}" y2="{axis_y + 5}" stroke="#888"/>'
+        )
         out.append(_text(x(start + t), axis_y + 18, f"{t:g} s", size=10, anchor="middle", fill="#555"))
         t += step
     # state lane, and a line across every lane at each transition
@@ -109,11 +111,9 @@ def timeline_svg(story: JobStory) -> str:
         claims = [e for e in mine if e["ev"] == "claimed"]
         for claim in claims:
             token = claim.get("token")
-            stops = [
-                e["t"]
-                for e in mine
-                if e["t"] >= claim["t"] and (e["ev"] in ("fired", "exit", "insisted"))
-            ] + [t for t, sig, who in story.marks if who == name and sig == "SIGKILL" and t >= claim["t"]]
+            stops = [e["t"] for e in mine if e["t"] >= claim["t"] and (e["ev"] in ("fired", "exit", "insisted"))] + [
+                t for t, sig, who in story.marks if who == name and sig == "SIGKILL" and t >= claim["t"]
+            ]
             until = min(stops) if stops else end
             out.append(
                 f'<rect x="{x(claim["t"]):.1f}" y="{y + LANE - 12}" width="{max(x(until) - x(claim["t"]), 1):.1f}" '
@@ -162,7 +162,7 @@ def timeline_svg(story: JobStory) -> str:
                 out.append(_text(x(t) + 3, y + 36, sig, size=10, fill="#000"))
     # reaper lane
     y = lane_y["reaper"]
-    for t, moved in story.ticks:
+    for t, _moved in story.ticks:
         out.append(f'<circle cx="{x(t):.1f}" cy="{y + LANE / 2}" r="1.8" fill="#999"/>')
     for r in story.history:
         if r.actor == "reaper":

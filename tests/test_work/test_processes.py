@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import SqlTarget, postgres_url
 
 from fsm import Engine, JobLifecycle
 from fsm.demo.checks import broken, check_history, check_story
 from fsm.demo.proc import GATES
 from fsm.demo.scenario import QUICK, SCENARIOS, JobStory, Stage
 from stores.sql import SqlStore
-from conftest import SqlTarget, postgres_url
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -154,7 +154,9 @@ def test_seeds002_a_paused_finalizers_writes_after_resuming_are_all_refused(seed
 # -- claim with 8 processes -----------------------------------------------------------------
 
 
-def test_claims_from_8_processes_take_every_entity_exactly_once_per_token(sql_target: SqlTarget, tmp_path: Path) -> None:
+def test_claims_from_8_processes_take_every_entity_exactly_once_per_token(
+    sql_target: SqlTarget, tmp_path: Path
+) -> None:
     """Queued jobs (started by the claim) and reclaimed finalizers (resumed by it), claimed
     by 8 processes at once: each exactly once, with the token the store holds."""
     directory = tmp_path / "run"
