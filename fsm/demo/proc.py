@@ -222,8 +222,9 @@ def claimer_main(cfg: dict[str, Any], log: Log) -> int:
             got = []
         claimed += [(s.id, s.lease_token, s.state) for s in got]
         empty = 0 if got else empty + 1
-        if not got:
-            time.sleep(0.03)
+        # a pause after each claim, as a worker would take to start its work, so that
+        # the claimers really overlap instead of the first one draining the queue alone
+        time.sleep(cfg.get("pause", 0.02) if got else 0.03)
     out = Path(cfg["dir"]) / f"claims-{cfg['name']}.json"
     out.write_text(json.dumps(claimed))
     log("exit", reason="drained", claimed=len(claimed))
