@@ -17,7 +17,7 @@ WIDTH = 1100
 LEFT = 170
 RIGHT = 30
 LANE = 46
-TOP = 70
+TOP = 80
 
 STATE_FILL = {
     "queued": "#d9d9d9",
@@ -96,14 +96,18 @@ def timeline_svg(story: JobStory) -> str:
         )
         if x(until) - x(since) > 60:
             out.append(_text(x(since) + 4, y + LANE / 2 + 4, state, size=10))
+    last_label = -1000.0
+    row = 0
     for r in story.history:
         rx = x(r.at.timestamp())
         colour = "#d62728" if r.actor == "reaper" else "#333"
+        row = row + 1 if rx - last_label < 90 else 0  # labels too close to the previous one step up
+        last_label = rx
         out.append(
             f'<line x1="{rx:.1f}" y1="{TOP - 6}" x2="{rx:.1f}" y2="{axis_y}" stroke="{colour}" '
             f'stroke-dasharray="3,3" stroke-width="1">{_title(f"v{r.seq} {r.event} by {r.actor}")}</line>'
         )
-        out.append(_text(rx + 2, TOP - 8, f"{r.event} (t{r.lease_token})", size=10, fill=colour))
+        out.append(_text(rx + 2, TOP - 8 - 11 * (row % 2), f"{r.event} (t{r.lease_token})", size=10, fill=colour))
     # worker lanes
     for name in workers:
         y = lane_y[name]
@@ -153,6 +157,10 @@ def timeline_svg(story: JobStory) -> str:
                     f'<text x="{ex:.1f}" y="{y + 38}" font-size="13" text-anchor="middle" fill="{colour}">'
                     f"{_title(what)}\u2715</text>"
                 )
+        refused = [e for e in mine if e["ev"] == "refused"]
+        if refused:
+            label = f"{len(refused)} late write(s) refused"
+            out.append(_text(x(refused[0]["t"]) + 10, y + 12, label, size=10, fill="#d62728"))
         for t, sig, who in story.marks:
             if who == name:
                 out.append(
