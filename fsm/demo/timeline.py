@@ -107,7 +107,17 @@ def timeline_svg(story: JobStory) -> str:
             f'<line x1="{rx:.1f}" y1="{TOP - 6}" x2="{rx:.1f}" y2="{axis_y}" stroke="{colour}" '
             f'stroke-dasharray="3,3" stroke-width="1">{_title(f"v{r.seq} {r.event} by {r.actor}")}</line>'
         )
-        out.append(_text(rx + 2, TOP - 8 - 11 * (row % 2), f"{r.event} (t{r.lease_token})", size=10, fill=colour))
+        near_end = rx > WIDTH - RIGHT - 90  # a label at the right edge reads leftwards, not off the picture
+        out.append(
+            _text(
+                rx - 2 if near_end else rx + 2,
+                TOP - 8 - 11 * (row % 2),
+                f"{r.event} (t{r.lease_token})",
+                size=10,
+                anchor="end" if near_end else "start",
+                fill=colour,
+            )
+        )
     # worker lanes
     for name in workers:
         y = lane_y[name]
