@@ -150,6 +150,12 @@ def run(args: argparse.Namespace) -> int:
     except FsmError as err:
         out.say(f"demo failed: {type(err).__name__}: {err}")
         return 1
+    except OSError as err:  # the pictures or the event logs could not be written
+        out.say(f"demo failed: {err}")
+        return 1
+    except KeyboardInterrupt:  # the stage has stopped its processes on the way out
+        out.say("demo interrupted; its worker processes were stopped")
+        return 130
     finally:
         out.clear()
         close = getattr(store, "close", None)
