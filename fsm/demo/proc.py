@@ -82,7 +82,7 @@ class ObservedEngine(Engine):
             self.log("claimed", job=snap.id, token=snap.lease_token, state=snap.state, expires=expires)
         return claimed
 
-    def renew_lease(self, lease: Lease, *, ttl: timedelta | None = None) -> Lease:
+    def renew_lease(self, lease: Lease, *, ttl: timedelta | float | None = None) -> Lease:
         try:
             new = super().renew_lease(lease, ttl=ttl)
         except Fenced as err:
