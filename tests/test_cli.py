@@ -79,7 +79,7 @@ def test_the_demo_tells_the_whole_story_with_real_processes(
 
 def test_the_demo_needs_a_store_its_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--db", "memory://"]) == 2
-    assert "shared store" in capsys.readouterr().out
+    assert "shared store" in capsys.readouterr().err
 
 
 def test_reaper_once_prints_a_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,8 +129,8 @@ def test_a_bad_out_directory_is_a_clean_error(tmp_path: Path, capsys: pytest.Cap
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     assert main(["demo", "--db", f"sqlite:///{tmp_path}/fsm.db", "--out", str(blocker / "x")]) == 2
-    out = capsys.readouterr().out
-    assert "cannot write" in out and "Traceback" not in out
+    out = capsys.readouterr()
+    assert "cannot write" in out.err and "Traceback" not in out.out + out.err
 
 
 def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(

@@ -104,14 +104,14 @@ def run(args: argparse.Namespace) -> int:
     quick = args.quick or os.environ.get(QUICK_ENV) == "1"
     timing = QUICK if quick else FULL
     if args.db == "memory://":
-        out.say("fsm demo: the demo runs worker processes, which need a shared store: give a SQLite file or a "
-                "PostgreSQL URL (the default is sqlite:///fsm.db)")  # fmt: skip
+        error("the demo runs worker processes, which need a shared store: give a SQLite file or a "
+              "PostgreSQL URL (the default is sqlite:///fsm.db)")  # fmt: skip
         return 2
     clock = ManualClock(SystemClock().now())
     try:
         store = open_simulated(args.db, clock)
     except FsmError as err:  # a bad URL, a missing driver, an unreachable database
-        out.say(f"fsm demo: {err}")
+        error(str(err))
         return 2
     run_id = secrets.token_hex(3)
     directory = Path(args.out)
@@ -119,13 +119,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        out.say(f"fsm demo: cannot write to {directory}: {err}")
+        error(f"cannot write to {directory}: {err}")
         store.close()  # type: ignore[attr-defined]
         return 2
     try:
         store = reset_demo_tables(store, args.db, clock)
     except FsmError as err:
-        out.say(f"fsm demo: {err}")
+        error(str(err))
         return 2
     started = time.monotonic()
     try:
@@ -145,16 +145,20 @@ def run(args: argparse.Namespace) -> int:
         findings += entity_findings(store, pipes, PipelineLifecycle.table.finals)
         written = write_pictures(directory, store, stories, pipes[0], args.db)
     except ScenarioStuck as err:
-        out.say(f"demo failed: {err}")
+        out.clear()
+        failed(str(err))
         return 1
     except FsmError as err:
-        out.say(f"demo failed: {type(err).__name__}: {err}")
+        out.clear()
+        failed(f"{type(err).__name__}: {err}")
         return 1
     except OSError as err:  # the pictures or the event logs could not be written
-        out.say(f"demo failed: {err}")
+        out.clear()
+        failed(str(err))
         return 1
     except KeyboardInterrupt:  # the stage has stopped its processes on the way out
-        out.say("demo interrupted; its worker processes were stopped")
+        out.clear()
+        print("fsm demo: interrupted; its worker processes were stopped", file=sys.stderr)
         return 130
     finally:
         out.clear()
@@ -168,6 +172,16 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  {path.name}")
     out.say(f"  (event logs of the processes: {work.name}/; store: {safe_url(args.db)}, tables {DEMO_PREFIX}*)")
     return 1 if broken(findings) else 0
+
+
+def error(text: str) -> None:
+    """The demo cannot run (exit 2): one line on stderr, as every command prints its errors."""
+    print(f"fsm demo: error: {text}", file=sys.stderr)
+
+
+def failed(text: str) -> None:
+    """The demo ran and failed (exit 1)."""
+    print(f"fsm demo: failed: {text}", file=sys.stderr)
 
 
 DESCRIPTIONS = {
