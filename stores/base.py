@@ -205,8 +205,9 @@ class Store(Protocol):
         runs (the key is stable across owners: ``"{entity_id}:{key}"``) and its result is
         recorded with :meth:`record_effect` under ``lease``: ``(record, True)``.  If ``fn``
         raises, the failure is recorded with its error and the exception propagates.  A
-        holder whose lease was taken over meanwhile gets ``LeaseLost``; its result is not
-        recorded.
+        caller whose lease is no longer the entity's when it asks gets ``LeaseLost`` and
+        ``fn`` is not called; a holder whose lease was taken over while ``fn`` ran gets
+        ``LeaseLost`` too, and its result is not recorded.
         """
         ...
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fsm.errors import InvalidArgument, InvalidData
+from fsm.errors import InvalidArgument, InvalidData, LeaseLost
 from fsm.limits import check_id, check_lease, json_copy
-from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease
+from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease, Snapshot
 
 MAX_KEY_LENGTH = 255
 
@@ -46,7 +46,10 @@ def idempotency_key(entity_id: str, key: str) -> str:
 
 
 class LedgerRun:
-    """``run`` on top of a store's ``effect`` and ``record_effect``."""
+    """``run`` on top of a store's ``get``, ``effect`` and ``record_effect``."""
+
+    def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:  # pragma: no cover - provided
+        raise NotImplementedError
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:  # pragma: no cover - provided by stores
         raise NotImplementedError
@@ -79,6 +82,19 @@ class LedgerRun:
         if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
             return recorded, False
         replace = (EFFECT_FAILED,) if retry_failed else ()
+        holder = self.get(entity_id)
+        if holder.lease_owner != lease.owner or holder.lease_token != lease.token:
+            # seeds/002 BR-2: an actor that no longer owns the entity runs no side effect.
+            # The recording statement would refuse its result anyway; refusing before the
+            # call spares the external system a run nobody can record (a fenced holder that
+            # goes on to its next gate, say).  The race in between stays the recording's.
+            raise LeaseLost(
+                entity_id,
+                expected_token=lease.token,
+                found_token=holder.lease_token,
+                owner=lease.owner,
+                detail=f"effect {key!r} was not run: the lease is no longer the caller's",
+            )
         try:
             result = fn(idempotency_key(entity_id, key))
         except Exception as err:

@@ -2,19 +2,84 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from xml.etree import ElementTree
+
 import pytest
 
 from fsm.cli import main
 
+GATE_CELL = re.compile(r"([a-z-]+) (\d+)/(\d+)")
 
-def test_demo_replays_both_seeds_on_a_store(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--db", "memory://"]) == 0
+
+def gate_figures(out: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """``gates (executions/recorded results):`` lines of the report, per scenario and gate."""
+    lines = out.split("gates (executions/recorded results):\n", 1)[1].splitlines()
+    figures = {}
+    for line in lines[:3]:
+        name, _, cells = line.strip().partition(" ")
+        figures[name] = {g: (int(e), int(r)) for g, e, r in GATE_CELL.findall(cells.split("(")[0])}
+    return figures
+
+
+def test_the_demo_tells_the_whole_story_with_real_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsm import Engine, PipelineLifecycle
+    from stores.sql import SqlStore
+
+    monkeypatch.chdir(tmp_path)
+    app = SqlStore("sqlite:///fsm.db")  # an application's entity in the same database file
+    pipelines = Engine(PipelineLifecycle, app)
+    pipelines.create("prod-1")
+    pipelines.fire("prod-1", "start")
+    out_dir = tmp_path / "pictures"
+    assert main(["demo", "--quick", "--out", str(out_dir)]) == 0  # the embedded default: ./fsm.db
     out = capsys.readouterr().out
+    assert pipelines.get("prod-1").state == "running" and len(pipelines.history("prod-1")) == 1
+    app.close()
+    assert "Traceback" not in out
+    # seeds/000: the zombie pipelines, as before
     assert "lost-webhook: failed (reason: expired)" in out
-    assert "main-old: failed (reason: duplicate)" in out and "main-new: running" in out
-    assert "never expired nor reclaimed" in out
-    assert "late write is refused" in out
-    assert "start -> exited -> reclaim -> complete" in out
+    assert "main-old: failed (reason: duplicate)" in out
+    assert "moved pipeline.expire=1, pipeline.supersede=1" in out
+    # seeds/002: each gate's executions and recorded results
+    figures = gate_figures(out)
+    gates = ("security", "merge-gate", "coverage", "image-freshness")
+    assert figures["slow"] == dict.fromkeys(gates, (1, 1))
+    killed = figures["killed"]
+    assert killed["security"] == killed["merge-gate"] == (1, 1)  # replayed from the ledger, never re-run
+    assert all(recorded == 1 for _, recorded in killed.values())
+    in_flight = re.search(r"in flight at SIGKILL: ([a-z-, ]+)\)", out)
+    assert in_flight is not None
+    extra = 0 if in_flight.group(1) == "none" else len(in_flight.group(1).split(", "))
+    assert sum(executed for executed, _ in killed.values()) <= 4 + extra
+    paused = figures["paused"]
+    assert all(recorded == 1 for _, recorded in paused.values()) and paused["merge-gate"][0] == 2
+    late = re.search(r"late writes of paused: refused (\d+) \(.*\), accepted (\d+)", out)
+    assert late is not None and int(late.group(1)) >= 5 and late.group(2) == "0"
+    reaper = re.search(r"reaper: (\d+) ticks, moved job.reclaim=(\d+)$", out, re.M)
+    assert reaper is not None and int(reaper.group(1)) > 10 and reaper.group(2) == "2"
+    assert "slow: completed; history start -> exited -> complete" in out
+    assert out.count("history start -> exited -> reclaim -> complete") == 2
+    assert re.search(r"invariants: I1 ok, I2 ok, I3 ok, I4 ok, I5 ok, I6 ok \(\d+ checks\)", out)
+    # the pictures: well-formed SVG, each job's timeline and its final state highlighted
+    for name in ("slow", "killed", "paused"):
+        timeline = ElementTree.parse(out_dir / f"timeline-{name}.svg").getroot()
+        assert timeline.tag == "{http://www.w3.org/2000/svg}svg"
+        texts = " ".join(t.text or "" for t in timeline.iter("{http://www.w3.org/2000/svg}text"))
+        assert "job-" in texts and (name != "killed" or "SIGKILL" in texts)
+        diagram = next(out_dir.glob(f"lifecycle-job-{name}.*"))
+        if diagram.suffix == ".svg":
+            ElementTree.parse(diagram)
+        assert f"lifecycle-job-{name}{diagram.suffix}" in out
+    assert (tmp_path / "fsm.db").exists()
+
+
+def test_the_demo_needs_a_store_its_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--db", "memory://"]) == 2
+    assert "shared store" in capsys.readouterr().err
 
 
 def test_reaper_once_prints_a_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,21 +125,12 @@ def test_the_leader_lease_is_resigned_when_a_once_run_ends(tmp_path: object) -> 
     assert store.get("fsm-reaper-leader").lease_owner is None
 
 
-def test_the_demo_never_touches_an_applications_entities_in_the_same_database(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from fsm import Engine, PipelineLifecycle
-    from stores.sql import SqlStore
-
-    url = f"sqlite:///{tmp_path}/fsm.db"
-    app = SqlStore(url)
-    pipelines = Engine(PipelineLifecycle, app)
-    pipelines.create("prod-1")
-    pipelines.fire("prod-1", "start")
-    assert main(["demo", "--db", url]) == 0
-    assert "moved pipeline.expire=1, pipeline.supersede=1" in capsys.readouterr().out
-    assert pipelines.get("prod-1").state == "running" and len(pipelines.history("prod-1")) == 1
-    app.close()
+def test_a_bad_out_directory_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert main(["demo", "--db", f"sqlite:///{tmp_path}/fsm.db", "--out", str(blocker / "x")]) == 2
+    out = capsys.readouterr()
+    assert "cannot write" in out.err and "Traceback" not in out.out + out.err
 
 
 def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(

@@ -57,7 +57,7 @@ from fsm.engine.writes import write_for
 from fsm.errors import Fenced, FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.reaping import Reaper, ReaperConfig
-from fsm.records import Actor, Lease, Snapshot, TransitionWrite
+from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, Actor, Lease, Snapshot, TransitionWrite
 from fsm.testing.checks import (
     acknowledged_problems,
     effect_problems,
@@ -387,7 +387,13 @@ class LifecycleMachine(RuleBasedStateMachine):
             write = write_for(self.engine.policy, holder.name, snap, branch, holder.lease, None, None, None, None, None)
             options.append(("write", write))
         if snap.state == self.lifecycle.finalizing_state:
-            options += [("effect", key) for key in self.effect_keys]
+            # an effect it began: the ledger starts ``fn`` only for a key with no recorded
+            # success (a recorded one replays), and only while the lease is the holder's
+            options += [
+                ("effect", key)
+                for key in self.effect_keys
+                if self._current(snap, holder.lease) and not succeeded(self.store.effect(holder.entity_id, key))
+            ]
         if options:
             holder.pending = data.draw(st.sampled_from([*options, None]), label="pending")
 
@@ -419,7 +425,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if pending is not None and pending[0] == "write":
             self._late_write(holder, pending[1])
         elif pending is not None:
-            self._run_effect(holder, pending[1])
+            self._late_effect(holder, pending[1])
         if holder.status == "alive":
             self._renew(holder)
 
@@ -485,6 +491,40 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"I4: {holder.name}'s late result of {key!r} on {entity_id} was recorded with token {lease.token} "
                 f"while the entity's lease was token {snap.lease_token} of {snap.lease_owner}"
             )
+
+    def _late_effect(self, holder: Holder, key: str) -> None:
+        """The effect the holder began before it paused returns now: the ledger records its
+        result under the holder's (maybe lost) lease, as ``run`` does once ``fn`` returns."""
+        entity_id, lease = holder.entity_id, holder.lease
+        assert lease is not None
+        snap = self.store.get(entity_id)
+        recorded = self.store.effect(entity_id, key)
+        current = self._current(snap, lease)
+        self.executions[(entity_id, key)] += 1
+        try:
+            _, wrote = self.store.record_effect(
+                entity_id,
+                key,
+                owner=lease.owner,
+                token=lease.token,
+                status=EFFECT_SUCCEEDED,
+                result={"by": lease.owner, "token": lease.token},
+                replace=(EFFECT_FAILED,),
+            )
+        except Fenced:
+            holder.status = "fenced"
+            if self.store.effect(entity_id, key) != recorded:
+                self.broken(f"I4: {holder.name}'s refused effect {key!r} on {entity_id} changed the ledger")
+            return
+        except FsmError:
+            return
+        if wrote and not current:
+            self.broken(
+                f"I4: {holder.name}'s late result of {key!r} on {entity_id} was recorded with token {lease.token} "
+                f"while the entity's lease was token {snap.lease_token} of {snap.lease_owner}"
+            )
+        if wrote and succeeded(recorded):
+            self.broken(f"I4: a second result of {key!r} on {entity_id} replaced the recorded one")
 
     # -- other workers take over -----------------------------------------------------------
 

@@ -86,6 +86,23 @@ def test_I4_a_late_result_from_a_fenced_holder_raises_lease_lost_and_is_not_reco
     assert any_store.effect("e1", "deploy") is None
 
 
+def test_a_fenced_holder_asking_for_an_effect_is_refused_before_it_runs(any_store: Store, clock: ManualClock) -> None:
+    """seeds/002 BR-2: an actor that no longer owns the entity executes no side effect."""
+    lease = held(any_store)
+    clock.advance(TTL * 2)  # the holder hangs past its TTL; the reaper fences it
+    snap = any_store.get("e1")
+    any_store.apply(
+        TransitionWrite(
+            "e1", "reclaim", "running", "running", "reaper", snap.version,
+            lease_change=LeaseChange.ACQUIRE, new_owner=None, lease_ttl=TTL,
+        )
+    )  # fmt: skip
+    calls: list[str] = []
+    with pytest.raises(LeaseLost, match="not run"):
+        any_store.run("e1", "coverage", calls.append, lease)
+    assert calls == [] and any_store.effect("e1", "coverage") is None
+
+
 def test_I4_two_holders_racing_on_one_key_record_one_result(any_store: Store) -> None:
     lease = held(any_store)
     barrier = threading.Barrier(2)
