@@ -64,10 +64,18 @@ class Log:
 
 
 def open_store(url: str) -> Any:
+    """The runner made the tables; a process (re)started while the server is down waits for it."""
     from stores.sql import SqlStore
 
-    # tables exist (the runner made them); a short busy timeout keeps SQLite writers queued, not stuck
-    return SqlStore(url, create=False, busy_timeout=10.0)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return SqlStore(url, create=False, busy_timeout=10.0)
+        except StoreUnavailable as err:
+            if time.monotonic() > deadline:
+                raise
+            logging.getLogger("faults").warning("cannot open the store yet, retrying: %s", err)
+            time.sleep(STORE_RETRY_S)
 
 
 def retrying(job: Job, step: Callable[[], T], what: str) -> T:
