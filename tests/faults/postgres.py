@@ -10,6 +10,7 @@ through ``runuser -u postgres --`` (``su postgres -c`` where runuser is missing)
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -106,10 +107,8 @@ class PrivateServer:
 
     def destroy(self) -> None:
         if self.running:
-            try:
+            with contextlib.suppress(ServerUnavailable):
                 self.stop("immediate")
-            except ServerUnavailable:
-                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, lines: int = 20) -> str:

@@ -289,7 +289,10 @@ def run(config: Config, *, out: Any = None) -> Summary:
     """One run of the fault suite; ``out`` gets progress lines (None: quiet)."""
     from stores.sql import SqlStore
 
-    say = (lambda text: print(text, file=out, flush=True)) if out is not None else (lambda text: None)
+    def say(text: str) -> None:
+        if out is not None:
+            print(text, file=out, flush=True)
+
     rng = random.Random(config.seed)
     summary = Summary(config)
     directory = Path(tempfile.mkdtemp(prefix=f"fsm-faults-{config.store}-"))
@@ -398,15 +401,15 @@ def _analyse(
         acks[entity].append((int(seq), event))
     summary.acks = sum(len(a) for a in acks.values())
     executions: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for _, (_, entity, key, token) in logs["effect"]:
-        executions[entity, key].append(int(token))
+    for _, (_, entity, key, ran_token) in logs["effect"]:
+        executions[entity, key].append(int(ran_token))
     summary.executions = sum(len(t) for t in executions.values())
     claims: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # entity -> (t, token, pid)
-    for pid, (t, entity, token, _state) in logs["claim"]:
-        claims[entity].append((float(t), int(token), pid))
+    for pid, (t, entity, claim_token, _state) in logs["claim"]:
+        claims[entity].append((float(t), int(claim_token), pid))
     ends: dict[tuple[str, int], float] = {}
-    for _, (t, entity, token, _how) in logs["end"]:
-        ends[entity, int(token)] = float(t)
+    for _, (t, entity, end_token, _how) in logs["end"]:
+        ends[entity, int(end_token)] = float(t)
     for entries in claims.values():
         entries.sort()
     summary.first_claim_at = min((e[0][0] for e in claims.values() if e), default=None)
