@@ -88,7 +88,7 @@ class Config:
 
     @classmethod
     def short(cls, store: str) -> Config:
-        return cls(store=store, jobs=300, chaos_every=0.7)
+        return cls(store=store, jobs=300, chaos_every=0.5)
 
     @classmethod
     def long(cls, store: str) -> Config:
