@@ -1,0 +1,214 @@
+"""The processes the fault suite starts, kills, pauses and respawns.
+
+``python -m tests.faults.proc worker URL DIR INDEX --ttl S --effects N ...``
+    an :class:`fsm.Worker` over :class:`JobLifecycle` with handlers ``running -> exited``
+    and ``finalizing -> N ledger effects, then complete``.
+``python -m tests.faults.proc reaper URL DIR INDEX --ttl S --interval S``
+    a :class:`fsm.reaping.Reaper` ticking on its thread until SIGTERM.
+
+Both write what the checks need into ``DIR`` with one unbuffered ``os.write`` per line
+(a SIGKILL loses nothing written before it), in files of their own (``*-PID.log``):
+
+- ``claim  t entity token state``  a handler chain started under a new lease;
+- ``end    t entity token how``    it ended (``done``, ``lost``: fenced, ``error``);
+- ``ack    t entity seq event``    ``fire()`` returned: the transition is committed;
+- ``effect t entity key token``    an effect function ran (executions counted from outside).
+
+A store that is down (``StoreUnavailable``) is retried, never fatal: the worker's claim
+loop and the reaper's tick already log and go on; the handlers here retry their own
+store calls while their lease lasts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fsm import Engine, JobLifecycle, Policy
+from fsm.errors import Fenced, StoreUnavailable
+from fsm.work import Job, Worker
+
+T = TypeVar("T")
+
+STORE_RETRY_S = 0.2
+
+
+def policy(ttl: float) -> Policy:
+    """Short leases, and budgets large enough that chaos alone never fails a job."""
+    return Policy(
+        lease_ttl=timedelta(seconds=ttl),
+        renewal_budget={"running": timedelta(hours=1), "finalizing": timedelta(hours=1)},
+        max_attempts=1000,
+        max_reclaims=1000,
+    )
+
+
+class Log:
+    """One process's event lines, appended with one ``os.write`` each."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, *fields: object) -> None:
+        os.write(self.fd, ("\t".join(str(f) for f in (fields[0], f"{time.time():.6f}", *fields[1:])) + "\n").encode())
+
+
+def open_store(url: str) -> Any:
+    """The runner made the tables; a process (re)started while the server is down waits for it."""
+    from stores.sql import SqlStore
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return SqlStore(url, create=False, busy_timeout=10.0)
+        except StoreUnavailable as err:
+            if time.monotonic() > deadline:
+                raise
+            logging.getLogger("faults").warning("cannot open the store yet, retrying: %s", err)
+            time.sleep(STORE_RETRY_S)
+
+
+def retrying(job: Job, step: Callable[[], T], what: str) -> T:
+    """``step()``, retried while the store is unavailable and the lease is not known lost."""
+    while True:
+        try:
+            return step()
+        except StoreUnavailable as err:
+            if job.lost:
+                job.held.check()  # raises the fencing error the keeper recorded
+            logging.getLogger("faults").warning("%s of %s: store unavailable, retrying: %s", what, job.id, err)
+            time.sleep(STORE_RETRY_S)
+
+
+class Handlers:
+    def __init__(self, log: Log, effects: int, effect_s: float, run_s: float) -> None:
+        self.log = log
+        self.effects = effects
+        self.effect_s = effect_s
+        self.run_s = run_s
+        self.pid = os.getpid()
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _claimed(self, job: Job) -> None:
+        token = job.held.lease.token
+        with self._lock:
+            if self._seen.get(job.id) == token:
+                return
+            self._seen[job.id] = token
+        self.log.write("claim", job.id, token, job.state)
+
+    def _guarded(self, job: Job, body: Callable[[], None]) -> None:
+        token = job.held.lease.token
+        try:
+            body()
+        except Fenced:
+            self.log.write("end", job.id, token, "lost")
+            raise
+        except BaseException:
+            self.log.write("end", job.id, token, "error")
+            raise
+
+    def _fire(self, job: Job, event: str) -> None:
+        token = job.held.lease.token
+        result = retrying(job, lambda: job.fire(event, idempotency_key=f"{event}:{token}"), event)
+        self.log.write("ack", job.id, result.record.seq, result.record.event)
+
+    def running(self, job: Job) -> None:
+        self._claimed(job)
+
+        def body() -> None:
+            time.sleep(random.uniform(0, 2 * self.run_s))  # the agent's work
+            self._fire(job, "exited")
+
+        self._guarded(job, body)
+
+    def finalizing(self, job: Job) -> None:
+        self._claimed(job)
+        token = job.held.lease.token
+
+        def effect(key: str) -> Callable[[str], Any]:
+            def run(idempotency_key: str) -> Any:
+                self.log.write("effect", job.id, key, token)
+                time.sleep(random.uniform(0, 2 * self.effect_s))
+                return {"token": token, "pid": self.pid, "key": idempotency_key}
+
+            return run
+
+        def body() -> None:
+            for i in range(self.effects):
+                key = f"effect-{i}"
+                retrying(job, lambda key=key: job.run(key, effect(key)), key)  # type: ignore[misc]
+            self._fire(job, "complete")
+            self.log.write("end", job.id, token, "done")
+
+        self._guarded(job, body)
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    store = open_store(args.url)
+    engine = Engine(JobLifecycle, store, policy=policy(args.ttl), owner=f"worker{args.index}:{os.getpid()}")
+    log = Log(Path(args.dir) / f"worker-{os.getpid()}.log")
+    handlers = Handlers(log, args.effects, args.effect_ms / 1000, args.run_ms / 1000)
+    worker = Worker(
+        engine,
+        {"running": handlers.running, "finalizing": handlers.finalizing},
+        concurrency=args.concurrency,
+        poll_interval=timedelta(seconds=args.poll),
+        grace=timedelta(seconds=2),
+    )
+    log.write("start", args.index)
+    stats = worker.run()
+    log.write("stop", args.index, stats.claimed, stats.fenced, stats.failed)
+
+
+def reaper_main(args: argparse.Namespace) -> None:
+    from fsm.reaping import Reaper
+
+    store = open_store(args.url)
+    reaper = Reaper(
+        store,
+        {JobLifecycle: policy(args.ttl)},
+        {"interval": timedelta(seconds=args.interval), "batch_size": 200},
+        owner=f"reaper{args.index}:{os.getpid()}",
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    reaper.start()
+    stop.wait()
+    reaper.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.proc")
+    parser.add_argument("role", choices=["worker", "reaper"])
+    parser.add_argument("url")
+    parser.add_argument("dir")
+    parser.add_argument("index", type=int)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--interval", type=float, default=0.3)
+    parser.add_argument("--poll", type=float, default=0.1)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--effects", type=int, default=3)
+    parser.add_argument("--effect-ms", type=float, default=20)
+    parser.add_argument("--run-ms", type=float, default=20)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s {args.role}{args.index} %(name)s: %(message)s"
+    )
+    (worker_main if args.role == "worker" else reaper_main)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The fault suite with real processes (see :mod:`tests.faults.run`), on SQLite and on a
+private PostgreSQL server that it stops and restarts.
+
+The short version runs in the default suite; ``FSM_FAULTS=long pytest tests/faults -s``
+runs the long one (thousands of jobs), as does ``python -m tests.faults.run --long``.
+``FSM_FAULTS=off`` skips it.  The printed summary is the point: figures are printed,
+and the only time asserted is the death-to-claim bound with its documented allowance.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from .run import Config, run
+
+MODE_ENV = "FSM_FAULTS"
+
+
+def _config(store: str) -> Config:
+    mode = os.environ.get(MODE_ENV, "short")
+    if mode == "off":
+        pytest.skip(f"{MODE_ENV}=off")
+    if mode not in {"short", "long"}:
+        pytest.fail(f"{MODE_ENV} must be short, long or off, not {mode!r}")
+    return Config.long(store) if mode == "long" else Config.short(store)
+
+
+def _private_server_or_skip() -> None:
+    """The fault suite's PostgreSQL is its own server; without initdb/pg_ctl it skips,
+    unless ``FSM_REQUIRE_POSTGRES=1`` (CI) makes that a failure."""
+    from .postgres import PrivateServer, ServerUnavailable
+
+    try:
+        PrivateServer().destroy()
+    except ServerUnavailable as err:
+        reason = f"the fault suite's private PostgreSQL server cannot start: {err}"
+        if os.environ.get("FSM_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{reason} (FSM_REQUIRE_POSTGRES=1)")
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_workers_and_reapers_survive_kills_pauses_and_a_server_restart(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(store)
+    if store == "postgres":
+        _private_server_or_skip()
+    summary = run(config, out=sys.stdout if os.environ.get(MODE_ENV) == "long" else None)
+    with capsys.disabled():
+        print("\n" + summary.text())
+    assert not summary.problems, summary.text()
+    assert sum(n for s, n in summary.states.items() if s in {"completed", "failed"}) == config.jobs
+    assert summary.kills + summary.stops > 0, "the chaos loop did nothing"
+    if store == "postgres":
+        assert summary.server_restart_s is not None
