@@ -44,25 +44,34 @@ def _quiet_keepers() -> Iterator[None]:
     logger.setLevel(level)
 
 
-def kit_fails(machine: type, max_examples: int = 300) -> tuple[str, str]:
-    """Run ``machine`` until it fails; the failure's message and the minimal steps."""
-    test = machine.TestCase
+def kit_fails(machine: type, max_examples: int = 300, searches: int = 4) -> tuple[str, str]:
+    """Run ``machine`` until it fails; the failure's message and the (minimal) steps.
+
+    The first search is derandomized; should it miss (a rare interleaving, such as a write
+    left pending across a takeover, can hide behind another order of the examples), up to
+    ``searches - 1`` more run from fixed seeds.  Each search is independent: the assertion
+    is that the kit finds the planted bug, not that one particular search order does."""
     # shrinking to the minimal sequence costs minutes on these machines: the default suite
     # only finds the bug (the falsifying steps are still reported); the soak profile shrinks
     phases = list(Phase) if profile() == "soak" else [Phase.explicit, Phase.reuse, Phase.generate]
-    test.settings = settings(
-        max_examples=max_examples,
-        stateful_step_count=12,
-        deadline=None,
-        database=None,
-        phases=phases,
-        derandomize=profile() != "soak",
-    )
-    with pytest.raises(InvariantBroken) as caught:
-        test().runTest()
-    steps = "\n".join(getattr(caught.value, "__notes__", []))
-    print(f"\n{caught.value}\n{steps}")
-    return str(caught.value), steps
+    for attempt in range(searches):
+        machine._hypothesis_internal_use_seed = None if attempt == 0 else 7919 * attempt  # type: ignore[attr-defined]
+        test = machine.TestCase
+        test.settings = settings(
+            max_examples=max_examples,
+            stateful_step_count=12,
+            deadline=None,
+            database=None,
+            phases=phases,
+            derandomize=profile() != "soak" and attempt == 0,
+        )
+        try:
+            test().runTest()
+        except InvariantBroken as caught:
+            steps = "\n".join(getattr(caught, "__notes__", []))
+            print(f"\n{caught}\n{steps}")
+            return str(caught), steps
+    pytest.fail(f"the kit did not find the planted bug in {searches} searches of {max_examples} examples")
 
 
 # -- (a) a reaper rule without the lease guard ---------------------------------------------
