@@ -257,19 +257,35 @@ def check_new_entity(entity: object) -> NewEntity:
     return entity
 
 
+def _plain_names(*values: object) -> bool:
+    """True when every value is a short, non-empty ASCII ``str`` without NUL: the common
+    case, decided with a few C-level calls (this guards every transition a store applies);
+    anything else takes :func:`check_id`'s full path, which names the bad field."""
+    for value in values:
+        if value.__class__ is not str or not 0 < len(value) <= MAX_ID_LENGTH:
+            return False
+    joined = "".join(values)  # type: ignore[arg-type]
+    return joined.isascii() and "\x00" not in joined
+
+
 def check_transition_write(write: object) -> TransitionWrite:
     """Every field of a :class:`TransitionWrite` a store binds, checked up front."""
     if not isinstance(write, TransitionWrite):
         raise InvalidArgument(f"apply takes a TransitionWrite, not {_shown(write)}")
-    check_id("entity id", write.entity_id)
-    for name in ("event", "source", "target", "actor"):
-        check_id(name, getattr(write, name))
-    check_int("expect_version", write.expect_version)
-    check_optional_id("expect_owner", write.expect_owner)
-    if write.expect_token is not None:
-        check_int("expect_token", write.expect_token)
-    check_optional_id("new_owner", write.new_owner)
-    check_optional_id("idempotency_key", write.idempotency_key)
+    if not _plain_names(write.entity_id, write.event, write.source, write.target, write.actor):
+        check_id("entity id", write.entity_id)
+        for name in ("event", "source", "target", "actor"):
+            check_id(name, getattr(write, name))
+    version, token = write.expect_version, write.expect_token
+    if not (version.__class__ is int and 0 <= version <= MAX_INT64):
+        check_int("expect_version", version)
+    if token is not None and not (token.__class__ is int and 0 <= token <= MAX_INT64):
+        check_int("expect_token", token)
+    optional = [v for v in (write.expect_owner, write.new_owner, write.idempotency_key) if v is not None]
+    if optional and not _plain_names(*optional):
+        check_optional_id("expect_owner", write.expect_owner)
+        check_optional_id("new_owner", write.new_owner)
+        check_optional_id("idempotency_key", write.idempotency_key)
     if write.reason is not None:
         check_free_text("reason", write.reason)
     check_optional_duration("lease_ttl", write.lease_ttl)

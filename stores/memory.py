@@ -146,6 +146,12 @@ class MemoryStore(LedgerRun):
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         check_transition_write(write)
+        return self.apply_checked(write)
+
+    def apply_checked(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        """:meth:`apply` for a write already checked by ``fsm.limits.check_transition_write``'s
+        rules: the engine builds its writes from arguments it checked with the same limits,
+        so on the in-memory hot path the store does not check them a second time."""
         entity_id = write.entity_id
         with self._lock:
             row = self._rows.get(entity_id)

@@ -10,7 +10,7 @@ the commit.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
@@ -46,9 +46,10 @@ from fsm.errors import (
 from fsm.lifecycle import Lifecycle
 from fsm.limits import json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, apply_changes
+from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
 from stores.base import Store
+from stores.memory import MemoryStore
 
 
 class Engine(EngineWork):
@@ -94,6 +95,14 @@ class Engine(EngineWork):
         self.policy: Policy = policy or lifecycle.policy
         self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
+        # the engine checks every argument with fsm.limits before it builds a write, so on
+        # the in-memory hot path the memory store's own apply need not check them again; any
+        # other store, a subclass overriding apply, or a wrapper gets its apply called
+        self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = (
+            store.apply_checked
+            if type(store) is MemoryStore or (isinstance(store, MemoryStore) and type(store).apply is MemoryStore.apply)
+            else store.apply
+        )
 
     # -- creating ------------------------------------------------------------------------
 
@@ -241,7 +250,7 @@ class Engine(EngineWork):
                 new_data = self._validate(changed, entity_id=snap.id)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         try:
-            new, record = self.store.apply(write)
+            new, record = self._apply(write)
         except StaleVersion:
             if held is None:
                 raise
