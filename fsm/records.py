@@ -161,6 +161,22 @@ class ClaimRequest:
     def budget_for(self, state: str) -> timedelta | None:
         return dict(self.budgets).get(state)
 
+    def start_write(self, start: ClaimStart, entity_id: str, version: int) -> TransitionWrite:
+        """The compare-and-set write that starts a claimed entity for :attr:`owner`: the
+        same for every store, which only picks the rows and applies it."""
+        return TransitionWrite(
+            entity_id,
+            start.event,
+            start.source,
+            start.target,
+            "worker",
+            version,
+            lease_change=LeaseChange.ACQUIRE,
+            new_owner=self.owner,
+            lease_ttl=self.ttl,
+            bump_attempt=start.bump_attempt,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class NewEntity:

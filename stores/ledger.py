@@ -15,8 +15,6 @@ from fsm.errors import InvalidArgument, InvalidData, LeaseLost
 from fsm.limits import check_id, check_lease, json_copy
 from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease, Snapshot
 
-MAX_KEY_LENGTH = 255
-
 
 def check_effect_key(key: object) -> str:
     """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own."""
@@ -119,4 +117,4 @@ class LedgerRun:
         )
 
 
-__all__ = ["MAX_KEY_LENGTH", "LedgerRun", "check_effect_key", "error_of", "idempotency_key", "json_result"]
+__all__ = ["LedgerRun", "check_effect_key", "error_of", "idempotency_key", "json_result"]

@@ -446,19 +446,7 @@ class MemoryStore(LedgerRun):
         return claimed
 
     def _start(self, row: Snapshot, start: ClaimStart, request: ClaimRequest) -> Snapshot:
-        write = TransitionWrite(
-            row.id,
-            start.event,
-            row.state,
-            start.target,
-            "worker",
-            row.version,
-            lease_change=LeaseChange.ACQUIRE,
-            new_owner=request.owner,
-            lease_ttl=request.ttl,
-            bump_attempt=start.bump_attempt,
-        )
-        return self.apply(write)[0]
+        return self.apply(request.start_write(start, row.id, row.version))[0]
 
     def entities(
         self, kind: str, *, state: str | None = None, limit: int = 100, after_id: str | None = None

@@ -40,6 +40,7 @@ from fsm.work.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
+    HeldEntity,
     Outcome,
     WorkerStats,
     check_worker,
@@ -51,30 +52,12 @@ log = logging.getLogger("fsm.worker")
 M = TypeVar("M", bound=BaseModel)
 
 
-class AsyncJob:
+class AsyncJob(HeldEntity):
     """What an async handler gets: the entity, its held lease, the ledger bound to both."""
 
     def __init__(self, engine: AsyncEngine, snapshot: Snapshot, held: HeldLease) -> None:
+        super().__init__(snapshot, held)
         self.engine = engine
-        self.snapshot = snapshot
-        self.held = held
-
-    @property
-    def id(self) -> str:
-        return self.snapshot.id
-
-    @property
-    def state(self) -> str:
-        return self.snapshot.state
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return self.snapshot.data
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease is lost: a long handler should check it between steps."""
-        return self.held.lost
 
     async def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
@@ -91,10 +74,6 @@ class AsyncJob:
         )
         self.snapshot = result.snapshot
         return result
-
-    def progress(self, details: Any) -> None:
-        """Progress details for the next renewal; the next owner reads them."""
-        self.held.progress(details)
 
     async def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""

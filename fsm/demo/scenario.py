@@ -73,8 +73,9 @@ class Timing:
         return {"ttl": self.ttl, "budget": self.budget, "max_reclaims": self.max_reclaims}
 
 
-QUICK = Timing(ttl=1.0, interval=0.2, slow_gate=1.2, gate=0.3)
-"""For the test suite and ``fsm demo --quick``."""
+QUICK = Timing(ttl=2.0, interval=0.3, slow_gate=2.2, gate=0.4)
+"""For the test suite and ``fsm demo --quick``: a 2 s TTL, so that a child process starved
+for well over half a second on a loaded machine (the keeper renews every 0.67 s) keeps its lease."""
 FULL = Timing(ttl=2.0, interval=0.5, slow_gate=3.0, gate=1.0)
 """``fsm demo``: a 12-second finalization against a 2-second TTL."""
 

@@ -139,10 +139,10 @@ class EngineWork(EngineLeases):
                 self._lease_lost(lease, err)
             raise
         except Exception:
-            self._announce_effect(entity_id, key, lease, None, failed=True)
+            self._announce_effect(entity_id, key, lease, None)  # the failure, if it was recorded
             raise
         if executed:
-            self._announce_effect(entity_id, key, lease, record.result, failed=record.status == EFFECT_FAILED)
+            self._announce_effect(entity_id, key, lease, record)
         if record.status == EFFECT_FAILED:
             raise EffectFailed(entity_id, key=key, error=record.result)
         if model is not None:
@@ -154,10 +154,12 @@ class EngineWork(EngineLeases):
                 ) from None
         return record.result
 
-    def _announce_effect(self, entity_id: str, key: str, lease: Lease, result: Any, *, failed: bool) -> None:
+    def _announce_effect(self, entity_id: str, key: str, lease: Lease, record: EffectRecord | None) -> None:
+        """``effect_recorded`` for what this holder recorded: ``record`` when the call
+        returned it, else (a failure that raised) the ledger row, read only if anyone listens."""
         if not signals.effect_recorded.receivers:
             return
-        recorded = self.store.effect(entity_id, key)
+        recorded = record if record is not None else self.store.effect(entity_id, key)
         if recorded is None or recorded.lease_token != lease.token:
             return  # nothing of this holder's was recorded
         signals.send(

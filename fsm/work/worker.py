@@ -94,11 +94,11 @@ def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
     return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
 
 
-class Job:
-    """What a handler gets: the entity, its held lease, and the ledger bound to both."""
+class HeldEntity:
+    """What every handler's job shares, on both faces: the entity it works on and its held
+    lease (the sync :class:`Job` and ``fsm.aio``'s ``AsyncJob`` add the engine calls)."""
 
-    def __init__(self, engine: Engine, snapshot: Snapshot, held: HeldLease) -> None:
-        self.engine = engine
+    def __init__(self, snapshot: Snapshot, held: HeldLease) -> None:
         self.snapshot = snapshot
         self.held = held
 
@@ -119,6 +119,18 @@ class Job:
         """True once the lease is lost: a long handler should check it between steps."""
         return self.held.lost
 
+    def progress(self, details: Any) -> None:
+        """Progress details for the next renewal; the next owner reads them."""
+        self.held.progress(details)
+
+
+class Job(HeldEntity):
+    """What a handler gets: the entity, its held lease, and the ledger bound to both."""
+
+    def __init__(self, engine: Engine, snapshot: Snapshot, held: HeldLease) -> None:
+        super().__init__(snapshot, held)
+        self.engine = engine
+
     def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
     ) -> Any:
@@ -132,10 +144,6 @@ class Job:
         result = self.engine.fire(self.id, event, lease=self.held.check(), data=data, idempotency_key=idempotency_key)
         self.snapshot = result.snapshot
         return result
-
-    def progress(self, details: Any) -> None:
-        """Progress details for the next renewal; the next owner reads them."""
-        self.held.progress(details)
 
     def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""

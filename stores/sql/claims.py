@@ -17,7 +17,7 @@ from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, StaleVersion
 from fsm.limits import check_claim_request, check_id, check_listing
-from fsm.records import ClaimRequest, ClaimStart, LeaseChange, Snapshot, TransitionWrite
+from fsm.records import ClaimRequest, ClaimStart, Snapshot
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore
 from stores.sql.rows import snapshot_of
@@ -98,19 +98,7 @@ class ClaimOps(SqlCore):
     ) -> Snapshot | None:
         try:
             if start is not None:
-                write = TransitionWrite(
-                    entity_id,
-                    start.event,
-                    state,
-                    start.target,
-                    "worker",
-                    version,
-                    lease_change=LeaseChange.ACQUIRE,
-                    new_owner=request.owner,
-                    lease_ttl=request.ttl,
-                    bump_attempt=start.bump_attempt,
-                )
-                snap: Snapshot = self.apply(write)[0]  # type: ignore[attr-defined]
+                snap: Snapshot = self.apply(request.start_write(start, entity_id, version))[0]  # type: ignore[attr-defined]
                 return snap
             taken: Snapshot = self.acquire_lease(  # type: ignore[attr-defined]
                 entity_id,

@@ -2,8 +2,8 @@
 
 The child processes are :mod:`fsm.demo.proc` (the demo runs the same code); SIGKILL,
 SIGSTOP and SIGCONT are real signals.  Each scenario runs on a SQLite file and on
-PostgreSQL (skipped without ``FSM_TEST_POSTGRES_URL``).  Timings are short (a 1 s TTL, a
-reaper tick every 0.2 s) but no test asserts a duration: waits have generous timeouts,
+PostgreSQL (skipped without ``FSM_TEST_POSTGRES_URL``).  Timings are short (a 2 s TTL, a
+reaper tick every 0.3 s) but no test asserts a duration: waits have generous timeouts,
 and the one bound checked (I2: reclaimed within TTL + interval) allows a 10 s slack for a
 loaded machine.  The three seeds/002 scenarios share one stage per database (their six
 worker processes start together) to keep the suite fast.
