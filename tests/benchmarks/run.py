@@ -27,7 +27,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# the checkout this script is in comes first: a worktree's run measures its own packages,
+# not those of the editable install
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]
 
 from harness import Report, load  # noqa: E402
 
@@ -57,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown suite(s): {', '.join(unknown)}")
     report = Report(default_rounds=max(5, args.rounds))
+    import fsm
+
     print(f"python {sys.version.split()[0]}; {load()}; postgres: {args.pg_url or 'not given (skipped)'}")
+    print(f"measuring the packages in {os.path.dirname(os.path.dirname(os.path.abspath(fsm.__file__)))}")
     for suite in chosen:
         module = importlib.import_module(SUITES[suite])
         module.run(report, pg_url=args.pg_url, big=args.big)
