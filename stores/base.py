@@ -236,4 +236,22 @@ class Store(Protocol):
         ...
 
 
-__all__ = ["Store"]
+@runtime_checkable
+class BriefMoves(Protocol):
+    """An optional store capability: the reaper's claim without snapshots.
+
+    A store whose *class* defines it lets the reaper move a page of candidates without
+    decoding the moved rows when nobody listens to the transition signals (which carry
+    full snapshots); the reaper calls :meth:`Store.move_candidates` otherwise, and on any
+    store without it.
+    """
+
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
+        """:meth:`Store.move_candidates` exactly (the same candidates, moves, history rows
+        and declared data changes, in one transaction), returning only the history rows
+        of the moved entities (``seq`` is each one's new version, ``lease_token`` its new
+        token)."""
+        ...
+
+
+__all__ = ["BriefMoves", "Store"]

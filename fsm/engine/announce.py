@@ -10,14 +10,20 @@ from signals import LeasePayload, TransitionPayload
 from stores.base import Store
 
 
-def announce(kind: str, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
-    """Send the signals of one committed transition (the engine's and the reaper's)."""
-    if not (
+def observed() -> bool:
+    """Whether any signal :func:`announce` sends has a receiver (the reaper asks once per
+    page: nobody listening, it moves the page without building snapshots)."""
+    return bool(
         signals.transitioned.receivers
         or signals.expired.receivers
         or signals.reclaimed.receivers
         or signals.lease_acquired.receivers
-    ):
+    )
+
+
+def announce(kind: str, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
+    """Send the signals of one committed transition (the engine's and the reaper's)."""
+    if not observed():
         return  # nobody listens: an unobserved transition pays nothing for signals
 
     def transition_payload() -> TransitionPayload:
@@ -44,4 +50,4 @@ def announce_lease_lost(kind: str, store: Store, lease: Lease, err: Fenced) -> N
     signals.send(signals.lease_lost, kind, lambda: LeasePayload.of(kind, snap, lease=lease, detail=detail))
 
 
-__all__ = ["announce", "announce_lease_lost"]
+__all__ = ["announce", "announce_lease_lost", "observed"]

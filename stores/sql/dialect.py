@@ -503,6 +503,10 @@ class Statements:
         shape: ConditionShape,
         require: Sequence[Condition],
         bumps: tuple[bool, bool],
+        *,
+        brief: bool = False,
+        set_data: int = 0,
+        hits: int | None = None,
     ) -> tuple[str, ...]:
         """The reaper's claim-and-move: up to ``limit`` candidates found *and* moved by one
         statement, so concurrent reapers divide the stale rows instead of each reading
@@ -517,14 +521,30 @@ class Statements:
         on a row's newest version when it locks it), then updates them by primary key and
         inserts their history rows from the ``RETURNING``, in one statement.  SQLite (one
         writer under ``BEGIN IMMEDIATE``): ``UPDATE ... WHERE id IN (candidates) RETURNING``,
-        then the history rows of the moved ids."""
-        key = ("claim", change, has_ttl, shape, bumps)
+        then the history rows of the moved ids.
+
+        ``set_data`` (PostgreSQL): the statement itself applies that many declared data
+        changes (:meth:`set_items`, parameters ``dk0``, ``df0``, ``dw0``, ``dv0``...).
+        ``brief``: return only what the history rows need (id, new version, new token, and
+        PostgreSQL's ``now``) instead of every column; on SQLite also the text columns the
+        write keeps (so a row that is not UTF-8 still fails the claim, as a full one does)
+        and, when ``hits`` is not None, a ``hit`` flag: 1 where one of ``hits`` declared
+        changes may apply (:meth:`items_hit`; ``hits=0``: every row), so only those rows'
+        data is decoded.  PostgreSQL with ``hits=0`` (changes it cannot apply itself)
+        returns every row's data."""
+        key = ("claim", change, has_ttl, shape, bumps, brief, set_data, hits)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
         f, c = self.f, self.L.col
         readable = f" AND {f.is_object('e.' + c['data'])}"
         sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False)
+        if set_data:
+            assert self.pg, "SQLite applies declared data changes in Python"
+            data = f"e.{c['data']}"
+            for i in range(set_data):
+                data = self.set_items(data, i)
+            sets += f", {c['data']} = {data}"
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
         values = f"{f.p('event')}, {f.p('state')}, {f.p('target')}, {f.p('actor')}"
         limit = f" LIMIT {f.p('limit')}"
@@ -532,26 +552,79 @@ class Statements:
             lock = f"{limit} FOR UPDATE OF e SKIP LOCKED"
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + lock)
             picked = " UNION ALL ".join(f"SELECT id FROM ({b}) AS b{i}" for i, b in enumerate(branches))
+            if brief:
+                returning = ", ".join(f"{self.L.ref(n, 'e')} AS {n}" for n in ("id", "version", "lease_token"))
+                out = "u.id, u.version, u.lease_token, u.fsm_now"
+                if hits is not None:  # changes this statement cannot apply: every row's data
+                    assert not hits, "PostgreSQL applies string-valued changes in the statement"
+                    returning += f", {self.L.ref('data', 'e')} AS data"
+                    out += ", u.data"
+            else:
+                returning, out = self.ret, "*"
             found = (
                 f"WITH c AS MATERIALIZED (SELECT id FROM ({picked}) AS p{limit}), "
                 # by primary key from an array: an index probe per claimed row, whatever the
                 # planner guesses of the claim's size (a join may hash the whole table)
                 f"u AS (UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM c)) "
-                f"RETURNING {self.ret}, {f.now} AS fsm_now), "
+                f"RETURNING {returning}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
-                f"FROM u) SELECT * FROM u",
+                f"FROM u) SELECT {out} FROM u",
             )
         else:
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + limit)
             picked = " UNION ALL ".join(f"SELECT id FROM ({b})" for b in branches)
+            if brief:
+                kept = ["id", "version", "lease_token", "kind", "created_at", "concurrency_key", "data"]
+                if change is LeaseChange.KEEP:
+                    kept += ["lease_owner", "lease_expires_at"]
+                returning = ", ".join(f"{self.L.ref(n, '')} AS {n}" for n in kept)
+                if hits is not None:
+                    hit = " OR ".join(self.items_hit(i) for i in range(hits)) or "1"
+                    returning += f", CASE WHEN {hit} THEN 1 ELSE 0 END AS hit"
+            else:
+                returning = self.ret
             found = (
                 f"UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} IN (SELECT id FROM ({picked}){limit}) "
-                f"RETURNING {self.ret}",
+                f"RETURNING {returning}",
                 f"{hist} SELECT e.{c['id']}, e.{c['version']}, {values}, e.{c['lease_token']}, {f.p('reason')}, "
                 f"NULL, {f.now}, NULL FROM {self.E} AS e WHERE {f.in_ids('e.' + c['id'], 'moved')}",
             )
         self._shapes[key] = found
         return found
+
+    def set_items(self, data: str, i: int) -> str:
+        """PostgreSQL: ``data`` (a jsonb expression) with declared change ``i`` applied, as
+        :meth:`fsm.records.SetItems.apply` would: every object item of the array
+        ``data -> dk{i}`` whose field is a string among the change's ``when`` gets
+        ``df{i} = dv{i}`` (jsonb); ``data`` unchanged when no item matches.  Only for
+        changes whose ``when`` values are all strings: containment then is exact
+        (``dp{i}`` holds one ``[{field: w}]`` per ``w``, for the array; ``do{i}`` one
+        ``{field: w}``, for an item), and the array is rebuilt only where an item matches."""
+        f = self.f
+        k, fld, v = (f"CAST({f.p(f'd{n}{i}')} AS {t})" for n, t in (("k", "text"), ("f", "text"), ("v", "jsonb")))
+        in_array, item = f"CAST({f.p(f'dp{i}')} AS jsonb[])", f"CAST({f.p(f'do{i}')} AS jsonb[])"
+        x = f"x{i}"
+        changed = (
+            f"(SELECT jsonb_agg(CASE WHEN {x}.v @> ANY({item}) THEN {x}.v || jsonb_build_object({fld}, {v}) "
+            f"ELSE {x}.v END ORDER BY {x}.o) FROM jsonb_array_elements({data} -> {k}) WITH ORDINALITY AS {x}(v, o))"
+        )
+        return (
+            f"CASE WHEN ({data} -> {k}) @> ANY({in_array}) THEN {data} || jsonb_build_object({k}, {changed}) "
+            f"ELSE {data} END"
+        )
+
+    def items_hit(self, i: int) -> str:
+        """SQLite: true when declared change ``i`` may apply to the row ``e``: an object item
+        of the JSON array at path ``dk{i}`` whose ``df{i}`` (a path) is text among ``dw{i}``
+        (a JSON array).  Exact for string ``when`` values; the change itself is applied in
+        Python to the rows it flags."""
+        x = f"x{i}"
+        # in RETURNING: SQLite takes the table's name there, not its alias
+        return (
+            f"EXISTS (SELECT 1 FROM json_each({self.L.ref('data', self.E)}, :dk{i}) AS {x} WHERE {x}.type = 'object' "
+            f"AND json_type({x}.value, :df{i}) = 'text' "
+            f"AND json_extract({x}.value, :df{i}) IN (SELECT value FROM json_each(:dw{i})))"
+        )
 
     def _indexed(self, index: str) -> str:
         """The entity table for a reaper query.  SQLite with statistics (``ANALYZE``) would

@@ -18,7 +18,7 @@ from typing import Any
 
 from fsm.errors import FsmError, MalformedRow
 from fsm.limits import check_batch_write, check_int, check_page
-from fsm.records import BatchWrite, Condition, DataChange, HistoryRecord, Snapshot, apply_changes
+from fsm.records import BatchWrite, Condition, DataChange, HistoryRecord, LeaseChange, Snapshot, apply_changes
 from stores.sql.connections import is_undecodable, unavailable
 from stores.sql.core import SqlCore
 from stores.sql.dialect import condition_shape
@@ -26,6 +26,33 @@ from stores.sql.rows import dumps_data, snapshot_of
 from stores.sql.schema import decode_time
 
 log = logging.getLogger("stores.sql")
+
+MAX_SQL_CHANGES = 2
+"""PostgreSQL applies up to this many declared data changes inside the claim statement
+(each repeats the data expression it changes, so the text grows threefold per change);
+more than that are applied in Python, in the claim's transaction."""
+
+
+def _text_when(change: DataChange) -> bool:
+    """Whether ``change`` only matches strings: there JSON and Python equality agree (a
+    Python ``1 == True`` has no JSON counterpart), so SQL can judge it exactly."""
+    return all(w.__class__ is str for w in change.when)
+
+
+def _plain_path(change: DataChange) -> bool:
+    """Whether ``change``'s key and field can be written as SQLite JSON path labels."""
+    return '"' not in change.key and '"' not in change.field
+
+
+def _check_brief(row: Any, keeps_lease: bool) -> None:
+    """A brief SQLite row's kept times parse as a full decode would parse them, or
+    ``MalformedRow``: (id, version, token, kind, created_at, key, data[, owner, expiry])."""
+    try:
+        decode_time(row[4])
+        if keeps_lease and row[8] is not None:
+            decode_time(row[8])
+    except (ValueError, TypeError, AttributeError) as err:
+        raise MalformedRow(str(row[0]), reason=str(err)) from None
 
 
 class ReaperOps(SqlCore):
@@ -97,15 +124,56 @@ class ReaperOps(SqlCore):
 
     def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
         """See :meth:`stores.Store.move_candidates`: one statement on PostgreSQL (claimed
-        with ``FOR UPDATE SKIP LOCKED``), one ``BEGIN IMMEDIATE`` transaction on SQLite."""
+        with ``FOR UPDATE SKIP LOCKED``, declared data changes applied by the statement
+        when it can), one ``BEGIN IMMEDIATE`` transaction on SQLite."""
+        sql, params, now, rest = self._claim_statement(batch, limit, brief=False)
+        moved = self._batch_sqlite(sql, params, now, rest) if self._sqlite else self._batch_pg(sql, params, rest)
+        snaps = self._attach([s for s, _ in moved])
+        return [
+            (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
+                              s.lease_token, batch.reason, None, when, None))
+            for s, (_, when) in zip(snaps, moved, strict=True)
+        ]  # fmt: skip
+
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
+        """See :meth:`stores.base.BriefMoves.move_candidates_brief`: the claim of
+        :meth:`move_candidates`, returning the history rows only (no row is decoded into a
+        snapshot; a row's data only when a declared change must be applied in Python)."""
+        sql, params, now, rest = self._claim_statement(batch, limit, brief=True)
+        if self._sqlite:
+            assert now is not None
+            rows = self._brief_sqlite(sql, params, batch, rest)
+            at = now
+        else:
+            rows = self._brief_pg(sql, params, rest)
+            if not rows:
+                return []
+            at = decode_time(rows[0][3])  # the statement's now: one instant for every row
+        event, source, target, actor, reason = batch.event, batch.source, batch.target, batch.actor, batch.reason
+        return [HistoryRecord(r[0], r[1], event, source, target, actor, r[2], reason, None, at, None) for r in rows]
+
+    def _claim_statement(
+        self, batch: BatchWrite, limit: int, *, brief: bool
+    ) -> tuple[tuple[str, ...], dict[str, Any], datetime | None, tuple[DataChange, ...]]:
+        """The claim's SQL and parameters, its ``now``, and the declared changes the caller
+        applies itself (the rest the statement applies: PostgreSQL, string ``when`` values)."""
         check_batch_write(batch)
         check_int("limit", limit, low=1, high=1_000_000)
+        children = {io.child.key for io in self._children}
+        own = tuple(c for c in batch.changes if c.key not in children)
+        in_sql = not self._sqlite and 0 < len(own) <= MAX_SQL_CHANGES and all(_text_when(c) for c in own)
+        hits: int | None = None  # brief: which rows' data to return for the changes applied here
+        if brief and own and not in_sql:
+            hits = len(own) if self._sqlite and all(_text_when(c) and _plain_path(c) for c in own) else 0
         sql = self._sql.claim(
             batch.lease_change,
             batch.lease_ttl is not None,
             condition_shape(batch.require),
             batch.require,
             (batch.bump_attempt, batch.bump_reclaims),
+            brief=brief,
+            set_data=len(own) if in_sql else 0,
+            hits=hits,
         )
         params: dict[str, Any] = {
             "kind": batch.kind,
@@ -119,20 +187,103 @@ class ReaperOps(SqlCore):
         }
         if self._status is not None:
             params["status"] = self._status(batch.target)
+        if in_sql:
+            for i, change in enumerate(own):
+                params[f"dk{i}"], params[f"df{i}"] = change.key, change.field
+                params[f"dv{i}"] = dumps_data(change.value, "(claimed page)")
+                params[f"dp{i}"] = [dumps_data([{change.field: w}], "(claimed page)") for w in change.when]
+                params[f"do{i}"] = [dumps_data({change.field: w}, "(claimed page)") for w in change.when]
+        elif hits:
+            for i, change in enumerate(own):
+                params[f"dk{i}"], params[f"df{i}"] = f'$."{change.key}"', f'$."{change.field}"'
+                params[f"dw{i}"] = json.dumps(list(change.when))
         now = self._now()
         self._time_params(params, now, batch.lease_ttl)
         self._sql.condition_params(params, batch.require, now)
-        moved = (
-            self._batch_sqlite(sql, params, now, batch.changes)
-            if self._sqlite
-            else self._batch_pg(sql, params, batch.changes)
-        )
-        snaps = self._attach([s for s, _ in moved])
-        return [
-            (s, HistoryRecord(s.id, s.version, batch.event, batch.source, batch.target, batch.actor,
-                              s.lease_token, batch.reason, None, when, None))
-            for s, (_, when) in zip(snaps, moved, strict=True)
-        ]  # fmt: skip
+        rest = tuple(c for c in batch.changes if c.key in children) if in_sql else batch.changes
+        return sql, params, now, rest
+
+    def _brief_pg(self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]) -> list[Any]:
+        """A brief claim on PostgreSQL: one autocommit statement, or, with changes left to
+        apply here (child rows), the statement and the changes in one transaction."""
+        if not changes:
+            return self._run(sql[0], params)
+        slot = self._conns.slot()
+        try:
+            with slot.conn.transaction():
+                slot.cursor.execute(sql[0], params)
+                rows: list[Any] = slot.cursor.fetchall()
+                if rows:
+                    # changes on the row's own data that the statement could not apply: it
+                    # returned every row's data (decoded by the driver) after the times
+                    own = any(c.key not in {io.child.key for io in self._children} for c in changes)
+                    hit = [(r[0], r[4]) for r in rows] if own else []
+                    self._change_rows(slot.cursor, [r[0] for r in rows], hit, changes)
+                return rows
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    def _brief_sqlite(
+        self, sql: tuple[str, ...], params: dict[str, Any], batch: BatchWrite, changes: tuple[DataChange, ...]
+    ) -> list[Any]:
+        """A brief claim on SQLite, in one ``BEGIN IMMEDIATE`` transaction: the update, the
+        history rows, the declared changes.  Every row is checked as a full claim would
+        decode it (its kept text columns read as UTF-8, its kept times parsed), so a row
+        the store cannot read still fails the claim and is left to the keyset path."""
+        slot = self._conns.slot()
+        cur = slot.cursor
+        keeps_lease = batch.lease_change is LeaseChange.KEEP
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(sql[0], params)
+                rows: list[Any] = cur.fetchall()
+                for row in rows:
+                    _check_brief(row, keeps_lease)
+                if rows:
+                    cur.execute(sql[1], {**params, "moved": self._f.ids([r[0] for r in rows])})
+                    if changes:
+                        # the hit flag is the last column when the batch changes its own data
+                        own = any(c.key not in {io.child.key for io in self._children} for c in changes)
+                        hit = [(r[0], r[6]) for r in rows if r[-1]] if own else []
+                        self._change_rows(cur, [r[0] for r in rows], hit, changes)
+                cur.execute("COMMIT")
+            except BaseException:
+                slot.conn.rollback()
+                raise
+        except self._integrity:
+            raise
+        except self._errors as err:
+            if is_undecodable(err):  # rolled back: the reaper reads the candidates row by row
+                raise MalformedRow("(claimed page)", reason="a row's text is not UTF-8") from err
+            raise unavailable(err, self._conns) from err
+        return rows
+
+    def _change_rows(
+        self, cur: Any, ids: list[str], hit: list[tuple[str, Any]], changes: tuple[DataChange, ...]
+    ) -> None:
+        """Declared changes on moved rows known by id (a brief claim): child rows by one
+        ``UPDATE`` per change; the data of the ``hit`` rows (id, data) in Python."""
+        children = {io.child.key: io for io in self._children}
+        for change in changes:
+            io = children.get(change.key)
+            if io is not None and change.field in io.child.fields:
+                io.set_where(cur, ids, change.field, change.when, change.value)
+        own = tuple(c for c in changes if c.key not in children)
+        if not own or not hit:
+            return
+        col, f = self._sql.L.col, self._f
+        update = f"UPDATE {self._sql.E} SET {col['data']} = {f.json('data')} WHERE {col['id']} = {f.p('id')}"
+        for entity_id, text in hit:
+            try:
+                data: Any = json.loads(text) if text.__class__ is str else text  # SQLite text; jsonb is decoded
+            except ValueError as err:
+                raise MalformedRow(entity_id, reason=f"data is not JSON: {err}") from None
+            if data.__class__ is not dict:
+                raise MalformedRow(entity_id, reason="data is not a JSON object")
+            new = apply_changes(own, data)
+            if new is not None:
+                cur.execute(update, {"id": entity_id, "data": dumps_data(new, entity_id)})
 
     def _batch_sqlite(
         self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, changes: tuple[DataChange, ...]

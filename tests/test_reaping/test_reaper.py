@@ -34,7 +34,7 @@ from fsm import (
 from fsm.policy import Policy
 from fsm.reaping import Reaper, ReaperConfig, ReapPolicy
 from fsm.records import Lease
-from stores import Store
+from stores import MemoryStore, Store
 
 INTERVAL = timedelta(minutes=5)
 
@@ -355,6 +355,64 @@ def test_soft_deleted_rows_are_never_touched(any_store: Store, clock: ManualCloc
     clock.advance(timedelta(hours=2))
     assert reaper_for(any_store, clock).run_once().total_moved == 0
     assert any_store.get("p1", include_deleted=True).state == "running"
+
+
+class ClaimSpy(MemoryStore):
+    """A store whose class offers the brief claim, recording which claim the reaper calls."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.claims: list[str] = []
+        self.briefing = False
+
+    def move_candidates(self, batch: Any, *, limit: int) -> Any:
+        if not self.briefing:  # the memory store's brief claim is its full one, unpacked
+            self.claims.append("full")
+        return super().move_candidates(batch, limit=limit)
+
+    def move_candidates_brief(self, batch: Any, *, limit: int) -> Any:
+        self.claims.append("brief")
+        self.briefing = True
+        try:
+            return super().move_candidates_brief(batch, limit=limit)
+        finally:
+            self.briefing = False
+
+
+def test_with_nobody_listening_claimed_pages_move_brief_with_one_info_line_per_entity(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ClaimSpy(clock)
+    for i in range(5):
+        pipeline(store, clock, f"p{i}")
+    clock.advance(timedelta(hours=2))
+    with caplog.at_level(logging.INFO, logger="fsm.reaper"):
+        result = reaper_for(store, clock, batch_size=2).run_once()
+    assert result.moved == {"pipeline.expire": 5}
+    assert "brief" in store.claims and "full" not in store.claims
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    lines = sorted(line for line in infos if "-> failed" in line)
+    expected = []
+    for i in range(5):
+        record = store.history(f"p{i}")[-1]
+        assert store.get(f"p{i}").data["steps"] == [{"name": "build", "status": "failed"}]  # the declared change
+        tail = f"[reason=expired, version={record.seq}, token={record.lease_token}]"
+        expected.append(f"pipeline p{i}: running -> failed (expire) {tail}")
+    assert lines == sorted(expected)
+
+
+def test_with_a_receiver_claimed_pages_move_with_snapshots_and_one_signal_per_entity(
+    clock: ManualClock, transitioned: list[Any]
+) -> None:
+    store = ClaimSpy(clock)
+    for i in range(5):
+        pipeline(store, clock, f"p{i}")
+    clock.advance(timedelta(hours=2))
+    assert reaper_for(store, clock, batch_size=2).run_once().moved == {"pipeline.expire": 5}
+    assert "full" in store.claims and "brief" not in store.claims
+    expired = [p for p in transitioned if p.snapshot.state == "failed"]  # not the workers' starts
+    assert sorted(p.snapshot.id for p in expired) == [f"p{i}" for i in range(5)]
+    assert all(p.snapshot.data["steps"] == [{"name": "build", "status": "failed"}] for p in expired)
 
 
 class OneBadRowStore:

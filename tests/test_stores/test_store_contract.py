@@ -6,7 +6,10 @@ factory to ``STORE_FACTORIES`` in ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import UTC, timedelta
+from typing import Any
 
 import pytest
 from async_support import every_face  # noqa: F401 - any_store: the contract on the sync and async faces
@@ -24,12 +27,15 @@ from fsm.records import (
     BatchWrite,
     CounterAtLeast,
     CounterBelow,
+    HistoryRecord,
     LeaseChange,
     LeaseStale,
     NewEntity,
     NewerSibling,
+    SetItems,
     Snapshot,
     TransitionWrite,
+    apply_changes,
 )
 from stores import Store
 
@@ -422,6 +428,133 @@ def test_move_candidates_claims_and_moves_up_to_limit_never_a_fresh_lease(any_st
     assert any_store.move_candidates(claim, limit=2) == []
     assert any_store.get("live").state == "running"
     assert any_store.get("d", include_deleted=True).state == "running"
+
+
+def _brief_claim(store: Store) -> Callable[..., list[HistoryRecord]]:
+    """The store's ``move_candidates_brief`` (an optional capability), or skip the test."""
+    method = getattr(type(store), "move_candidates_brief", None)
+    if method is None:
+        pytest.skip(f"{type(store).__name__} has no brief claim (the reaper calls move_candidates)")
+    return functools.partial(method, store)
+
+
+def test_move_candidates_brief_moves_as_move_candidates_and_returns_the_history_rows(
+    any_store: Store, clock: ManualClock
+) -> None:
+    brief = _brief_claim(any_store)
+    _running(any_store, clock, ["a", "b", "c", "d"])
+    held = acquire(any_store, new(any_store, "live"))  # a fresh lease: never claimed (I1)
+    any_store.renew_lease("live", owner="w1", token=held.lease_token, ttl=STALE_AFTER * 3, budget=None)
+    any_store.soft_delete("d")
+    clock.advance(STALE_AFTER * 2)
+    claim = BatchWrite(
+        ids=(),
+        kind="job",
+        event="expire",
+        source="running",
+        target="failed",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER),),
+        lease_change=LeaseChange.CLEAR,
+        reason="expired",
+    )
+    first, second = brief(claim, limit=2), brief(claim, limit=2)
+    assert len(first) == 2 and len(second) == 1
+    assert sorted(r.entity_id for r in first + second) == ["a", "b", "c"]
+    for record in first + second:
+        snap = any_store.get(record.entity_id)
+        assert (snap.state, snap.version, snap.lease_owner, snap.lease_expires_at) == ("failed", 2, None, None)
+        assert snap.updated_at == snap.state_entered_at == clock.now()
+        assert any_store.history(record.entity_id)[-1] == record
+        assert (record.seq, record.event, record.source, record.target, record.actor, record.reason) == (
+            2, "expire", "running", "failed", "reaper", "expired"
+        )  # fmt: skip
+        assert (record.lease_token, record.at) == (snap.lease_token, clock.now())
+    assert brief(claim, limit=2) == []
+    assert any_store.get("live").state == "running"
+    assert any_store.get("d", include_deleted=True).state == "running"
+
+
+def test_move_candidates_brief_takes_a_reclaims_fence_as_the_full_claim_does(
+    any_store: Store, clock: ManualClock
+) -> None:
+    brief = _brief_claim(any_store)
+    held = acquire(any_store, new(any_store, "f1"))
+    clock.advance(TTL * 2)  # the holder died: its lease lapsed
+    reclaim = BatchWrite(
+        ids=(),
+        kind="job",
+        event="reclaim",
+        source="running",
+        target="running",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER),),
+        lease_change=LeaseChange.ACQUIRE,
+        new_owner=None,
+        lease_ttl=TTL,
+        bump_reclaims=True,
+        reason="reclaimed",
+    )
+    (record,) = brief(reclaim, limit=5)
+    snap = any_store.get("f1")
+    assert (snap.version, snap.lease_token, snap.lease_owner, snap.reclaims) == (2, held.lease_token + 1, None, 1)
+    assert snap.lease_expires_at == clock.now() + TTL
+    assert (record.seq, record.lease_token) == (2, held.lease_token + 1)
+    assert any_store.history("f1")[-1] == record
+
+
+CHANGED_DATA: list[dict[str, Any]] = [
+    {"steps": [{"name": "build", "status": "completed"}, {"name": "test", "status": "running"}]},
+    {"steps": [{"status": "running", "x": {"y": [1.5, "é", None]}}, {"status": "running"}], "other": [1]},
+    {"steps": [1, "running", None, ["running"], {"status": ["running"]}, {"status": "running"}]},
+    {"steps": [{"status": 1}, {"status": True}, {"status": "1"}, {"status": 1.0}, {"status": None}, {}]},
+    {"steps": [{"name": "idle", "status": "queued"}]},
+    {"steps": {"status": "running"}},
+    {"steps": "running"},
+    {"steps": []},
+    {},
+]
+"""Data shapes a declared change meets: matching and non-matching items, items that are
+not objects, values that are not strings (where JSON and Python equality differ)."""
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        (SetItems("steps", "status", ("running",), "failed"),),
+        (SetItems("steps", "status", ("running", "queued"), {"failed": True}), SetItems("other", "z", ("a",), 1)),
+        (SetItems("steps", "status", (1, None), "zero"),),  # Python's 1 == True == 1.0: not a string match
+        (*(SetItems("steps", "status", (f"s{i}",), i) for i in range(3)), SetItems("steps", "status", ("running",), 9)),
+    ],
+    ids=["one-text", "two-text", "non-text", "many"],
+)
+@pytest.mark.parametrize("brief", [False, True], ids=["full", "brief"])
+def test_a_claimed_page_applies_declared_changes_exactly_as_apply_changes(
+    any_store: Store, clock: ManualClock, changes: tuple[SetItems, ...], brief: bool
+) -> None:
+    claim_page = _brief_claim(any_store) if brief else any_store.move_candidates
+    for i, data in enumerate(CHANGED_DATA):
+        any_store.apply(step(new(any_store, f"p{i}", data=data), "start", "running"))
+    clock.advance(STALE_AFTER * 2)
+    claim = BatchWrite(
+        ids=(),
+        kind="job",
+        event="expire",
+        source="running",
+        target="failed",
+        actor="reaper",
+        require=(LeaseStale(STALE_AFTER),),
+        lease_change=LeaseChange.CLEAR,
+        reason="expired",
+        changes=changes,
+    )
+    moved = claim_page(claim, limit=100)
+    assert len(moved) == len(CHANGED_DATA)
+    for i, data in enumerate(CHANGED_DATA):
+        expected = apply_changes(changes, data)
+        assert any_store.get(f"p{i}").data == (data if expected is None else expected), data
+    if not brief:  # the returned snapshots carry the changed data too
+        assert all(snap == any_store.get(snap.id) for snap, _ in moved)
 
 
 def test_apply_with_the_snapshot_it_was_judged_on_returns_the_stored_row(any_store: Store, clock: ManualClock) -> None:
