@@ -614,14 +614,17 @@ class Statements:
         )
 
     def items_hit(self, i: int) -> str:
-        """SQLite: true when declared change ``i`` may apply to the row ``e``: an object item
+        """SQLite: true when declared change ``i`` applies to the updated row: an object item
         of the JSON array at path ``dk{i}`` whose ``df{i}`` (a path) is text among ``dw{i}``
         (a JSON array).  Exact for string ``when`` values; the change itself is applied in
         Python to the rows it flags."""
         x = f"x{i}"
         # in RETURNING: SQLite takes the table's name there, not its alias
+        data = self.L.ref("data", self.E)
         return (
-            f"EXISTS (SELECT 1 FROM json_each({self.L.ref('data', self.E)}, :dk{i}) AS {x} WHERE {x}.type = 'object' "
+            # a scalar test first: a row without the array needs no table-valued scan
+            f"json_type({data}, :dk{i}) = 'array' "
+            f"AND EXISTS (SELECT 1 FROM json_each({data}, :dk{i}) AS {x} WHERE {x}.type = 'object' "
             f"AND json_type({x}.value, :df{i}) = 'text' "
             f"AND json_extract({x}.value, :df{i}) IN (SELECT value FROM json_each(:dw{i})))"
         )
