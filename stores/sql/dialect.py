@@ -531,7 +531,8 @@ class Statements:
         and, when ``hits`` is not None, a ``hit`` flag: 1 where one of ``hits`` declared
         changes may apply (:meth:`items_hit`; ``hits=0``: every row), so only those rows'
         data is decoded.  PostgreSQL with ``hits=0`` (changes it cannot apply itself)
-        returns every row's data."""
+        returns every row's data, and a brief claim that moved fewer than ``limit`` rows
+        ends with a row of NULLs when a candidate it did not take is left."""
         key = ("claim", change, has_ttl, shape, bumps, brief, set_data, hits)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -554,13 +555,23 @@ class Statements:
             picked = " UNION ALL ".join(f"SELECT id FROM ({b}) AS b{i}" for i, b in enumerate(branches))
             if brief:
                 returning = ", ".join(f"{self.L.ref(n, 'e')} AS {n}" for n in ("id", "version", "lease_token"))
-                out = "u.id, u.version, u.lease_token, u.fsm_now"
+                out, marker = "u.id, u.version, u.lease_token, u.fsm_now", "NULL, NULL, NULL, NULL"
                 if hits is not None:  # changes this statement cannot apply: every row's data
                     assert not hits, "PostgreSQL applies string-valued changes in the statement"
                     returning += f", {self.L.ref('data', 'e')} AS data"
-                    out += ", u.data"
+                    out, marker = f"{out}, u.data", f"{marker}, NULL"
+                # a short claim also says whether it left a candidate behind (one it did not
+                # claim: unreadable, or locked by another transaction): a row of NULLs if so
+                others = f" AND e.{c['id']} <> ALL(ARRAY(SELECT id FROM c)) LIMIT 1"
+                left = " UNION ALL ".join(
+                    f"SELECT 1 FROM ({b}) AS l{i}" for i, b in enumerate(self._candidate_branches(require, "1", others))
+                )
+                out += (
+                    f" FROM u UNION ALL SELECT {marker} WHERE CASE WHEN (SELECT count(*) FROM u) < {f.p('limit')} "
+                    f"THEN EXISTS ({left}) ELSE FALSE END"
+                )
             else:
-                returning, out = self.ret, "*"
+                returning, out = self.ret, "* FROM u"
             found = (
                 f"WITH c AS MATERIALIZED (SELECT id FROM ({picked}) AS p{limit}), "
                 # by primary key from an array: an index probe per claimed row, whatever the
@@ -568,7 +579,7 @@ class Statements:
                 f"u AS (UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM c)) "
                 f"RETURNING {returning}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
-                f"FROM u) SELECT {out} FROM u",
+                f"FROM u) SELECT {out}",
             )
         else:
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + limit)

@@ -44,6 +44,14 @@ def _plain_path(change: DataChange) -> bool:
     return '"' not in change.key and '"' not in change.field
 
 
+def _left_behind(rows: list[Any]) -> tuple[list[Any], bool]:
+    """A brief PostgreSQL claim's moved rows, and whether it ended with the row of NULLs
+    that says a candidate it did not take is left."""
+    if rows and rows[-1][0] is None:
+        return rows[:-1], True
+    return rows, False
+
+
 def _check_brief(row: Any, keeps_lease: bool) -> None:
     """A brief SQLite row's kept times parse as a full decode would parse them, or
     ``MalformedRow``: (id, version, token, kind, created_at, key, data[, owner, expiry])."""
@@ -135,22 +143,26 @@ class ReaperOps(SqlCore):
             for s, (_, when) in zip(snaps, moved, strict=True)
         ]  # fmt: skip
 
-    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> tuple[list[HistoryRecord], bool]:
         """See :meth:`stores.base.BriefMoves.move_candidates_brief`: the claim of
         :meth:`move_candidates`, returning the history rows only (no row is decoded into a
-        snapshot; a row's data only when a declared change must be applied in Python)."""
+        snapshot; a row's data only when a declared change must be applied in Python).
+        PostgreSQL knows whether a short claim left a candidate behind (the statement
+        says); SQLite does not tell (its candidates read costs no round trip)."""
         sql, params, now, rest = self._claim_statement(batch, limit, brief=True)
         if self._sqlite:
             assert now is not None
             rows = self._brief_sqlite(sql, params, batch, rest)
-            at = now
+            at, exhausted = now, False
         else:
-            rows = self._brief_pg(sql, params, rest)
+            rows, left = self._brief_pg(sql, params, rest)
+            exhausted = len(rows) < limit and not left
             if not rows:
-                return []
+                return [], exhausted
             at = decode_time(rows[0][3])  # the statement's now: one instant for every row
         event, source, target, actor, reason = batch.event, batch.source, batch.target, batch.actor, batch.reason
-        return [HistoryRecord(r[0], r[1], event, source, target, actor, r[2], reason, None, at, None) for r in rows]
+        records = [HistoryRecord(r[0], r[1], event, source, target, actor, r[2], reason, None, at, None) for r in rows]
+        return records, exhausted
 
     def _claim_statement(
         self, batch: BatchWrite, limit: int, *, brief: bool
@@ -203,23 +215,26 @@ class ReaperOps(SqlCore):
         rest = tuple(c for c in batch.changes if c.key in children) if in_sql else batch.changes
         return sql, params, now, rest
 
-    def _brief_pg(self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]) -> list[Any]:
+    def _brief_pg(
+        self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]
+    ) -> tuple[list[Any], bool]:
         """A brief claim on PostgreSQL: one autocommit statement, or, with changes left to
-        apply here (child rows), the statement and the changes in one transaction."""
+        apply here (child rows), the statement and the changes in one transaction.  Returns
+        the moved rows and whether the statement reported a candidate left behind."""
         if not changes:
-            return self._run(sql[0], params)
+            return _left_behind(self._run(sql[0], params))
         slot = self._conns.slot()
         try:
             with slot.conn.transaction():
                 slot.cursor.execute(sql[0], params)
-                rows: list[Any] = slot.cursor.fetchall()
+                rows, left = _left_behind(slot.cursor.fetchall())
                 if rows:
                     # changes on the row's own data that the statement could not apply: it
                     # returned every row's data (decoded by the driver) after the times
                     own = any(c.key not in {io.child.key for io in self._children} for c in changes)
                     hit = [(r[0], r[4]) for r in rows] if own else []
                     self._change_rows(slot.cursor, [r[0] for r in rows], hit, changes)
-                return rows
+                return rows, left
         except self._errors as err:
             raise unavailable(err, self._conns) from err
 

@@ -1,0 +1,72 @@
+"""The SQL store's brief claim says when it left a candidate behind (issue 12, item 5).
+
+``move_candidates_brief`` returns, with the moved rows' history, whether the claim is known
+to have taken every candidate; the reaper skips its keyset read of the leftovers only then.
+It must never say so while a candidate is left: a row another transaction holds (skipped,
+not waited for) or a row it cannot read (never claimed; the reaper counts it as a bad row).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from conftest import SqlTarget
+
+from fsm import Engine, ManualClock, PipelineLifecycle
+from fsm.reaping import Reaper, ReaperConfig
+from fsm.records import BatchWrite, LeaseChange, LeaseStale
+from stores.sql import SqlStore
+
+CLAIM = BatchWrite(
+    (), "pipeline", "expire", "running", "failed", "reaper", (LeaseStale(timedelta(minutes=60)),),
+    LeaseChange.CLEAR, reason="expired",
+)  # fmt: skip
+
+
+def _stale(target: SqlTarget, n: int) -> tuple[SqlStore, ManualClock]:
+    clock = ManualClock()
+    store = target.store(clock=clock)
+    assert isinstance(store, SqlStore)
+    engine = Engine(PipelineLifecycle, store, clock=clock)
+    for i in range(n):
+        engine.fire(engine.create(f"p{i}").id, "start")
+    clock.advance(timedelta(hours=2))
+    return store, clock
+
+
+def test_a_clean_short_claim_is_the_last_and_a_full_one_never_is(sql_target: SqlTarget) -> None:
+    store, _ = _stale(sql_target, 5)
+    records, exhausted = store.move_candidates_brief(CLAIM, limit=3)
+    assert len(records) == 3 and not exhausted
+    records, exhausted = store.move_candidates_brief(CLAIM, limit=3)
+    assert len(records) == 2
+    # PostgreSQL knows (its statement says); SQLite does not tell, and the reaper reads
+    assert exhausted is (sql_target.dialect == "postgres")
+
+
+def test_a_claim_that_skipped_an_unreadable_row_says_a_candidate_is_left(sql_target: SqlTarget) -> None:
+    store, clock = _stale(sql_target, 4)
+    broken = "'{broken'" if sql_target.dialect == "sqlite" else "'[1, 2]'"  # jsonb only holds valid JSON
+    engine = sql_target.engine()
+    with engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.exec_driver_sql(f"UPDATE {sql_target.prefix}entities SET data = {broken} WHERE id = 'p2'")
+    records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
+    assert sorted(r.entity_id for r in records) == ["p0", "p1", "p3"] and not exhausted
+    result = Reaper(store, [PipelineLifecycle], ReaperConfig(batch_size=10), clock=clock).run_once()
+    assert result.bad_rows == 1 and result.total_moved == 0  # the reaper read it, counted it, left it
+
+
+def test_a_claim_that_skipped_a_locked_row_says_a_candidate_is_left(sql_target: SqlTarget) -> None:
+    if sql_target.dialect != "postgres":
+        pytest.skip("row locks: PostgreSQL (SQLite locks the whole database for a writer)")
+    import psycopg
+
+    store, _ = _stale(sql_target, 3)
+    with psycopg.connect(sql_target.url.replace("postgresql+psycopg://", "postgresql://")) as other:
+        other.execute(f"SELECT 1 FROM {sql_target.prefix}entities WHERE id = 'p1' FOR UPDATE")  # held, not committed
+        records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
+        assert sorted(r.entity_id for r in records) == ["p0", "p2"] and not exhausted
+        other.rollback()
+    records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
+    assert [r.entity_id for r in records] == ["p1"] and exhausted
