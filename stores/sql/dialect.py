@@ -524,7 +524,7 @@ class Statements:
         then the history rows of the moved ids.
 
         ``set_data`` (PostgreSQL): the statement itself applies that many declared data
-        changes (:meth:`set_items`, parameters ``dk0``, ``df0``, ``dw0``, ``dv0``...).
+        changes (:meth:`set_items`, parameters ``dk0``, ``df0``, ``dv0``, ``dp0``, ``do0``...).
         ``brief``: return only what the history rows need (id, new version, new token, and
         PostgreSQL's ``now``) instead of every column; on SQLite also the text columns the
         write keeps (so a row that is not UTF-8 still fails the claim, as a full one does)

@@ -9,6 +9,7 @@ not waited for) or a row it cannot read (never claimed; the reaper counts it as 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from conftest import SqlTarget
@@ -70,3 +71,38 @@ def test_a_claim_that_skipped_a_locked_row_says_a_candidate_is_left(sql_target: 
         other.rollback()
     records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
     assert [r.entity_id for r in records] == ["p1"] and exhausted
+
+
+class _Statements:
+    """Wraps a DBAPI cursor and records the first word of each statement it runs."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+        self.seen: list[str] = []
+
+    def execute(self, sql: str, params: Any = None, **options: Any) -> Any:
+        self.seen.append(sql.split(maxsplit=1)[0].upper())
+        return self._cursor.execute(sql, **options) if params is None else self._cursor.execute(sql, params, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+def test_a_tick_on_postgres_is_one_statement_per_claim_and_no_read_when_nothing_is_left(
+    sql_target: SqlTarget,
+) -> None:
+    store, clock = _stale(sql_target, 5)
+    slot = store._conns.slot()
+    counting = _Statements(slot.cursor)
+    slot.cursor = counting
+    try:
+        result = Reaper(store, [PipelineLifecycle], ReaperConfig(batch_size=3), clock=clock).run_once()
+    finally:
+        slot.cursor = counting._cursor
+    assert result.moved == {"pipeline.expire": 5}
+    rules = 3  # expire from running, supersede, expire from finalizing
+    claims = rules + 1  # expire from running: a full page of 3, then a short one of 2
+    if sql_target.dialect == "postgres":
+        assert counting.seen == ["WITH"] * claims  # autocommit: no BEGIN/COMMIT, no keyset read
+    else:  # each claim in BEGIN IMMEDIATE; a keyset read after each rule's last claim
+        assert counting.seen.count("BEGIN") == claims and counting.seen.count("SELECT") == rules

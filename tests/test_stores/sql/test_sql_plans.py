@@ -32,9 +32,9 @@ class _Recording:
         self._cursor = cursor
         self.seen: list[tuple[str, Any]] = []
 
-    def execute(self, sql: str, params: Any = None) -> Any:
+    def execute(self, sql: str, params: Any = None, **options: Any) -> Any:  # options: psycopg's prepare=
         self.seen.append((sql, params))
-        return self._cursor.execute(sql) if params is None else self._cursor.execute(sql, params)
+        return self._cursor.execute(sql, **options) if params is None else self._cursor.execute(sql, params, **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
