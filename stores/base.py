@@ -246,14 +246,11 @@ class BriefMoves(Protocol):
     store without it.
     """
 
-    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> tuple[list[HistoryRecord], bool]:
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
         """:meth:`Store.move_candidates` exactly (the same candidates, moves, history rows
         and declared data changes, in one transaction), returning only the history rows
         of the moved entities (``seq`` is each one's new version, ``lease_token`` its new
-        token), and whether the claim is known to have left no candidate behind: True
-        only when fewer than ``limit`` moved and no row :meth:`Store.candidates` would
-        list remained (none unreadable, none locked by another transaction), so the
-        caller need not read them; False when there may be some."""
+        token)."""
         ...
 
 

@@ -276,12 +276,10 @@ class MemoryStore(LedgerRun):
                     moved.append(self._move(row, batch, now, data, None, None))
         return moved
 
-    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> tuple[list[HistoryRecord], bool]:
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
         """See :meth:`stores.base.BriefMoves.move_candidates_brief` (the snapshots are at
-        hand here: this is :meth:`move_candidates` without them; a short claim took every
-        candidate, as no row here is unreadable or locked)."""
-        moved = self.move_candidates(batch, limit=limit)
-        return [record for _, record in moved], len(moved) < limit
+        hand here: this is :meth:`move_candidates` without them)."""
+        return [record for _, record in self.move_candidates(batch, limit=limit)]
 
     @staticmethod
     def _capped_expiry(row: Snapshot, now: datetime, ttl: timedelta, budget: timedelta | None) -> datetime | None:

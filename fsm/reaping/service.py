@@ -120,7 +120,7 @@ class Reaper:
         # the claim without snapshots, when the store's class offers it (a wrapper that only
         # forwards attributes does not: its own move_candidates is what it means to be called)
         brief = getattr(type(store), "move_candidates_brief", None)
-        self._brief: Callable[..., tuple[list[HistoryRecord], bool]] | None = brief if callable(brief) else None
+        self._brief: Callable[..., list[HistoryRecord]] | None = brief if callable(brief) else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -164,8 +164,8 @@ class Reaper:
         after: str | None = None
         batch = self.config.batch_size
         branch = rule.branch
-        if rule.set_based and not dry_run and self._claim(rule, result):
-            return  # the last claim took every candidate: nothing is left to read
+        if rule.set_based and not dry_run:
+            self._claim(rule, result)
         # what the claims left: unreadable rows (counted and stepped over), rows another
         # reaper is moving right now (lost races), and every row of a dry run or of a rule
         # only Python can judge
@@ -191,11 +191,9 @@ class Reaper:
             if exhausted:
                 return
 
-    def _claim(self, rule: Rule, result: ReapResult) -> bool:
+    def _claim(self, rule: Rule, result: ReapResult) -> None:
         """Move the rule's candidates a page at a time, each page found and moved by one
         store call (:meth:`stores.Store.move_candidates`), until a page comes back short.
-        Returns whether the store said the last claim left no candidate behind (then the
-        keyset read that follows would find none).
 
         Concurrent reapers divide the rows this way instead of each reading all of them.
         A page that fails for any reason but an unavailable store is left to the keyset
@@ -207,18 +205,17 @@ class Reaper:
             # nobody listening to the transition signals (asked once per page): the page
             # is moved without decoding a snapshot of each row, only its history row
             brief = self._brief is not None and not observed()
-            exhausted = False
             try:
                 if brief:
                     assert self._brief is not None
-                    records, exhausted = self._brief(self.store, write, limit=limit)
+                    records = self._brief(self.store, write, limit=limit)
                 else:
                     moved = self.store.move_candidates(write, limit=limit)
             except (StoreUnavailable, ConfigError):
                 raise
             except (FsmError, ValueError, TypeError):
                 log.warning("%s: a claimed page failed; reading the candidates instead", rule.name, exc_info=True)
-                return False
+                return
             if brief:
                 self._moved_brief(rule, records, result)
                 count = len(records)
@@ -227,7 +224,7 @@ class Reaper:
                     self._moved(rule, snap, record, result)
                 count = len(moved)
             if count < limit:
-                return exhausted
+                return
 
     def _page(self, rule: Rule, after: str | None, limit: int, result: ReapResult) -> tuple[list[Snapshot], bool]:
         """The next keyset page of candidates and whether the rule is exhausted.

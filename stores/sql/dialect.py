@@ -531,8 +531,7 @@ class Statements:
         and, when ``hits`` is not None, a ``hit`` flag: 1 where one of ``hits`` declared
         changes may apply (:meth:`items_hit`; ``hits=0``: every row), so only those rows'
         data is decoded.  PostgreSQL with ``hits=0`` (changes it cannot apply itself)
-        returns every row's data, and a brief claim that moved fewer than ``limit`` rows
-        ends with a row of NULLs when a candidate it did not take is left."""
+        returns every row's data."""
         key = ("claim", change, has_ttl, shape, bumps, brief, set_data, hits)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -555,23 +554,13 @@ class Statements:
             picked = " UNION ALL ".join(f"SELECT id FROM ({b}) AS b{i}" for i, b in enumerate(branches))
             if brief:
                 returning = ", ".join(f"{self.L.ref(n, 'e')} AS {n}" for n in ("id", "version", "lease_token"))
-                out, marker = "u.id, u.version, u.lease_token, u.fsm_now", "NULL, NULL, NULL, NULL"
+                out = "u.id, u.version, u.lease_token, u.fsm_now"
                 if hits is not None:  # changes this statement cannot apply: every row's data
                     assert not hits, "PostgreSQL applies string-valued changes in the statement"
                     returning += f", {self.L.ref('data', 'e')} AS data"
-                    out, marker = f"{out}, u.data", f"{marker}, NULL"
-                # a short claim also says whether it left a candidate behind (one it did not
-                # claim: unreadable, or locked by another transaction): a row of NULLs if so
-                others = f" AND e.{c['id']} <> ALL(ARRAY(SELECT id FROM c)) LIMIT 1"
-                left = " UNION ALL ".join(
-                    f"SELECT 1 FROM ({b}) AS l{i}" for i, b in enumerate(self._candidate_branches(require, "1", others))
-                )
-                out += (
-                    f" FROM u UNION ALL SELECT {marker} WHERE CASE WHEN (SELECT count(*) FROM u) < {f.p('limit')} "
-                    f"THEN EXISTS ({left}) ELSE FALSE END"
-                )
+                    out += ", u.data"
             else:
-                returning, out = self.ret, "* FROM u"
+                returning, out = self.ret, "*"
             found = (
                 f"WITH c AS MATERIALIZED (SELECT id FROM ({picked}) AS p{limit}), "
                 # by primary key from an array: an index probe per claimed row, whatever the
@@ -579,7 +568,7 @@ class Statements:
                 f"u AS (UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM c)) "
                 f"RETURNING {returning}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
-                f"FROM u) SELECT {out}",
+                f"FROM u) SELECT {out} FROM u",
             )
         else:
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + limit)

@@ -44,14 +44,6 @@ def _plain_path(change: DataChange) -> bool:
     return '"' not in change.key and '"' not in change.field
 
 
-def _left_behind(rows: list[Any]) -> tuple[list[Any], bool]:
-    """A brief PostgreSQL claim's moved rows, and whether it ended with the row of NULLs
-    that says a candidate it did not take is left."""
-    if rows and rows[-1][0] is None:
-        return rows[:-1], True
-    return rows, False
-
-
 def _check_brief(row: Any, keeps_lease: bool) -> None:
     """A brief SQLite row's kept times parse as a full decode would parse them, or
     ``MalformedRow``: (id, version, token, kind, created_at, key, data[, owner, expiry])."""
@@ -143,26 +135,22 @@ class ReaperOps(SqlCore):
             for s, (_, when) in zip(snaps, moved, strict=True)
         ]  # fmt: skip
 
-    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> tuple[list[HistoryRecord], bool]:
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
         """See :meth:`stores.base.BriefMoves.move_candidates_brief`: the claim of
         :meth:`move_candidates`, returning the history rows only (no row is decoded into a
-        snapshot; a row's data only when a declared change must be applied in Python).
-        PostgreSQL knows whether a short claim left a candidate behind (the statement
-        says); SQLite does not tell (its candidates read costs no round trip)."""
+        snapshot; a row's data only when a declared change must be applied in Python)."""
         sql, params, now, rest = self._claim_statement(batch, limit, brief=True)
         if self._sqlite:
             assert now is not None
             rows = self._brief_sqlite(sql, params, batch, rest)
-            at, exhausted = now, False
+            at = now
         else:
-            rows, left = self._brief_pg(sql, params, rest)
-            exhausted = len(rows) < limit and not left
+            rows = self._brief_pg(sql, params, rest)
             if not rows:
-                return [], exhausted
+                return []
             at = decode_time(rows[0][3])  # the statement's now: one instant for every row
         event, source, target, actor, reason = batch.event, batch.source, batch.target, batch.actor, batch.reason
-        records = [HistoryRecord(r[0], r[1], event, source, target, actor, r[2], reason, None, at, None) for r in rows]
-        return records, exhausted
+        return [HistoryRecord(r[0], r[1], event, source, target, actor, r[2], reason, None, at, None) for r in rows]
 
     def _claim_statement(
         self, batch: BatchWrite, limit: int, *, brief: bool
@@ -215,12 +203,9 @@ class ReaperOps(SqlCore):
         rest = tuple(c for c in batch.changes if c.key in children) if in_sql else batch.changes
         return sql, params, now, rest
 
-    def _brief_pg(
-        self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]
-    ) -> tuple[list[Any], bool]:
+    def _brief_pg(self, sql: tuple[str, ...], params: dict[str, Any], changes: tuple[DataChange, ...]) -> list[Any]:
         """A brief claim on PostgreSQL: one autocommit statement, or, with changes left to
-        apply here (child rows), the statement and the changes in one transaction.  Returns
-        the moved rows and whether the statement reported a candidate left behind."""
+        apply here (child rows), the statement and the changes in one transaction."""
         slot = self._conns.slot()
         # prepared on psycopg's connection at once: a reaper runs these few statements every
         # tick, and a claim's plan (a CTE of index scans) costs more than a moved row
@@ -228,17 +213,17 @@ class ReaperOps(SqlCore):
         try:
             if not changes:
                 slot.cursor.execute(sql[0], params, **prepare)
-                return _left_behind(slot.cursor.fetchall())
+                return slot.cursor.fetchall()  # type: ignore[no-any-return]
             with slot.conn.transaction():
                 slot.cursor.execute(sql[0], params, **prepare)
-                rows, left = _left_behind(slot.cursor.fetchall())
+                rows: list[Any] = slot.cursor.fetchall()
                 if rows:
                     # changes on the row's own data that the statement could not apply: it
                     # returned every row's data (decoded by the driver) after the times
                     own = any(c.key not in {io.child.key for io in self._children} for c in changes)
                     hit = [(r[0], r[4]) for r in rows] if own else []
                     self._change_rows(slot.cursor, [r[0] for r in rows], hit, changes)
-                return rows, left
+                return rows
         except self._integrity:
             raise  # as SqlCore._run: the caller says what they mean
         except self._errors as err:

@@ -1,9 +1,8 @@
-"""The SQL store's brief claim says when it left a candidate behind (issue 12, item 5).
+"""The SQL store's brief claim (issue 12, item 5): the reaper's claim, decoded no further
+than the history rows need, and no more round trips than the full claim.
 
-``move_candidates_brief`` returns, with the moved rows' history, whether the claim is known
-to have taken every candidate; the reaper skips its keyset read of the leftovers only then.
-It must never say so while a candidate is left: a row another transaction holds (skipped,
-not waited for) or a row it cannot read (never claimed; the reaper counts it as a bad row).
+A brief claim never takes a row it cannot read (the reaper finds it with its keyset read,
+counts it and steps over it) nor a row another transaction holds (skipped, not waited for).
 """
 
 from __future__ import annotations
@@ -36,29 +35,18 @@ def _stale(target: SqlTarget, n: int) -> tuple[SqlStore, ManualClock]:
     return store, clock
 
 
-def test_a_clean_short_claim_is_the_last_and_a_full_one_never_is(sql_target: SqlTarget) -> None:
-    store, _ = _stale(sql_target, 5)
-    records, exhausted = store.move_candidates_brief(CLAIM, limit=3)
-    assert len(records) == 3 and not exhausted
-    records, exhausted = store.move_candidates_brief(CLAIM, limit=3)
-    assert len(records) == 2
-    # PostgreSQL knows (its statement says); SQLite does not tell, and the reaper reads
-    assert exhausted is (sql_target.dialect == "postgres")
-
-
-def test_a_claim_that_skipped_an_unreadable_row_says_a_candidate_is_left(sql_target: SqlTarget) -> None:
+def test_a_brief_claim_never_takes_an_unreadable_row_and_the_reaper_counts_it(sql_target: SqlTarget) -> None:
     store, clock = _stale(sql_target, 4)
     broken = "'{broken'" if sql_target.dialect == "sqlite" else "'[1, 2]'"  # jsonb only holds valid JSON
     engine = sql_target.engine()
     with engine.begin() as conn:  # type: ignore[attr-defined]
         conn.exec_driver_sql(f"UPDATE {sql_target.prefix}entities SET data = {broken} WHERE id = 'p2'")
-    records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
-    assert sorted(r.entity_id for r in records) == ["p0", "p1", "p3"] and not exhausted
+    assert sorted(r.entity_id for r in store.move_candidates_brief(CLAIM, limit=10)) == ["p0", "p1", "p3"]
     result = Reaper(store, [PipelineLifecycle], ReaperConfig(batch_size=10), clock=clock).run_once()
     assert result.bad_rows == 1 and result.total_moved == 0  # the reaper read it, counted it, left it
 
 
-def test_a_claim_that_skipped_a_locked_row_says_a_candidate_is_left(sql_target: SqlTarget) -> None:
+def test_a_brief_claim_skips_a_row_another_transaction_holds(sql_target: SqlTarget) -> None:
     if sql_target.dialect != "postgres":
         pytest.skip("row locks: PostgreSQL (SQLite locks the whole database for a writer)")
     import psycopg
@@ -66,11 +54,9 @@ def test_a_claim_that_skipped_a_locked_row_says_a_candidate_is_left(sql_target: 
     store, _ = _stale(sql_target, 3)
     with psycopg.connect(sql_target.url.replace("postgresql+psycopg://", "postgresql://")) as other:
         other.execute(f"SELECT 1 FROM {sql_target.prefix}entities WHERE id = 'p1' FOR UPDATE")  # held, not committed
-        records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
-        assert sorted(r.entity_id for r in records) == ["p0", "p2"] and not exhausted
+        assert sorted(r.entity_id for r in store.move_candidates_brief(CLAIM, limit=10)) == ["p0", "p2"]
         other.rollback()
-    records, exhausted = store.move_candidates_brief(CLAIM, limit=10)
-    assert [r.entity_id for r in records] == ["p1"] and exhausted
+    assert [r.entity_id for r in store.move_candidates_brief(CLAIM, limit=10)] == ["p1"]
 
 
 class _Statements:
@@ -88,7 +74,7 @@ class _Statements:
         return getattr(self._cursor, name)
 
 
-def test_a_tick_on_postgres_is_one_statement_per_claim_and_no_read_when_nothing_is_left(
+def test_a_tick_is_one_statement_per_claim_on_postgres_and_one_transaction_per_claim_on_sqlite(
     sql_target: SqlTarget,
 ) -> None:
     store, clock = _stale(sql_target, 5)
@@ -102,7 +88,8 @@ def test_a_tick_on_postgres_is_one_statement_per_claim_and_no_read_when_nothing_
     assert result.moved == {"pipeline.expire": 5}
     rules = 3  # expire from running, supersede, expire from finalizing
     claims = rules + 1  # expire from running: a full page of 3, then a short one of 2
-    if sql_target.dialect == "postgres":
-        assert counting.seen == ["WITH"] * claims  # autocommit: no BEGIN/COMMIT, no keyset read
-    else:  # each claim in BEGIN IMMEDIATE; a keyset read after each rule's last claim
-        assert counting.seen.count("BEGIN") == claims and counting.seen.count("SELECT") == rules
+    if sql_target.dialect == "postgres":  # autocommit: no BEGIN/COMMIT round trips
+        assert counting.seen.count("WITH") == claims and counting.seen.count("BEGIN") == 0
+    else:  # each claim in BEGIN IMMEDIATE
+        assert counting.seen.count("BEGIN") == claims == counting.seen.count("COMMIT")
+    assert counting.seen.count("SELECT") == rules  # the keyset read after each rule's last claim

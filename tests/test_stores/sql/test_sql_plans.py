@@ -95,7 +95,6 @@ def test_every_built_in_rule_claims_and_reads_its_candidates_through_an_index(sq
     reaper.run_once()  # brief claims (nobody listens), then the keyset read of what the claims left
     for rule in rules:
         # what a tick also runs: the full claim (when a receiver listens), and the keyset read
-        # (PostgreSQL skips it after a claim that says it left nothing behind)
         if rule.set_based:
             store.move_candidates(reaper._batch(rule, ()), limit=50)
         store.candidates(rule.engine.kind, rule.branch.source, rule.require, limit=50)
