@@ -44,16 +44,21 @@ class SqlCore:
             return self.clock.now()
         return datetime.now(UTC) if self._sqlite else None
 
-    def _run(self, sql: str, params: dict[str, Any]) -> list[Any]:
+    def _run(self, sql: str, params: dict[str, Any], *, prepare: bool | None = None) -> list[Any]:
         """One statement (autocommit); all rows fetched, so SQLite finishes it at once.
 
         Integrity errors pass through (the caller says what they mean); other driver errors
         become typed ones (:func:`stores.sql.connections.unavailable`).  A row whose text
-        is not UTF-8 raises ``MalformedRow`` naming it.
+        is not UTF-8 raises ``MalformedRow`` naming it.  ``prepare`` is psycopg's (``False``:
+        planned with its parameters every time; ``None``: the connection's default).
         """
-        cur = self._conns.slot().cursor
+        slot = self._conns.slot()
+        cur = slot.cursor
         try:
-            cur.execute(sql, params)
+            if prepare is not None and hasattr(slot.conn, "prepare_threshold"):  # a psycopg connection
+                cur.execute(sql, params, prepare=prepare)
+            else:
+                cur.execute(sql, params)
             return cur.fetchall()  # type: ignore[no-any-return]
         except self._integrity:
             raise

@@ -27,10 +27,22 @@ from stores.sql.schema import decode_time
 
 log = logging.getLogger("stores.sql")
 
+CUSTOM_PLANS = False
+"""psycopg's ``prepare`` for the reaper's claims and candidate reads: never prepared, so
+PostgreSQL plans each with its parameters (the page size, the staleness bounds).  A generic
+plan of a prepared one guesses them, and its guesses (a bitmap scan that collects every
+stale row before the page's ``LIMIT``, a parallel scan for a page of 500) cost more than the
+planning saves (a fraction of a millisecond per page)."""
+
 MAX_SQL_CHANGES = 2
 """PostgreSQL applies up to this many declared data changes inside the claim statement
 (each repeats the data expression it changes, so the text grows threefold per change);
 more than that are applied in Python, in the claim's transaction."""
+
+
+def _custom_plans(slot: Any) -> dict[str, Any]:
+    """``execute`` options for :data:`CUSTOM_PLANS` on a psycopg connection (no others)."""
+    return {"prepare": CUSTOM_PLANS} if hasattr(slot.conn, "prepare_threshold") else {}
 
 
 def _text_when(change: DataChange) -> bool:
@@ -69,7 +81,7 @@ class ReaperOps(SqlCore):
         params: dict[str, Any] = {"kind": kind, "state": state, "limit": limit, "after": after_id}
         self._time_params(params, now, None)
         self._sql.condition_params(params, require, now)
-        found = [snapshot_of(row) for row in self._run(sql, params)]
+        found = [snapshot_of(row) for row in self._run(sql, params, prepare=CUSTOM_PLANS)]
         return self._attach(found)
 
     def apply_batch(self, batch: BatchWrite) -> list[tuple[Snapshot, HistoryRecord]]:
@@ -207,9 +219,7 @@ class ReaperOps(SqlCore):
         """A brief claim on PostgreSQL: one autocommit statement, or, with changes left to
         apply here (child rows), the statement and the changes in one transaction."""
         slot = self._conns.slot()
-        # prepared on psycopg's connection at once: a reaper runs these few statements every
-        # tick, and a claim's plan (a CTE of index scans) costs more than a moved row
-        prepare = {"prepare": True} if hasattr(slot.conn, "prepare_threshold") else {}
+        prepare = _custom_plans(slot)
         try:
             if not changes:
                 slot.cursor.execute(sql[0], params, **prepare)
@@ -336,12 +346,12 @@ class ReaperOps(SqlCore):
             slot = self._conns.slot()
             try:
                 with slot.conn.transaction():
-                    slot.cursor.execute(sql[0], params)
+                    slot.cursor.execute(sql[0], params, **_custom_plans(slot))
                     moved = self._decode_pg(slot.cursor.fetchall())
                     return self._apply_changes(slot.cursor, moved, changes) if moved else moved
             except self._errors as err:
                 raise unavailable(err, self._conns) from err
-        return self._decode_pg(self._run(sql[0], params))
+        return self._decode_pg(self._run(sql[0], params, prepare=CUSTOM_PLANS))
 
     @staticmethod
     def _decode_pg(rows: list[Any]) -> list[Any]:

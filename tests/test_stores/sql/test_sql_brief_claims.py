@@ -65,9 +65,11 @@ class _Statements:
     def __init__(self, cursor: Any) -> None:
         self._cursor = cursor
         self.seen: list[str] = []
+        self.options: list[dict[str, Any]] = []
 
     def execute(self, sql: str, params: Any = None, **options: Any) -> Any:
         self.seen.append(sql.split(maxsplit=1)[0].upper())
+        self.options.append(options)
         return self._cursor.execute(sql, **options) if params is None else self._cursor.execute(sql, params, **options)
 
     def __getattr__(self, name: str) -> Any:
@@ -90,6 +92,9 @@ def test_a_tick_is_one_statement_per_claim_on_postgres_and_one_transaction_per_c
     claims = rules + 1  # expire from running: a full page of 3, then a short one of 2
     if sql_target.dialect == "postgres":  # autocommit: no BEGIN/COMMIT round trips
         assert counting.seen.count("WITH") == claims and counting.seen.count("BEGIN") == 0
+        # never prepared: each claim and read is planned with its parameters (a generic plan
+        # guesses the page size and the staleness bounds, and may scan every stale row)
+        assert all(o == {"prepare": False} for o in counting.options), counting.options
     else:  # each claim in BEGIN IMMEDIATE
         assert counting.seen.count("BEGIN") == claims == counting.seen.count("COMMIT")
     assert counting.seen.count("SELECT") == rules  # the keyset read after each rule's last claim
