@@ -77,7 +77,8 @@ class LeaseOps(SqlCore):
         found: str | None = getattr(self, "_log_statement", None)
         if found is None:
             ef = self._sql.L.effects
-            old = "CASE WHEN json_valid(lg.result) AND json_type(lg.result) = 'array' THEN lg.result END"
+            # json_type() raises on malformed JSON: the outer CASE calls it only on valid text
+            old = "CASE WHEN json_valid(lg.result) THEN CASE WHEN json_type(lg.result) = 'array' THEN lg.result END END"
             kept = (
                 f"(SELECT json_group_array(json(j.value)) FROM json_each({old}) AS j "
                 f"WHERE j.key > json_array_length(lg.result) - {RENEWALS_KEPT})"

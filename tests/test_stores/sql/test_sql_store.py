@@ -446,3 +446,33 @@ def test_open_store_gives_a_sql_store_for_a_sqlalchemy_url(tmp_path: object) -> 
         assert isinstance(store, SqlStore) and store.now().utcoffset() == timedelta(0)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", ["'not json'", "'\"text\"'", "'{\"a\": 1}'", "'[1, 2]'"])
+def test_a_damaged_renewal_log_reads_as_malformed_and_a_renewal_still_lands(sql_target: SqlTarget, damage: str) -> None:
+    from fsm.errors import MalformedRow
+    from fsm.records import RENEWALS_KEY
+
+    clock = ManualClock()
+    store = sql_target.store(clock=clock)
+    assert isinstance(store, SqlStore)
+    store.create(NewEntity("e1", "job", "running"))
+    store.acquire_lease("e1", owner="w", ttl=TTL, budget=None, expect_version=0)
+    if damage == "'not json'" and sql_target.dialect == "postgres":
+        pytest.skip("jsonb holds only JSON")
+    value = damage if sql_target.dialect == "sqlite" else f"CAST({damage} AS jsonb)"
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {store._sql.L.effects} SET result = {value} WHERE key = :k"), {"k": RENEWALS_KEY})
+    with pytest.raises(MalformedRow, match="renewal"):
+        store.renewals("e1")
+    clock.advance(seconds=5)
+    renewed = store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=None)  # the lease is what matters
+    assert renewed.lease_expires_at == clock.now() + TTL
+    if damage == "'[1, 2]'":  # a list keeps its entries until they scroll out
+        with pytest.raises(MalformedRow):
+            store.renewals("e1")
+    else:  # anything else is started afresh
+        assert [(r.at, r.owner) for r in store.renewals("e1")] == [(clock.now(), "w")]
+    assert store.effects("e1") == []
