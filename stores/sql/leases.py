@@ -59,14 +59,20 @@ class LeaseOps(SqlCore):
                 f"jsonb_build_object('at', {f.now}, 'expires_at', u.lease_expires_at, 'owner', u.lease_owner, "
                 f"'token', u.lease_token" + (", 'acquired', TRUE" if acquired == "TRUE" else "") + ")"
             )
-            old = "CASE WHEN jsonb_typeof(lg.result) = 'array' THEN lg.result ELSE '[]'::jsonb END"
+            # the log holds N: drop the oldest, append (a longer one, N lowered, is cut to N - 1)
+            n, length = RENEWALS_KEPT, "jsonb_array_length(lg.result)"
+            old = (
+                f"CASE WHEN COALESCE(jsonb_typeof(lg.result), '') <> 'array' THEN '[]'::jsonb "
+                f"WHEN {length} < {n} THEN lg.result WHEN {length} = {n} THEN lg.result - 0 "
+                f"ELSE jsonb_path_query_array(lg.result, '$[last - {n - 2} to last]') END"
+            )
             found = (
                 f"WITH u AS ({update}), r AS ("
                 f"INSERT INTO {ef} AS lg ({LOG_COLUMNS}) "
                 f"SELECT u.id, '{RENEWALS_KEY}', '{EFFECT_RENEWALS}', u.lease_token, 1, jsonb_build_array({entry}), "
                 f"{f.now} FROM u ON CONFLICT (entity_id, key) DO UPDATE SET status = excluded.status, "
                 "lease_token = excluded.lease_token, attempts = lg.attempts + 1, recorded_at = excluded.recorded_at, "
-                f"result = jsonb_path_query_array({old} || excluded.result, '$[last - {RENEWALS_KEPT - 1} to last]')"
+                f"result = ({old}) || excluded.result"
                 ") SELECT * FROM u"
             )
         shapes[(what, budget)] = found
@@ -77,18 +83,23 @@ class LeaseOps(SqlCore):
         found: str | None = getattr(self, "_log_statement", None)
         if found is None:
             ef = self._sql.L.effects
+            # the log holds N: drop the oldest, append (a longer one, N lowered, is cut to N - 1);
             # json_type() raises on malformed JSON: the outer CASE calls it only on valid text
-            old = "CASE WHEN json_valid(lg.result) THEN CASE WHEN json_type(lg.result) = 'array' THEN lg.result END END"
+            n, length = RENEWALS_KEPT, "json_array_length(lg.result)"
+            cut = (
+                f"(SELECT json_group_array(json(j.value)) FROM json_each(lg.result) AS j WHERE j.key > {length} - {n})"
+            )
             kept = (
-                f"(SELECT json_group_array(json(j.value)) FROM json_each({old}) AS j "
-                f"WHERE j.key > json_array_length(lg.result) - {RENEWALS_KEPT})"
+                "CASE WHEN json_valid(lg.result) THEN CASE WHEN json_type(lg.result) <> 'array' THEN '[]' "
+                f"WHEN {length} < {n} THEN lg.result WHEN {length} = {n} THEN json_remove(lg.result, '$[0]') "
+                f"ELSE {cut} END ELSE '[]' END"
             )
             found = self._log_statement = (
                 f"INSERT INTO {ef} AS lg ({LOG_COLUMNS}) "
                 f"VALUES (:id, '{RENEWALS_KEY}', '{EFFECT_RENEWALS}', :log_token, 1, json_array(json(:entry)), :now) "
                 "ON CONFLICT (entity_id, key) DO UPDATE SET status = excluded.status, "
                 "lease_token = excluded.lease_token, attempts = lg.attempts + 1, recorded_at = excluded.recorded_at, "
-                f"result = json_insert(COALESCE({kept}, '[]'), '$[#]', json(:entry))"
+                f"result = json_insert({kept}, '$[#]', json(:entry))"
             )
         return found
 

@@ -476,3 +476,32 @@ def test_a_damaged_renewal_log_reads_as_malformed_and_a_renewal_still_lands(sql_
     else:  # anything else is started afresh
         assert [(r.at, r.owner) for r in store.renewals("e1")] == [(clock.now(), "w")]
     assert store.effects("e1") == []
+
+
+def test_a_renewal_log_longer_than_kept_is_cut_to_the_newest(sql_target: SqlTarget) -> None:
+    """A log written when more were kept (or by hand) shrinks to RENEWALS_KEPT at the next renewal."""
+    from fsm.records import RENEWALS_KEPT, RENEWALS_KEY
+
+    clock = ManualClock()
+    store = sql_target.store(clock=clock)
+    assert isinstance(store, SqlStore)
+    store.create(NewEntity("e1", "job", "running"))
+    store.acquire_lease("e1", owner="w", ttl=TTL, budget=None, expect_version=0)
+    old = [
+        {"at": f"2025-01-01 00:00:{i:02d}.000000+00:00", "expires_at": "2025-01-01 00:02:00.000000+00:00",
+         "owner": f"old-{i}", "token": 1}
+        for i in range(RENEWALS_KEPT + 10)
+    ]  # fmt: skip
+    cast = ":log" if sql_target.dialect == "sqlite" else "CAST(:log AS jsonb)"
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f"UPDATE {store._sql.L.effects} SET result = {cast} WHERE key = :k"),
+            {"k": RENEWALS_KEY, "log": json.dumps(old)},
+        )
+    assert len(store.renewals("e1")) == RENEWALS_KEPT + 10
+    store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=None)
+    log = store.renewals("e1")
+    assert len(log) == RENEWALS_KEPT
+    assert [r.owner for r in log] == [f"old-{i}" for i in range(11, RENEWALS_KEPT + 10)] + ["w"]
