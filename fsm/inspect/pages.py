@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fsm.inspect.data import Filters, ReaperMove, ReaperTick, RenewalLog
-from fsm.inspect.timeline import age, esc, pretty_json, stamp, timeline
+from fsm.inspect.timeline import age, esc, pretty_json, span, stamp, timeline
 from fsm.records import EffectRecord, HistoryRecord, Snapshot
 
 
@@ -113,7 +113,7 @@ def entities_section(now: datetime, snaps: list[Snapshot], filters: Filters, kin
         rows.append(
             f"<tr data-id='{esc(s.id)}'><td class=id><a href='{esc(entity_url(s.id))}'>{esc(s.id)}</a></td>"
             f"<td>{esc(s.kind)}</td><td><span class='state s-{esc(s.state)}'>{esc(s.state)}</span></td>"
-            f"<td title='{esc(stamp(s.state_entered_at))}'>{esc(age(now, s.state_entered_at))}</td>"
+            f"<td title='{esc(stamp(s.state_entered_at))}'>{esc(span(now - s.state_entered_at))}</td>"
             f"<td title='{esc(stamp(s.created_at))}'>{esc(age(now, s.created_at))}</td>"
             f"{lease_cells(now, s)}<td class=n>{s.attempt}</td><td class=n>{s.reclaims}</td></tr>"
         )
@@ -244,10 +244,11 @@ def entity_page(
     has_diagram: bool,
 ) -> str:
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
+    entered = snap.state_entered_at
     facts = [
         ("lifecycle", esc(snap.kind)),
         ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}"),
-        ("in state for", esc(age(now, snap.state_entered_at))),
+        ("in state for", f"<span title='{esc(stamp(entered))}'>{esc(span(now - entered))}</span>"),
         ("version", str(snap.version)),
         ("attempt", str(snap.attempt)),
         ("reclaims", str(snap.reclaims)),

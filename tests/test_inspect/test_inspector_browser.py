@@ -125,6 +125,7 @@ def test_an_entitys_page_shows_its_timeline_effects_and_diagram(browser: Any, se
     browser.get(served.base + "/entity?" + urlencode({"id": "job-live"}))
     story = text(browser, "ol.timeline")
     assert "LEASE RENEWAL" in story.upper() and "indexing" in story
+    browser.save_screenshot(str(artifacts / f"entity-live-{served.url.split(':')[0]}.png"))
 
 
 def test_an_entitys_timeline_shows_its_lease_renewals_folded_by_holder(
