@@ -95,7 +95,7 @@ _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch", "move_candidates",
-    "effect", "effects", "record_effect", "run", "claim", "entities", "count_states",
+    "effect", "effects", "record_effect", "run", "claim", "entities", "count_states", "renewals",
 )  # fmt: skip
 
 

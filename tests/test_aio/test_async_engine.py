@@ -25,6 +25,7 @@ from fsm import (
     TransitionNotAllowed,
 )
 from fsm.aio import AsyncJob, AsyncWorker
+from fsm.records import RENEWALS_KEPT
 from stores.aio import AsyncMemoryStore, AsyncSqlStore
 
 Opener = Callable[[], Any]
@@ -81,6 +82,9 @@ def test_fire_claim_run_and_keep_work_as_on_the_sync_engine(open_store: Opener) 
             again = await jobs.fire("j1", "complete", lease=held.check(), idempotency_key="k")
         assert calls == ["j1:gate"]
         assert done.state == "completed" and again.replayed
+        renewals = await jobs.renewals("j1")  # each of the keeper's renewals, logged by the store
+        assert len(renewals) == min(held.renewals, RENEWALS_KEPT)
+        assert all((r.owner, r.token, r.acquired) == ("w1", claimed.lease.token, False) for r in renewals)
         assert [h.event for h in await jobs.history("j1")] == ["start", "exited", "complete"]
         assert [e.key for e in await jobs.effects("j1")] == ["gate"]
         assert (await jobs.counts())["completed"] == 1

@@ -172,6 +172,12 @@ def test_the_pipeline_lifecycle_runs_on_the_app_table_and_its_columns_keep_their
     assert abs(_aware(row["updatedAt"]) - started.snapshot.updated_at) < timedelta(milliseconds=1)
     finishing = engine.fire("p1", "finish")
     assert (app.row("p1")["status"], app.row("p1")["fsm_state"]) == ("Running", "finalizing")  # both are Running
+    assert finishing.lease is not None
+    renewed = engine.renew_lease(finishing.lease)  # logged on the library's ledger beside the app's table
+    assert [(r.owner, r.token, r.expires_at) for r in engine.renewals("p1")] == [
+        ("worker-1", renewed.token, renewed.expires_at)
+    ]
+    assert engine.get("p1").data["steps"] == p1.data["steps"]  # the children came back with the renewal
     done_steps = [{"name": "build", "status": "completed"}, {"name": "test", "status": "completed"}]
     done = engine.fire("p1", "succeed", lease=finishing.lease, data={"steps": done_steps})
     assert done.state == "completed" and done.snapshot.data["steps"] == done_steps
