@@ -254,4 +254,20 @@ class Store(Protocol):
         ...
 
 
-__all__ = ["Store"]
+def unchecked_apply(store: object) -> Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] | None:
+    """The store's ``apply_checked``, for a caller whose writes were already checked with
+    :func:`fsm.limits.check_transition_write`'s rules (the engine builds its writes from
+    arguments it checked with the same limits), or None.
+
+    Only a store class whose ``apply`` is the one written beside its ``apply_checked`` (it
+    checks the write, then calls ``apply_checked``) qualifies: a subclass that overrides
+    ``apply``, or a wrapper around a store, gets its ``apply`` called as always."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "apply_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "apply", None) is not vars(owner).get("apply"):
+        return None
+    checked: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = store.apply_checked  # type: ignore[attr-defined]
+    return checked
+
+
+__all__ = ["Store", "unchecked_apply"]

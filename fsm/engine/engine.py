@@ -49,7 +49,7 @@ from fsm.limits import json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
-from stores.base import Store
+from stores.base import Store, unchecked_apply
 from stores.memory import MemoryStore
 
 
@@ -109,14 +109,10 @@ class Engine(EngineWork):
                     self._unguarded[(leaf, ev, who)] = mine[0]
                 elif mine and mine[0].guards == ((HOLDS_LEASE, True),):
                     self._lease_only[(leaf, ev, who)] = mine[0]
-        # the engine checks every argument with fsm.limits before it builds a write, so on
-        # the in-memory hot path the memory store's own apply need not check them again; any
-        # other store, a subclass overriding apply, or a wrapper gets its apply called
-        self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = (
-            store.apply_checked
-            if type(store) is MemoryStore or (isinstance(store, MemoryStore) and type(store).apply is MemoryStore.apply)
-            else store.apply
-        )
+        # the engine checks every argument with fsm.limits before it builds a write, so a
+        # store's own apply need not check them a second time (stores.base.unchecked_apply:
+        # the library's stores; a subclass overriding apply, or a wrapper, gets its apply)
+        self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = unchecked_apply(store) or store.apply
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
         plain_get = isinstance(store, MemoryStore) and type(store).get is MemoryStore.get
