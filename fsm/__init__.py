@@ -36,7 +36,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.policy import Policy
-from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, Snapshot
+from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
 
 if TYPE_CHECKING:
     from statemachine import State
@@ -128,6 +128,7 @@ __all__ = [
     "LeaseChange",
     "LeaseKeeper",
     "LeaseLost",
+    "LeaseRenewal",
     "Lifecycle",
     "MalformedRow",
     "ManualClock",

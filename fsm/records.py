@@ -123,9 +123,32 @@ class EffectRecord(NamedTuple):
 EFFECT_SUCCEEDED = "succeeded"
 EFFECT_FAILED = "failed"
 EFFECT_PROGRESS = "progress"
+RESERVED_KEY_PREFIX = "fsm:"
+"""Ledger keys starting with this are the framework's own rows, never a user's effect."""
 PROGRESS_KEY = "fsm:progress"
 """The ledger row that carries a keeper's progress details (its status is ``progress``);
 user effect keys may not start with ``fsm:``."""
+EFFECT_RENEWALS = "renewals"
+RENEWALS_KEY = "fsm:renewals"
+"""The ledger row that logs an entity's recent lease renewals (its status is ``renewals``,
+its ``result`` the JSON list of :class:`LeaseRenewal` entries, oldest first, its
+``attempts`` how many were ever recorded).  Written by the store in the renewal's own
+transaction; not an effect: ``effects()`` leaves it out and ``renewals()`` reads it."""
+RENEWALS_KEPT = 50
+"""How many renewals the log keeps per entity: the newest, so a job that renews for days
+keeps one bounded row (about 6 KB of JSON) however long it runs."""
+
+
+class LeaseRenewal(NamedTuple):
+    """One successful lease renewal (or a lease taken outside a transition, ``acquired``),
+    as the store logged it in the same transaction: when (store clock), the expiry it set,
+    and whose lease it was.  A refused renewal logs nothing."""
+
+    at: datetime
+    expires_at: datetime
+    owner: str
+    token: int
+    acquired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,8 +386,12 @@ __all__ = [
     "COUNTERS",
     "EFFECT_FAILED",
     "EFFECT_PROGRESS",
+    "EFFECT_RENEWALS",
     "EFFECT_SUCCEEDED",
     "PROGRESS_KEY",
+    "RENEWALS_KEPT",
+    "RENEWALS_KEY",
+    "RESERVED_KEY_PREFIX",
     "Actor",
     "BatchWrite",
     "ClaimRequest",
@@ -377,6 +404,7 @@ __all__ = [
     "HistoryRecord",
     "Lease",
     "LeaseChange",
+    "LeaseRenewal",
     "LeaseStale",
     "NewEntity",
     "NewerSibling",

@@ -18,11 +18,10 @@ still run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from blinker import Namespace, Signal
@@ -129,15 +128,20 @@ def _defer(signal: Signal, receiver: Any, awaitable: Awaitable[Any]) -> None:
     task.add_done_callback(_tasks.discard)
 
 
-@contextlib.contextmanager
-def collecting() -> Iterator[Pending]:
-    """Collect the awaitables of async receivers sent within, for :func:`deliver`."""
-    box: Pending = []
-    token = _pending.set(box)
-    try:
-        yield box
-    finally:
-        _pending.reset(token)
+class collecting:
+    """Collect the awaitables of async receivers sent within, for :func:`deliver`.
+
+    A class, not a generator context manager: the async engine enters it on every call."""
+
+    __slots__ = ("_box", "_token")
+
+    def __enter__(self) -> Pending:
+        self._box: Pending = []
+        self._token = _pending.set(self._box)
+        return self._box
+
+    def __exit__(self, *exc: object) -> None:
+        _pending.reset(self._token)
 
 
 async def deliver(pending: Pending) -> int:

@@ -21,6 +21,7 @@ from fsm.records import (
     EffectRecord,
     HistoryRecord,
     Lease,
+    LeaseRenewal,
     NewEntity,
     Snapshot,
     TransitionWrite,
@@ -85,7 +86,8 @@ class Store(Protocol):
         """Take the lease of an entity whose lease is free or expired: token + 1.
 
         Not a transition: version and history do not move.  The expiry is
-        ``min(now + ttl, state_entered_at + budget)``.
+        ``min(now + ttl, state_entered_at + budget)``.  Logged in the same transaction as
+        a :class:`~fsm.records.LeaseRenewal` with ``acquired=True`` (see :meth:`renewals`).
         Not found -> ``UnknownEntity``; version moved -> ``StaleVersion``; a live lease is
         held by someone, or the renewal budget of the state is spent -> ``LeaseLost``.
         """
@@ -99,6 +101,20 @@ class Store(Protocol):
         Not a transition: only ``lease_expires_at`` moves.  Not found -> ``UnknownEntity``;
         owner or token differ, the lease already expired, or the budget is spent ->
         ``LeaseLost`` (an expired lease is never revived: the reaper may be taking over).
+        A renewal is logged in its own transaction (see :meth:`renewals`); a refused one
+        logs nothing.
+        """
+        ...
+
+    def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        """The entity's latest lease renewals, oldest first: each successful
+        :meth:`renew_lease` and :meth:`acquire_lease`, logged in that write's own
+        transaction, the newest :data:`~fsm.records.RENEWALS_KEPT` kept.
+
+        Transitions that take a lease (a claim's start) are in :meth:`history`, not here.
+        The log is a reserved ledger row (:data:`~fsm.records.RENEWALS_KEY`), which
+        :meth:`effects` leaves out.  Not found -> ``UnknownEntity`` (a soft-deleted entity
+        still answers, as :meth:`history` does); a log that cannot be read -> ``MalformedRow``.
         """
         ...
 
@@ -170,7 +186,9 @@ class Store(Protocol):
         ...
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
-        """Every recorded effect of the entity, by key.  Not found -> ``UnknownEntity``."""
+        """Every recorded effect of the entity, by key (the keeper's progress row
+        included; the lease renewal log, :meth:`renewals`, left out).  Not found ->
+        ``UnknownEntity``."""
         ...
 
     def record_effect(
@@ -254,4 +272,20 @@ class BriefMoves(Protocol):
         ...
 
 
-__all__ = ["BriefMoves", "Store"]
+def unchecked_apply(store: object) -> Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] | None:
+    """The store's ``apply_checked``, for a caller whose writes were already checked with
+    :func:`fsm.limits.check_transition_write`'s rules (the engine builds its writes from
+    arguments it checked with the same limits), or None.
+
+    Only a store class whose ``apply`` is the one written beside its ``apply_checked`` (it
+    checks the write, then calls ``apply_checked``) qualifies: a subclass that overrides
+    ``apply``, or a wrapper around a store, gets its ``apply`` called as always."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "apply_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "apply", None) is not vars(owner).get("apply"):
+        return None
+    checked: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = store.apply_checked  # type: ignore[attr-defined]
+    return checked
+
+
+__all__ = ["BriefMoves", "Store", "unchecked_apply"]

@@ -9,18 +9,29 @@ exactly once" means.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from fsm.errors import InvalidArgument, InvalidData, LeaseLost
+from fsm.errors import InvalidArgument, InvalidData, LeaseLost, MalformedRow
 from fsm.limits import check_id, check_lease, json_copy
-from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, PROGRESS_KEY, EffectRecord, Lease, Snapshot
+from fsm.records import (
+    EFFECT_FAILED,
+    EFFECT_SUCCEEDED,
+    PROGRESS_KEY,
+    RENEWALS_KEPT,
+    RESERVED_KEY_PREFIX,
+    EffectRecord,
+    Lease,
+    LeaseRenewal,
+    Snapshot,
+)
 
 
 def check_effect_key(key: object) -> str:
     """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own."""
     key = check_id("effect key", key)
-    if key.startswith("fsm:") and key != PROGRESS_KEY:
-        raise InvalidArgument(f"effect keys starting with 'fsm:' are reserved, not {key!r}")
+    if key.startswith(RESERVED_KEY_PREFIX) and key != PROGRESS_KEY:
+        raise InvalidArgument(f"effect keys starting with {RESERVED_KEY_PREFIX!r} are reserved, not {key!r}")
     return key
 
 
@@ -41,6 +52,63 @@ def error_of(err: BaseException) -> dict[str, Any]:
 def idempotency_key(entity_id: str, key: str) -> str:
     """The key handed to an effect's function: the same for every owner that runs it."""
     return f"{entity_id}:{key}"
+
+
+# -- the lease-renewal log (a reserved ledger row, fsm.records.RENEWALS_KEY) ------------------
+
+
+def renewal_time(when: datetime) -> str:
+    """How a renewal log entry spells a time: fixed-width UTC ISO-8601 (as SQLite stores it)."""
+    return when.astimezone(UTC).isoformat(" ", "microseconds")
+
+
+def renewal_entry(snap: Snapshot, at: datetime, *, acquired: bool) -> dict[str, Any]:
+    """The log entry of a renewal (or an acquisition) that left the lease as ``snap`` holds it."""
+    assert snap.lease_owner is not None and snap.lease_expires_at is not None
+    entry: dict[str, Any] = {
+        "at": renewal_time(at),
+        "expires_at": renewal_time(snap.lease_expires_at),
+        "owner": snap.lease_owner,
+        "token": snap.lease_token,
+    }
+    if acquired:
+        entry["acquired"] = True
+    return entry
+
+
+def appended_log(log: Any, entry: dict[str, Any]) -> list[Any]:
+    """``log`` with ``entry`` appended, the oldest dropped beyond :data:`RENEWALS_KEPT`
+    (a log that is not a list is started afresh, as the SQL stores do)."""
+    kept = log[-(RENEWALS_KEPT - 1) :] if isinstance(log, list) else []
+    return [*kept, entry]
+
+
+def _stored_time(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(f"a time must be text, not {type(value).__name__}")
+    when = datetime.fromisoformat(value)
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def renewals_of(entity_id: str, record: EffectRecord | None) -> list[LeaseRenewal]:
+    """The renewals a log row holds, oldest first; ``MalformedRow`` naming the entity when
+    the row cannot be read (the renewals are the store's, so a bad one is a damaged row)."""
+    if record is None:
+        return []
+    log = record.result
+    try:
+        if not isinstance(log, list):
+            raise TypeError(f"the log is {type(log).__name__}, not a list")
+        found = []
+        for entry in log:
+            owner, token, acquired = entry["owner"], entry["token"], entry.get("acquired", False)
+            if not isinstance(owner, str) or type(token) is not int or not isinstance(acquired, bool):
+                raise TypeError(f"entry {entry!r} has ill-typed fields")
+            at, expires_at = _stored_time(entry["at"]), _stored_time(entry["expires_at"])
+            found.append(LeaseRenewal(at, expires_at, owner, token, acquired))
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise MalformedRow(entity_id, reason=f"lease renewal log: {err}") from None
+    return found
 
 
 class LedgerRun:
@@ -117,4 +185,14 @@ class LedgerRun:
         )
 
 
-__all__ = ["LedgerRun", "check_effect_key", "error_of", "idempotency_key", "json_result"]
+__all__ = [
+    "LedgerRun",
+    "appended_log",
+    "check_effect_key",
+    "error_of",
+    "idempotency_key",
+    "json_result",
+    "renewal_entry",
+    "renewal_time",
+    "renewals_of",
+]

@@ -37,6 +37,8 @@ from fsm.limits import (
     check_transition_write,
 )
 from fsm.records import (
+    EFFECT_RENEWALS,
+    RENEWALS_KEY,
     BatchWrite,
     ClaimRequest,
     ClaimStart,
@@ -44,6 +46,7 @@ from fsm.records import (
     EffectRecord,
     HistoryRecord,
     LeaseChange,
+    LeaseRenewal,
     NewEntity,
     NewerSibling,
     Snapshot,
@@ -51,7 +54,7 @@ from fsm.records import (
     apply_changes,
     condition_holds,
 )
-from stores.ledger import LedgerRun, check_effect_key, json_result
+from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
 
 
 class MemoryStore(LedgerRun):
@@ -321,6 +324,7 @@ class MemoryStore(LedgerRun):
                 )
             new = _with_lease(row, owner, row.lease_token + 1, expires)
             self._rows[entity_id] = new
+            self._log_renewal(new, now, acquired=True)
             return new
 
     def renew_lease(
@@ -351,7 +355,23 @@ class MemoryStore(LedgerRun):
                 )
             new = _with_lease(row, owner, token, max(expires, row.lease_expires_at))
             self._rows[entity_id] = new
+            self._log_renewal(new, now, acquired=False)
             return new
+
+    def _log_renewal(self, snap: Snapshot, now: datetime, *, acquired: bool) -> None:
+        """Append to the entity's renewal log (the caller holds the lock: the same commit)."""
+        effects = self._effects.setdefault(snap.id, {})
+        old = effects.get(RENEWALS_KEY)
+        log = appended_log(None if old is None else old.result, renewal_entry(snap, now, acquired=acquired))
+        attempts = 1 if old is None else old.attempts + 1
+        token = snap.lease_token
+        effects[RENEWALS_KEY] = EffectRecord(snap.id, RENEWALS_KEY, EFFECT_RENEWALS, token, attempts, log, now)
+
+    def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        if check_id("entity id", entity_id) not in self._rows:
+            raise UnknownEntity(entity_id)
+        with self._lock:
+            return renewals_of(entity_id, self._effects.get(entity_id, {}).get(RENEWALS_KEY))
 
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         check_lease_args(entity_id, owner, token=token)
@@ -380,7 +400,7 @@ class MemoryStore(LedgerRun):
         if check_id("entity id", entity_id) not in self._rows:
             raise UnknownEntity(entity_id)
         with self._lock:
-            return [r for _, r in sorted(self._effects.get(entity_id, {}).items())]
+            return [r for k, r in sorted(self._effects.get(entity_id, {}).items()) if k != RENEWALS_KEY]
 
     def record_effect(
         self,

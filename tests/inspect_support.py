@@ -25,6 +25,7 @@ from conftest import postgres_url
 
 from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle, Reaper, ReapResult
 from fsm.reaping.ticklog import TickLog
+from fsm.work.keeper import KeeperCore
 
 REQUIRE_BROWSER_ENV = "FSM_REQUIRE_BROWSER"
 ARTIFACTS_ENV = "FSM_ARTIFACTS_DIR"
@@ -42,6 +43,11 @@ CHROMIUM_FLAGS = (
 )
 HOSTILE_ID = "<script>window.__pwned=1</script>\"'&<b>x"
 HOSTILE_DATA = {"note": '<img src=x onerror="window.__pwned=2">', "quote": 'it\'s "quoted" </pre>'}
+HOSTILE_OWNER = '<img src=x onerror="window.__pwned=3">\'worker'
+LONG_JOB = "job-long"
+"""Renewed for minutes by one holder, reclaimed by the reaper when that holder died, resumed
+by another: the timeline's lease renewals."""
+FIRST_HOLDER, SECOND_HOLDER = "worker-b:host2:77", "worker-c:host3:19"
 
 
 def _problem() -> str | None:
@@ -100,13 +106,31 @@ class Served:
         self.clock = ManualClock(start)
         self.store = SqlStore(url, table_prefix=prefix, clock=self.clock)
         self.jobs = Engine(JobLifecycle, self.store, owner="worker-a:host1:4242")
+        self.first = Engine(JobLifecycle, self.store, owner=FIRST_HOLDER)
+        self.second = Engine(JobLifecycle, self.store, owner=SECOND_HOLDER)
+        self.keeper: KeeperCore | None = None
         self.pipelines = Engine(PipelineLifecycle, self.store, owner="ci-runner-7")
         self.server: Any = None
         self.thread: threading.Thread | None = None
         self.base = ""
 
+    def advance(self, delta: timedelta) -> None:
+        """Move the clock on, the long job's keeper renewing its lease on the way (as a
+        keeper does, every third of the TTL)."""
+        step = JobLifecycle.policy.lease_ttl / 3
+        while delta > timedelta():
+            moved = min(step, delta)
+            self.clock.advance(moved)
+            delta -= moved
+            if self.keeper is not None and moved == step:
+                assert self.keeper.renew().renewed
+
     def seed(self) -> None:
         jobs, pipelines, clock = self.jobs, self.pipelines, self.clock
+        self.first.create(LONG_JOB, data={"task": "reindex the catalogue"})
+        [long] = self.first.claim(1)
+        assert long.lease is not None and long.id == LONG_JOB
+        self.keeper = KeeperCore(self.first, long.lease)
         pipelines.create("pipe-deploy-41", data={"commit": "9f2c1e"})  # its finalizer dies: lease expires
         pipelines.fire("pipe-deploy-41", "start")
         pipelines.fire("pipe-deploy-41", "finish")
@@ -118,10 +142,12 @@ class Served:
             jobs.run(snap.id, "merge-gate", lambda key: {"status": "passed"}, snap.lease)
             jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
             jobs.fire(snap.id, "complete", lease=snap.lease)
-        clock.advance(timedelta(minutes=5))
+        self.advance(timedelta(minutes=5))
+        self.first.fire(LONG_JOB, "exited", lease=self.keeper.held.check(), data={"exit_code": 0})
         jobs.create("job-stuck", data={"task": "migrate"})
         [stuck] = jobs.claim(1)
-        clock.advance(timedelta(minutes=1))
+        self.advance(timedelta(minutes=1))
+        self.keeper = None  # the long job's first holder dies: its lease lapses, the reaper reclaims it
         jobs.create("job-live", data={"task": "index"})
         [live] = jobs.claim(1)
         assert stuck.id == "job-stuck" and live.id == "job-live"
@@ -132,7 +158,10 @@ class Served:
         reaper = Reaper(self.store, [JobLifecycle], clock=clock, owner="reaper:ops-1:77")
         ticks = TickLog(self.store)
         ticks.record(reaper.run_once(), reaper.owner)
-        clock.advance(timedelta(seconds=5))
+        [resumed] = self.second.claim(1)  # the reclaimed finalizer, resumed by another worker
+        assert resumed.id == LONG_JOB and resumed.lease is not None
+        self.keeper = KeeperCore(self.second, resumed.lease)
+        self.advance(timedelta(seconds=5))
         ticks.record(ReapResult(lost_races=2, bad_rows=1, errors=1, duration_s=0.004), "reaper:ops-2:91")
         for i in range(4):
             jobs.create(f"job-queued-{i}", data={"task": f"build #{i}"})
@@ -140,7 +169,10 @@ class Served:
             pipelines.create(f"pipe-{i}", concurrency_key="main")
             pipelines.fire(f"pipe-{i}", "start")
         jobs.create(HOSTILE_ID, data=HOSTILE_DATA)
-        clock.set(datetime.now(UTC))  # later writes (the tests') happen now
+        hostile = jobs.acquire_lease(HOSTILE_ID, owner=HOSTILE_OWNER, ttl=timedelta(hours=1))
+        jobs.renew_lease(hostile, ttl=timedelta(hours=1))
+        self.advance(timedelta(seconds=50))  # the second holder's keeper renews too
+        clock.set(datetime.now(UTC))  # later writes (the tests') happen now; a test renews through the keeper
 
     def serve(self) -> str:
         import uvicorn

@@ -114,11 +114,12 @@ class World:
         self.jobs.create(self.f)
         lease = self.jobs.fire(self.f, "start").lease
         assert lease is not None
-        self.lease: Lease = lease
+        self.lease: Lease = self.jobs.renew_lease(lease)  # so f's renewal log has an entry to keep
         self.fresh = f"n-{uuid.uuid4().hex[:8]}"  # what a refused create must not have created
 
     def state(self) -> Any:
-        return [(self.store.get(e), self.store.history(e), self.store.effects(e)) for e in (self.q, self.f)]
+        store = self.store
+        return [(store.get(e), store.history(e), store.effects(e), store.renewals(e)) for e in (self.q, self.f)]
 
 
 Call = Callable[[World, Any], object]
@@ -149,6 +150,7 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("renew_lease(token)", bad_token, lambda w, v: w.jobs.renew_lease(w.lease._replace(token=v))),
     ("renew_lease(expires_at)", non_strings, lambda w, v: w.jobs.renew_lease(w.lease._replace(expires_at=v))),
     ("release_lease(owner)", bad_id, lambda w, v: w.jobs.release_lease(w.lease._replace(owner=v))),
+    ("renewals(id)", bad_id, lambda w, v: w.jobs.renewals(v)),
     ("store.get", bad_id, lambda w, v: w.store.get(v)),
     ("store.history", bad_id, lambda w, v: w.store.history(v)),
     ("store.find_transition", bad_id, lambda w, v: w.store.find_transition(w.q, v)),
@@ -197,6 +199,12 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
         lambda w, v: w.store.renew_lease(w.f, owner="worker-1", token=1, ttl=timedelta(minutes=1), budget=v),
     ),
     ("store.release_lease(owner)", bad_id, lambda w, v: w.store.release_lease(w.f, owner=v, token=w.lease.token)),
+    (
+        "store.renew_lease(owner)",
+        bad_id,
+        lambda w, v: w.store.renew_lease(w.f, owner=v, token=w.lease.token, ttl=timedelta(minutes=1), budget=None),
+    ),
+    ("store.renewals", bad_id, lambda w, v: w.store.renewals(v)),
     ("store.candidates(kind)", bad_id, lambda w, v: w.store.candidates(v, "running", (), limit=10)),
     ("store.candidates(limit)", bad_token, lambda w, v: w.store.candidates("job", "running", (), limit=v)),
     (

@@ -43,6 +43,7 @@ FSM_API = {
     "LeaseChange",
     "LeaseKeeper",
     "LeaseLost",
+    "LeaseRenewal",
     "Lifecycle",
     "MalformedRow",
     "ManualClock",

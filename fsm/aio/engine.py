@@ -25,7 +25,7 @@ from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
-from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, Snapshot
+from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseRenewal, Snapshot
 from fsm.table import Branch, CompiledTable
 from fsm.work.keeper import AsyncLeaseKeeper
 from stores.aio import AsyncFace, BridgeStore
@@ -168,6 +168,10 @@ class AsyncEngine:
     async def release_lease(self, lease: Lease) -> Snapshot:
         """See :meth:`fsm.Engine.release_lease`."""
         return await self._call(self.sync.release_lease, lease)
+
+    async def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        """See :meth:`fsm.Engine.renewals`."""
+        return await self._call(self.sync.renewals, entity_id)
 
     async def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
         """See :meth:`fsm.Engine.claim`."""

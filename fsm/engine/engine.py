@@ -43,12 +43,13 @@ from fsm.errors import (
     TransitionNotAllowed,
     UnknownEvent,
 )
+from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
 from fsm.limits import json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
-from stores.base import Store
+from stores.base import Store, unchecked_apply
 from stores.memory import MemoryStore
 
 
@@ -95,14 +96,27 @@ class Engine(EngineWork):
         self.policy: Policy = policy or lifecycle.policy
         self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
-        # the engine checks every argument with fsm.limits before it builds a write, so on
-        # the in-memory hot path the memory store's own apply need not check them again; any
-        # other store, a subclass overriding apply, or a wrapper gets its apply called
-        self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = (
-            store.apply_checked
-            if type(store) is MemoryStore or (isinstance(store, MemoryStore) and type(store).apply is MemoryStore.apply)
-            else store.apply
-        )
+        # (leaf, event, actor) -> the branch taken without judging anything: the actor's
+        # first branch when it has no guards (choose() would return it); the hot path's lookup
+        # and the branch taken by a caller whose lease the engine just matched to the row,
+        # when holding it is the actor's first branch's only guard (finalizing -> completed)
+        self._unguarded: dict[tuple[str, str, Actor], Branch] = {}
+        self._lease_only: dict[tuple[str, str, Actor], Branch] = {}
+        for (leaf, ev), branches in self.table.branches.items():
+            for who in Actor:
+                mine = [b for b in branches if b.actor is who]
+                if mine and not mine[0].guards:
+                    self._unguarded[(leaf, ev, who)] = mine[0]
+                elif mine and mine[0].guards == ((HOLDS_LEASE, True),):
+                    self._lease_only[(leaf, ev, who)] = mine[0]
+        # the engine checks every argument with fsm.limits before it builds a write, so a
+        # store's own apply need not check them a second time (stores.base.unchecked_apply:
+        # the library's stores; a subclass overriding apply, or a wrapper, gets its apply)
+        self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = unchecked_apply(store) or store.apply
+        # reading by id: the engine checked the id already (text()), so a memory store whose
+        # get is the library's reads its row without checking the id a second time
+        plain_get = isinstance(store, MemoryStore) and type(store).get is MemoryStore.get
+        self._read: Callable[[str], Snapshot] = store._live if plain_get else store.get  # type: ignore[attr-defined]
 
     # -- creating ------------------------------------------------------------------------
 
@@ -174,16 +188,22 @@ class Engine(EngineWork):
         """
         if event_arg(event) not in self._events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
-        actor = actor_arg(actor)
-        check_arguments(reason, idempotency_key, data)
+        if actor is not Actor.WORKER:
+            actor = actor_arg(actor)
+        if reason is not None or idempotency_key is not None or data is not None:
+            check_arguments(reason, idempotency_key, data)
         held: Snapshot | None = None
-        if entity.__class__ is not str:
+        cls = entity.__class__
+        if cls is FireResult:
+            held = entity.snapshot  # type: ignore[union-attr]
+        elif cls is not str:
             if isinstance(entity, FireResult):
                 held = entity.snapshot
             elif isinstance(entity, Snapshot):
                 held = entity
         entity_id = text("entity_id", entity if held is None else held.id)
-        optional_lease(lease)
+        if lease is not None:
+            optional_lease(lease)
         if owner is not None:
             text("owner", owner)
         try:
@@ -222,7 +242,7 @@ class Engine(EngineWork):
             snap = held
         else:
             held = None
-            snap = self.store.get(entity_id)
+            snap = self._read(entity_id)
             if snap.kind != self.kind or snap.state not in self.table.configurations:
                 snap = self.get(entity_id)  # raises the precise error
         if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
@@ -237,13 +257,18 @@ class Engine(EngineWork):
             patch = json_copy(dict(data), lifecycle=self.kind, entity_id=snap.id)
             new_data = self._validate({**snap.data, **patch}, entity_id=snap.id)
             judged = snap._replace(data=new_data)
-        try:
-            branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
-        except FsmError:
-            if held is None:
-                raise
-            # refused on the caller's snapshot, which may be stale: judge the row as it is
-            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+        plan = (judged.state, event, actor)
+        branch = self._unguarded.get(plan)
+        if branch is None and lease is not None:  # matched to the row above: holds_lease is true
+            branch = self._lease_only.get(plan)
+        if branch is None:
+            try:
+                branch = choose(self.table, self.policy, self.clock, self.store, judged, event, actor, lease)
+            except FsmError:
+                if held is None:
+                    raise
+                # refused on the caller's snapshot, which may be stale: judge the row as it is
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:
@@ -262,7 +287,7 @@ class Engine(EngineWork):
             if replay is None:  # pragma: no cover - the store said the key exists
                 raise
             return replay
-        self._announce(new, record, branch)
+        announce(self.kind, new, record, branch)
         return FireResult(new, record)
 
     def _replay(self, entity_id: str, event: str, key: str, lease: Lease | None) -> FireResult | None:
@@ -293,9 +318,6 @@ class Engine(EngineWork):
         stop = fenced(snap, lease)
         if stop is not None:
             raise stop
-
-    def _announce(self, snap: Snapshot, record: HistoryRecord, branch: Branch) -> None:
-        announce(self.kind, snap, record, branch)
 
 
 def _columns(columns: object) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from fsm.engine.announce import announce_lease_lost
 from fsm.engine.arguments import check_ttl, lease_arg, text
 from fsm.engine.reads import EngineReads
 from fsm.errors import Fenced, LeaseLost, TransitionNotAllowed
-from fsm.records import Lease, Snapshot
+from fsm.records import Lease, LeaseRenewal, Snapshot
 from signals import LeasePayload
 
 
 class EngineLeases(EngineReads):
-    """``acquire_lease``, ``renew_lease`` and ``release_lease``.
+    """``acquire_lease``, ``renew_lease``, ``release_lease`` and ``renewals``.
 
     A lease is not a transition: none of these bumps the version or writes history.
     """
@@ -82,6 +82,16 @@ class EngineLeases(EngineReads):
         except LeaseLost as err:
             self._lease_lost(lease, err)
             raise
+
+    def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        """The entity's latest lease renewals, oldest first (the newest
+        :data:`fsm.records.RENEWALS_KEPT`): when each landed, the expiry it set, the owner
+        and token, and ``acquired`` for a lease taken outside a transition (a claim that
+        resumes a reclaimed finalizer, :meth:`acquire_lease`).  The store logs them in the
+        renewal's own transaction; a refused renewal logs nothing.  Transitions, and the
+        leases they take, are in :meth:`history`."""
+        self.get(entity_id)
+        return self.store.renewals(entity_id)
 
     def _lease_lost(self, lease: Lease, err: Fenced) -> None:
         announce_lease_lost(self.kind, self.store, lease, err)

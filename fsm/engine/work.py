@@ -24,6 +24,7 @@ from fsm.records import (
     EFFECT_FAILED,
     EFFECT_PROGRESS,
     PROGRESS_KEY,
+    RESERVED_KEY_PREFIX,
     Actor,
     ClaimRequest,
     ClaimStart,
@@ -169,9 +170,10 @@ class EngineWork(EngineLeases):
         )
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
-        """The entity's recorded effects (its keeper's progress row left out)."""
+        """The entity's recorded effects (the framework's own rows, its keeper's progress
+        and the lease renewal log, left out)."""
         self.get(entity_id)
-        return [e for e in self.store.effects(entity_id) if e.key != PROGRESS_KEY]
+        return [e for e in self.store.effects(entity_id) if not e.key.startswith(RESERVED_KEY_PREFIX)]
 
     def progress(self, entity_id: str) -> Any:
         """The progress details the last holder's keeper recorded with a renewal, or None."""

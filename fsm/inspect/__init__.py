@@ -2,6 +2,7 @@
 
 - ``data``: the read-only queries (bound parameters only);
 - ``pages``: the HTML, every database value escaped;
+- ``timeline``: one entity's timeline (transitions, reaper moves, effects, lease renewals folded by holder);
 - ``app``: the Starlette application (GET only, a strict Content-Security-Policy);
 - ``cli``: the ``fsm inspect`` subcommand.
 """

@@ -87,7 +87,10 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
         except UnknownEntity:
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
-        body = pages.entity_page(data.now(), snap, history, effects, progress, has_diagram=snap.kind in by_kind)
+        renewals = data.renewals(entity_id)
+        body = pages.entity_page(
+            data.now(), snap, history, effects, progress, renewals, has_diagram=snap.kind in by_kind
+        )
         return body, 200
 
     def entity(request: Request) -> Response:

@@ -81,6 +81,8 @@ img.diagram { max-width: 100%; }
 .timeline li.reaper { border-color: #c0392b; }
 .timeline li.effect { border-color: #2e86de; }
 .timeline li.renewal { border-color: #27ae60; }
+.timeline li.acquired { border-color: #16a085; }
+.timeline li.progress { border-color: #8e44ad; }
 .timeline .when { display: inline-block; min-width: 90px; color: #4a5366; }
 .tag { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #4a5366; margin-right: 6px; }
 td.bad { color: #a11d0b; font-weight: 600; }

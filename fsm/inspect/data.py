@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fsm.records import PROGRESS_KEY, EffectRecord, HistoryRecord, Snapshot
+from fsm.errors import MalformedRow
+from fsm.records import PROGRESS_KEY, RENEWALS_KEPT, RENEWALS_KEY, EffectRecord, HistoryRecord, LeaseRenewal, Snapshot
+from stores.ledger import renewals_of
 from stores.sql import SqlStore
 from stores.sql.rows import snapshot_of
 from stores.sql.schema import decode_time
@@ -63,6 +65,22 @@ class ReaperTick:
     seq: int
     at: datetime
     summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenewalLog:
+    """An entity's logged lease renewals (oldest first), how many were ever logged, and why
+    the log could not be read, if it could not."""
+
+    entries: list[LeaseRenewal]
+    total: int = 0
+    problem: str | None = None
+
+    def note(self) -> str:
+        """What the timeline leaves out, for its heading ('' when nothing)."""
+        if self.total > len(self.entries):
+            return f" · the newest {len(self.entries)} of {self.total} lease renewals (the store keeps {RENEWALS_KEPT})"
+        return ""
 
 
 class InspectorData:
@@ -161,6 +179,16 @@ class InspectorData:
         every = self.store.effects(entity_id)
         return [e for e in every if e.key != PROGRESS_KEY], next((e for e in every if e.key == PROGRESS_KEY), None)
 
+    def renewals(self, entity_id: str) -> RenewalLog:
+        """The entity's lease renewal log (a damaged one is reported, not raised)."""
+        record = self.store.effect(entity_id, RENEWALS_KEY)
+        if record is None:
+            return RenewalLog([])
+        try:
+            return RenewalLog(renewals_of(entity_id, record), record.attempts)
+        except MalformedRow as err:
+            return RenewalLog([], record.attempts, problem=err.reason)
+
     def reaper_ticks(self, limit: int = 20) -> list[ReaperTick]:
         """The reaper's latest recorded ticks (its tick log, :mod:`fsm.reaping.ticklog`), newest first."""
         found = []
@@ -178,4 +206,13 @@ class InspectorData:
         return [ReaperMove(str(r[0]), str(r[1]), r[2], r[3], r[4], r[5], decode_time(r[6])) for r in rows]
 
 
-__all__ = ["LEADER_KIND", "TICKS_ID", "TICKS_KIND", "Filters", "InspectorData", "ReaperMove", "ReaperTick"]
+__all__ = [
+    "LEADER_KIND",
+    "TICKS_ID",
+    "TICKS_KIND",
+    "Filters",
+    "InspectorData",
+    "ReaperMove",
+    "ReaperTick",
+    "RenewalLog",
+]

@@ -8,43 +8,15 @@ attribute values, and URLs carry them percent-encoded.  The pages load one scrip
 
 from __future__ import annotations
 
-import html
-import json
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from typing import Any
 from urllib.parse import urlencode
 
-from fsm.inspect.data import Filters, ReaperMove, ReaperTick
+from fsm.inspect.data import Filters, ReaperMove, ReaperTick, RenewalLog
+from fsm.inspect.timeline import age, esc, pretty_json, span, stamp, timeline
 from fsm.records import EffectRecord, HistoryRecord, Snapshot
-
-
-def esc(value: object) -> str:
-    """``value`` as HTML text (quotes escaped too: safe in quoted attributes)."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def age(now: datetime, then: datetime | None) -> str:
-    """A short human duration, ``then`` to ``now`` (``in 40s`` when ``then`` is later)."""
-    if then is None:
-        return ""
-    delta = now - then
-    future = delta < timedelta()
-    seconds = int(abs(delta.total_seconds()))
-    if seconds < 60:
-        text = f"{seconds}s"
-    elif seconds < 3600:
-        text = f"{seconds // 60}m {seconds % 60:02d}s"
-    elif seconds < 86400:
-        text = f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-    else:
-        text = f"{seconds // 86400}d {seconds % 86400 // 3600}h"
-    return f"in {text}" if future else f"{text} ago"
-
-
-def stamp(when: datetime | None) -> str:
-    return "" if when is None else when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def entity_url(entity_id: str) -> str:
@@ -141,7 +113,7 @@ def entities_section(now: datetime, snaps: list[Snapshot], filters: Filters, kin
         rows.append(
             f"<tr data-id='{esc(s.id)}'><td class=id><a href='{esc(entity_url(s.id))}'>{esc(s.id)}</a></td>"
             f"<td>{esc(s.kind)}</td><td><span class='state s-{esc(s.state)}'>{esc(s.state)}</span></td>"
-            f"<td title='{esc(stamp(s.state_entered_at))}'>{esc(age(now, s.state_entered_at))}</td>"
+            f"<td title='{esc(stamp(s.state_entered_at))}'>{esc(span(now - s.state_entered_at))}</td>"
             f"<td title='{esc(stamp(s.created_at))}'>{esc(age(now, s.created_at))}</td>"
             f"{lease_cells(now, s)}<td class=n>{s.attempt}</td><td class=n>{s.reclaims}</td></tr>"
         )
@@ -249,58 +221,17 @@ def overview(
 # -- one entity --------------------------------------------------------------------------------
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def timeline(
-    now: datetime, history: list[HistoryRecord], effects: list[EffectRecord], progress: EffectRecord | None
-) -> str:
-    items: list[tuple[datetime, int, str]] = []
-    for h in history:
-        kind = "reaper" if h.actor == "reaper" else "transition"
-        what = f"{h.event}: {h.source} → {h.target}"
-        detail = [f"by {h.actor}", f"token {h.lease_token}"]
-        if h.reason:
-            detail.append(f"reason: {h.reason}")
-        if h.idempotency_key:
-            detail.append(f"key: {h.idempotency_key}")
-        data = f"<pre>{esc(_json(h.data))}</pre>" if h.data else ""
-        items.append(
-            (
-                h.at,
-                h.seq,
-                f"<li class='ev {kind}' data-seq='{h.seq}'><span class=when title='{esc(stamp(h.at))}'>"
-                f"{esc(age(now, h.at))}</span><span class=tag>{'reaper tick' if kind == 'reaper' else 'transition'}"
-                f"</span> <b>#{h.seq} {esc(what)}</b> <span class=muted>{esc(', '.join(detail))}</span>{data}</li>",
-            )
-        )
-    for e in effects:
-        if e.recorded_at is None:
-            continue
-        items.append(
-            (
-                e.recorded_at,
-                10**9,
-                f"<li class='ev effect {esc(e.status)}'><span class=when title='{esc(stamp(e.recorded_at))}'>"
-                f"{esc(age(now, e.recorded_at))}</span><span class=tag>effect</span> <b>{esc(e.key)}</b> "
-                f"<span class=muted>{esc(e.status)}, token {e.lease_token}, attempt {e.attempts}</span></li>",
-            )
-        )
-    if progress is not None and progress.recorded_at is not None:
-        items.append(
-            (
-                progress.recorded_at,
-                10**9 + 1,
-                f"<li class='ev renewal'><span class=when title='{esc(stamp(progress.recorded_at))}'>"
-                f"{esc(age(now, progress.recorded_at))}</span><span class=tag>lease renewal</span> "
-                f"<b>last renewal with progress</b> <span class=muted>token {progress.lease_token}</span>"
-                f"<pre>{esc(_json(progress.result))}</pre></li>",
-            )
-        )
-    items.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    body = "".join(text for _, _, text in items) or "<li class=empty>Nothing recorded yet.</li>"
-    return f"<ol class=timeline>{body}</ol>"
+def last_renewal(now: datetime, renewals: RenewalLog) -> str:
+    """When the lease was last renewed (or taken outside a transition), and by whom."""
+    if renewals.problem is not None:
+        return f"<span class=expired>unreadable log: {esc(renewals.problem)}</span>"
+    if not renewals.entries:
+        return "<span class=muted>none logged</span>"
+    last = renewals.entries[-1]
+    return (
+        f"<span title='{esc(stamp(last.at))}'>{esc(age(now, last.at))}</span> by {esc(last.owner)} "
+        f"<span class=muted>#{last.token}</span>"
+    )
 
 
 def entity_page(
@@ -309,19 +240,22 @@ def entity_page(
     history: list[HistoryRecord],
     effects: list[EffectRecord],
     progress: EffectRecord | None,
+    renewals: RenewalLog,
     has_diagram: bool,
 ) -> str:
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
+    entered = snap.state_entered_at
     facts = [
         ("lifecycle", esc(snap.kind)),
         ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}"),
-        ("in state for", esc(age(now, snap.state_entered_at))),
+        ("in state for", f"<span title='{esc(stamp(entered))}'>{esc(span(now - entered))}</span>"),
         ("version", str(snap.version)),
         ("attempt", str(snap.attempt)),
         ("reclaims", str(snap.reclaims)),
         ("created", f"{esc(age(now, snap.created_at))} <span class=muted>{esc(stamp(snap.created_at))}</span>"),
         ("updated", f"{esc(age(now, snap.updated_at))} <span class=muted>{esc(stamp(snap.updated_at))}</span>"),
         ("concurrency key", esc(snap.concurrency_key or "")),
+        ("last renewal", last_renewal(now, renewals)),
     ]
     lease = "<table class=facts>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     lease += f"<tr><th>lease</th>{lease_cells(now, snap)}</tr></table>"
@@ -336,7 +270,7 @@ def entity_page(
     effect_rows = "".join(
         f"<tr><td>{esc(e.key)}</td><td class='{esc(e.status)}'>{esc(e.status)}</td><td class=n>{e.lease_token}</td>"
         f"<td class=n>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td>"
-        f"<td><pre>{esc(_json(e.result))}</pre></td></tr>"
+        f"<td><pre>{esc(pretty_json(e.result))}</pre></td></tr>"
         for e in effects
     )
     effect_table = (
@@ -349,9 +283,10 @@ def entity_page(
     return (
         f"<p class=meta><a href=/>← all entities</a> · database time {esc(stamp(now))}</p>"
         f"<h1 class=id>{esc(snap.id)}</h1>"
-        f"<div class=split><section><h2>Now</h2>{lease}<h2>Data</h2><pre class=data>{esc(_json(snap.data))}</pre>"
+        f"<div class=split><section><h2>Now</h2>{lease}<h2>Data</h2><pre class=data>{esc(pretty_json(snap.data))}</pre>"
         f"</section><section><h2>Diagram</h2>{diagram}</section></div>"
-        f"<section><h2>Timeline <span class=muted>newest first</span></h2>{timeline(now, history, effects, progress)}"
+        f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
+        f"{timeline(now, history, effects, progress, renewals.entries)}"
         f"</section><section><h2>Recorded effects</h2>{effect_table}</section>"
     )
 

@@ -23,6 +23,7 @@ from fsm.records import (
     EffectRecord,
     HistoryRecord,
     Lease,
+    LeaseRenewal,
     NewEntity,
     Snapshot,
     TransitionWrite,
@@ -54,6 +55,10 @@ class AsyncStore(Protocol):
     ) -> Snapshot: ...
 
     async def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot: ...
+
+    async def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        """See :meth:`stores.Store.renewals`: the newest lease renewals, oldest first."""
+        ...
 
     async def soft_delete(self, entity_id: str) -> Snapshot: ...
 

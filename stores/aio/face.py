@@ -21,6 +21,7 @@ from fsm.records import (
     EffectRecord,
     HistoryRecord,
     Lease,
+    LeaseRenewal,
     NewEntity,
     Snapshot,
     TransitionWrite,
@@ -81,6 +82,10 @@ class AsyncFace:
 
     async def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         result: Snapshot = await self._invoke("release_lease", entity_id, owner=owner, token=token)
+        return result
+
+    async def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        result: list[LeaseRenewal] = await self._invoke("renewals", entity_id)
         return result
 
     async def soft_delete(self, entity_id: str) -> Snapshot:
@@ -204,6 +209,10 @@ class BridgeStore(LedgerRun):
 
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         result: Snapshot = self._call("release_lease", (entity_id,), {"owner": owner, "token": token})
+        return result
+
+    def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        result: list[LeaseRenewal] = self._call("renewals", (entity_id,), {})
         return result
 
     def soft_delete(self, entity_id: str) -> Snapshot:

@@ -25,6 +25,7 @@ from fsm.errors import ConfigError, StoreUnavailable
 from stores.aio.drivers import PsycopgLane, SqliteLane
 from stores.aio.face import AsyncFace
 from stores.aio.greenlets import wait
+from stores.sql.binding import TableBinding
 from stores.sql.connections import is_memory
 from stores.sql.store import SqlStore
 
@@ -79,8 +80,9 @@ class AsyncSqlStore(AsyncFace):
 
     ``url``: ``postgresql+psycopg://user@host/db`` or ``sqlite:///fsm.db`` (the ``+aiosqlite``
     and ``+psycopg_async`` spellings are taken too).  The other options are
-    :class:`stores.sql.SqlStore`'s.  An in-memory SQLite database is refused: each async
-    connection would see its own; use ``memory://`` (:class:`~stores.aio.AsyncMemoryStore`).
+    :class:`stores.sql.SqlStore`'s, ``binding`` included (the lifecycle on an application's
+    own table).  An in-memory SQLite database is refused: each async connection would see
+    its own; use ``memory://`` (:class:`~stores.aio.AsyncMemoryStore`).
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class AsyncSqlStore(AsyncFace):
         clock: Clock | None = None,
         table_prefix: str = "fsm_",
         create: bool = True,
+        binding: TableBinding | None = None,
         schema: str | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         busy_timeout: float = 5.0,
@@ -119,6 +122,7 @@ class AsyncSqlStore(AsyncFace):
             clock=clock,
             table_prefix=table_prefix,
             create=create,
+            binding=binding,
             schema=schema,
             busy_timeout=busy_timeout,
             sqlite_synchronous=sqlite_synchronous,

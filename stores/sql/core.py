@@ -8,6 +8,8 @@ write.  The parts (``sql_leases``, ``sql_reaper``, ``sql``) are mixins over it.
 
 from __future__ import annotations
 
+import operator
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +26,30 @@ from stores.sql.schema import decode_time
 ATTEMPTS = 3
 """Tries of a write whose refusal the re-read could not explain (the row moved in between)."""
 
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+Positional = tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]
+
+
+def positional(sql: str) -> Positional:
+    """``sql`` with its ``:name`` parameters as ``?``, and what picks their values from a
+    dict in that order.  sqlite3 binds a tuple faster than it looks names up in a dict
+    (about 1.5 us per statement of the hot path).  Quoted literals are left alone."""
+    names: list[str] = []
+
+    def mark(m: re.Match[str]) -> str:
+        names.append(m.group(1))
+        return "?"
+
+    parts = sql.split("'")
+    parts[::2] = [_NAMED.sub(mark, part) for part in parts[::2]]  # outside quotes only
+    if not names:
+        return "'".join(parts), lambda _params: ()
+    if len(names) == 1:
+        (name,) = names
+        return "'".join(parts), lambda params: (params[name],)
+    return "'".join(parts), operator.itemgetter(*names)
+
 
 class SqlCore:
     """State and helpers shared by the SQL store's parts."""
@@ -37,6 +63,14 @@ class SqlCore:
     _integrity: tuple[type[BaseException], ...]
     _status: Callable[[str], str] | None
     _children: list[ChildIO]
+    _positional: dict[str, Positional]
+
+    def _qmark(self, sql: str) -> Positional:
+        """:func:`positional` of ``sql``, converted once per statement text."""
+        found = self._positional.get(sql)
+        if found is None:
+            found = self._positional[sql] = positional(sql)
+        return found
 
     def _now(self) -> datetime | None:
         """The write's ``now`` in Python: the clock's, SQLite's wall clock, or None (server)."""
@@ -104,4 +138,4 @@ class SqlCore:
         params["ttl"] = None if ttl is None else f.offset(now, ttl)
 
 
-__all__ = ["ATTEMPTS", "SqlCore"]
+__all__ = ["ATTEMPTS", "SqlCore", "positional"]

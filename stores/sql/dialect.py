@@ -314,6 +314,7 @@ class Statements:
         bump_reclaims: bool,
         new_data: bool,
         lean: bool = False,
+        blind: bool = False,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -323,8 +324,10 @@ class Statements:
         is the ``source`` parameter: the version compare-and-set proves the row was in it.
         ``lean`` (the caller holds the snapshot it judged, owned tables only) returns only
         what the write changes (:data:`LEAN_COLUMNS`), plus the statement's ``now`` on
-        PostgreSQL; otherwise every entity column."""
-        key = ("apply", change, has_ttl, token_check, shape, bump_attempt, bump_reclaims, new_data, lean)
+        PostgreSQL; otherwise every entity column.  ``blind`` (SQLite, with ``lean``) returns
+        nothing: the update also requires the lease holder and token the caller's snapshot
+        shows (``bowner``, ``btoken``), so the store knows every column it writes."""
+        key = ("apply", change, has_ttl, token_check, shape, bump_attempt, bump_reclaims, new_data, lean, blind)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
@@ -338,6 +341,8 @@ class Statements:
             guard += f" AND {self.L.ref('state', 'e')} = {f.p('source')}"
         if token_check:
             guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
+        if blind:
+            guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
         sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data)
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
@@ -351,8 +356,9 @@ class Statements:
                 f"u.fsm_now, {f.json('patch')} FROM u) SELECT * FROM u",
             )
         else:
+            update = self._update(sets, guard, returning=returning)
             found = (
-                self._update(sets, guard, returning=returning),
+                update.partition(" RETURNING ")[0] if blind else update,
                 f"{hist} VALUES ({f.p('id')}, {f.p('seq')}, {common}, {f.p('htoken')}, {f.p('reason')}, {f.p('key')}, "
                 f"{f.now}, {f.p('patch')})",
             )

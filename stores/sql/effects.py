@@ -16,7 +16,7 @@ from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, UnknownEntity
 from fsm.limits import check_effect_args, check_id
-from fsm.records import EffectRecord
+from fsm.records import RENEWALS_KEY, EffectRecord
 from stores.ledger import LedgerRun, check_effect_key, json_result
 from stores.sql.core import ATTEMPTS, SqlCore
 from stores.sql.rows import dumps_data
@@ -65,7 +65,10 @@ class EffectOps(SqlCore, LedgerRun):
         returning = f"RETURNING {EFFECT_COLUMNS}"
         found = {
             "one": f"SELECT {EFFECT_COLUMNS} FROM {ef} WHERE entity_id = {f.p('id')} AND key = {f.p('key')}",
-            "all": f"SELECT {EFFECT_COLUMNS} FROM {ef} WHERE entity_id = {f.p('id')} ORDER BY key",
+            "all": (
+                f"SELECT {EFFECT_COLUMNS} FROM {ef} WHERE entity_id = {f.p('id')} AND key <> '{RENEWALS_KEY}' "
+                "ORDER BY key"
+            ),
             "record": insert + "DO NOTHING " + returning,
             "record_or_replace": insert + replace + returning,
         }

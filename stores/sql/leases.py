@@ -4,23 +4,146 @@ None of them is a transition: version and history never move.  Each is one guard
 ``UPDATE ... RETURNING``; renewal moves ``lease_expires_at`` only, never past the state's
 renewal budget (``min(now + ttl, state_entered_at + budget)``, refused once ``now`` reaches
 the deadline) and never revives an expired lease (the reaper may be taking over).
+
+A successful acquire or renewal is logged in the same transaction, on the reserved ledger
+row :data:`~fsm.records.RENEWALS_KEY` (a JSON list of the newest
+:data:`~fsm.records.RENEWALS_KEPT` entries): on PostgreSQL the update and the log's upsert
+are one statement (``WITH u AS (UPDATE .. RETURNING ..) INSERT .. SELECT .. FROM u ON
+CONFLICT ..``, still one round trip); on SQLite the upsert follows the update inside one
+``BEGIN IMMEDIATE`` (a savepoint inside a claim's transaction).  A refused write matches no
+row, so it logs nothing.
 """
 
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.errors import LeaseLost, StaleVersion, UnknownEntity
-from fsm.limits import check_int, check_lease_args, check_store_ttl
-from fsm.records import Snapshot
+from fsm.limits import check_id, check_int, check_lease_args, check_store_ttl
+from fsm.records import EFFECT_RENEWALS, RENEWALS_KEPT, RENEWALS_KEY, LeaseRenewal, Snapshot
+from stores.ledger import renewal_entry, renewals_of
+from stores.sql.connections import unavailable
 from stores.sql.core import ATTEMPTS, SqlCore
+from stores.sql.effects import effect_of
 from stores.sql.rows import snapshot_of
+
+LOG_COLUMNS = "entity_id, key, status, lease_token, attempts, result, recorded_at"
 
 
 class LeaseOps(SqlCore):
-    """``acquire_lease``, ``renew_lease`` and ``release_lease`` of :class:`stores.sql.SqlStore`."""
+    """``acquire_lease``, ``renew_lease``, ``release_lease`` and ``renewals`` of :class:`stores.sql.SqlStore`."""
+
+    _lease_statements: dict[tuple[str, bool], str]
+    _log_statement: str
+
+    def _lease_sql(self, what: str, budget: bool) -> str:
+        """The guarded update of ``what`` (``acquire`` or ``renew``), and on PostgreSQL the
+        renewal log's upsert in the same statement; cached per shape."""
+        shapes: dict[tuple[str, bool], str] | None = getattr(self, "_lease_statements", None)
+        if shapes is None:
+            shapes = {}
+            self._lease_statements = shapes
+        found = shapes.get((what, budget))
+        if found is not None:
+            return found
+        update = (self._sql.acquire if what == "acquire" else self._sql.renew)(budget)
+        if self._sqlite:
+            found = update
+        else:
+            f, ef = self._f, self._sql.L.effects
+            acquired = "TRUE" if what == "acquire" else "FALSE"
+            entry = (
+                f"jsonb_build_object('at', {f.now}, 'expires_at', u.lease_expires_at, 'owner', u.lease_owner, "
+                f"'token', u.lease_token" + (", 'acquired', TRUE" if acquired == "TRUE" else "") + ")"
+            )
+            # the log holds N: drop the oldest, append (a longer one, N lowered, is cut to N - 1)
+            n, length = RENEWALS_KEPT, "jsonb_array_length(lg.result)"
+            old = (
+                f"CASE WHEN COALESCE(jsonb_typeof(lg.result), '') <> 'array' THEN '[]'::jsonb "
+                f"WHEN {length} < {n} THEN lg.result WHEN {length} = {n} THEN lg.result - 0 "
+                f"ELSE jsonb_path_query_array(lg.result, '$[last - {n - 2} to last]') END"
+            )
+            found = (
+                f"WITH u AS ({update}), r AS ("
+                f"INSERT INTO {ef} AS lg ({LOG_COLUMNS}) "
+                f"SELECT u.id, '{RENEWALS_KEY}', '{EFFECT_RENEWALS}', u.lease_token, 1, jsonb_build_array({entry}), "
+                f"{f.now} FROM u ON CONFLICT (entity_id, key) DO UPDATE SET status = excluded.status, "
+                "lease_token = excluded.lease_token, attempts = lg.attempts + 1, recorded_at = excluded.recorded_at, "
+                f"result = ({old}) || excluded.result"
+                ") SELECT * FROM u"
+            )
+        shapes[(what, budget)] = found
+        return found
+
+    def _log_sql(self) -> str:
+        """SQLite: the renewal log's upsert (run after the update, in its transaction)."""
+        found: str | None = getattr(self, "_log_statement", None)
+        if found is None:
+            ef = self._sql.L.effects
+            # the log holds N: drop the oldest, append (a longer one, N lowered, is cut to N - 1);
+            # json_type() raises on malformed JSON: the outer CASE calls it only on valid text
+            n, length = RENEWALS_KEPT, "json_array_length(lg.result)"
+            cut = (
+                f"(SELECT json_group_array(json(j.value)) FROM json_each(lg.result) AS j WHERE j.key > {length} - {n})"
+            )
+            kept = (
+                "CASE WHEN json_valid(lg.result) THEN CASE WHEN json_type(lg.result) <> 'array' THEN '[]' "
+                f"WHEN {length} < {n} THEN lg.result WHEN {length} = {n} THEN json_remove(lg.result, '$[0]') "
+                f"ELSE {cut} END ELSE '[]' END"
+            )
+            found = self._log_statement = (
+                f"INSERT INTO {ef} AS lg ({LOG_COLUMNS}) "
+                f"VALUES (:id, '{RENEWALS_KEY}', '{EFFECT_RENEWALS}', :log_token, 1, json_array(json(:entry)), :now) "
+                "ON CONFLICT (entity_id, key) DO UPDATE SET status = excluded.status, "
+                "lease_token = excluded.lease_token, attempts = lg.attempts + 1, recorded_at = excluded.recorded_at, "
+                f"result = json_insert({kept}, '$[#]', json(:entry))"
+            )
+        return found
+
+    def _lease_write(self, what: str, budget: bool, params: dict[str, Any], now: datetime | None) -> Snapshot | None:
+        """The guarded lease update and its log entry in one transaction; the new row, or
+        None when the guard matched no row (nothing written)."""
+        sql = self._lease_sql(what, budget)
+        if not self._sqlite:
+            rows = self._run(sql, params)
+            return self._attach([snapshot_of(rows[0])])[0] if rows else None
+        slot = self._conns.slot()
+        cur = slot.cursor
+        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
+        try:
+            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_lease")
+            try:
+                cur.execute(sql, params)
+                rows = cur.fetchall()
+                snap = snapshot_of(rows[0]) if rows else None  # decoded before COMMIT: a bad row rolls back
+                if snap is not None:
+                    assert now is not None  # SQLite always has a Python-side now
+                    entry = renewal_entry(snap, now, acquired=what == "acquire")
+                    cur.execute(
+                        self._log_sql(),
+                        {
+                            "id": snap.id,
+                            "log_token": snap.lease_token,
+                            "entry": json.dumps(entry, ensure_ascii=False),
+                            "now": params["now"],
+                        },
+                    )
+                cur.execute("COMMIT" if own else "RELEASE fsm_lease")
+            except BaseException:
+                if own:
+                    slot.conn.rollback()
+                else:
+                    cur.execute("ROLLBACK TO fsm_lease")
+                    cur.execute("RELEASE fsm_lease")
+                raise
+        except self._integrity:
+            raise
+        except self._errors as err:
+            raise unavailable(err, self._conns, params["id"]) from err
+        return None if snap is None else self._attach([snap])[0]
 
     def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
@@ -33,9 +156,9 @@ class LeaseOps(SqlCore):
         for _ in range(ATTEMPTS):
             now = self._now()
             self._time_params(params, now, ttl)
-            rows = self._run(self._sql.acquire(budget is not None), params)
-            if rows:
-                return self._attach([snapshot_of(rows[0])])[0]
+            taken = self._lease_write("acquire", budget is not None, params, now)
+            if taken is not None:
+                return taken
             row, now = self._current(entity_id)
             if row is None or row.deleted:
                 raise UnknownEntity(entity_id)
@@ -60,9 +183,9 @@ class LeaseOps(SqlCore):
         for _ in range(ATTEMPTS):
             now = self._now()
             self._time_params(params, now, ttl)
-            rows = self._run(self._sql.renew(budget is not None), params)
-            if rows:
-                return self._attach([snapshot_of(rows[0])])[0]
+            renewed = self._lease_write("renew", budget is not None, params, now)
+            if renewed is not None:
+                return renewed
             row, now = self._current(entity_id)
             if row is None or row.deleted:
                 raise UnknownEntity(entity_id)
@@ -87,6 +210,17 @@ class LeaseOps(SqlCore):
         if row is None or row.deleted:
             raise UnknownEntity(entity_id)
         raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+
+    def renewals(self, entity_id: str) -> list[LeaseRenewal]:
+        """See :meth:`stores.Store.renewals`."""
+        ef = self._sql.L.effects
+        sql = f"SELECT {LOG_COLUMNS} FROM {ef} WHERE entity_id = {self._f.p('id')} AND key = '{RENEWALS_KEY}'"
+        rows = self._run(sql, {"id": check_id("entity id", entity_id)})
+        if not rows:
+            if not self._run(self._sql.exists, {"id": entity_id}):
+                raise UnknownEntity(entity_id)
+            return []
+        return renewals_of(entity_id, effect_of(rows[0], self._sqlite))
 
 
 __all__ = ["LeaseOps"]

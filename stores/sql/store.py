@@ -57,6 +57,7 @@ from fsm.errors import (
 from fsm.limits import check_id, check_new_entity, check_transition_write, text_problem
 from fsm.records import (
     HistoryRecord,
+    LeaseChange,
     NewEntity,
     NewerSibling,
     Snapshot,
@@ -79,7 +80,7 @@ from stores.sql.connections import (
     setup_sqlite,
     unavailable,
 )
-from stores.sql.core import ATTEMPTS
+from stores.sql.core import ATTEMPTS, Positional
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
 from stores.sql.leases import LeaseOps
@@ -95,7 +96,8 @@ _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch", "move_candidates",
-    "effect", "effects", "record_effect", "run", "claim", "entities", "count_states",
+    "effect", "effects", "record_effect", "run", "claim", "entities", "count_states", "renewals",
+    "apply_checked",
 )  # fmt: skip
 
 
@@ -219,6 +221,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             else bound_layout(engine.dialect, table_prefix, binding)
         )
         self._sql = Statements(layout, self._f)
+        self._positional: dict[str, Positional] = {}  # SQLite hot-path statements with ? parameters
         self._status = binding.status_for if binding is not None and binding.status_column else None
         self._children = (
             [ChildIO(c, engine.dialect, self._f, layout.binding.schema) for c in layout.children]
@@ -433,11 +436,24 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         With ``write.before`` (on the library's own table) the statement returns only the
         columns the write changes and the new snapshot is built from ``before``: the data
         is neither returned nor decoded (``write.data`` when it changed, else ``before``'s)."""
-        check_transition_write(write)
+        return self.apply_checked(check_transition_write(write))
+
+    def apply_checked(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
+        """:meth:`apply` for a write already checked by ``fsm.limits.check_transition_write``'s
+        rules (see :func:`stores.base.unchecked_apply`)."""
         entity_id = write.entity_id
         require = write.require
         before = write.before if self._sql.lean_ok else None
-        sql = self._sql.apply(
+        # blind (SQLite): the caller's snapshot tells every column the write leaves, once the
+        # update also requires its lease holder and token (they move without a version bump:
+        # acquire_lease, release_lease); only a kept, held lease's expiry is unknown (a renewal
+        # moves it), so that write reads it back.  No RETURNING: the rows written are counted.
+        blind = (
+            before is not None
+            and self._sqlite
+            and not (write.lease_change is LeaseChange.KEEP and before.lease_owner is not None)
+        )
+        shape = (
             write.lease_change,
             write.lease_ttl is not None,
             write.expect_token is not None,
@@ -448,6 +464,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             write.data is not None,
             before is not None,
         )
+        sql = self._sql.apply(*shape, blind)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -474,6 +491,9 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         }
         if self._status is not None:
             params["status"] = self._status(write.target)
+        if blind:
+            assert before is not None
+            params["btoken"], params["bowner"] = before.lease_token, before.lease_owner
         integrity = False
         for _ in range(ATTEMPTS):
             now = self._now()
@@ -481,9 +501,14 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             if require:
                 self._sql.condition_params(params, require, now)
             try:
-                row, at = (self._apply_sqlite if self._sqlite else self._apply_pg)(
-                    sql, params, now, children, before is not None
-                )
+                row: Any
+                if blind:
+                    assert before is not None and now is not None
+                    row, at = self._blind_sqlite(sql, params, write, before), now
+                else:
+                    row, at = (self._apply_sqlite if self._sqlite else self._apply_pg)(
+                        sql, params, now, children, before is not None
+                    )
                 if before is None:
                     snap = row
                 else:  # positional: the hot path
@@ -499,7 +524,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 )  # fmt: skip
                 return snap, record
             except _Refused:
-                pass
+                if blind:  # the lease moved since the caller's snapshot: write as a lean write
+                    blind = False
+                    sql = self._sql.apply(*shape)
+                    continue
             except self._integrity:
                 integrity = True
             failure = self._diagnose_apply(write)
@@ -508,6 +536,50 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         if integrity:
             raise MalformedRow(entity_id, reason="history and entity row disagree (a history seq is taken)")
         raise ConditionFailed(entity_id, condition=",".join(c.name for c in require) or "compare_and_set")
+
+    def _blind_sqlite(
+        self, sql: tuple[str, ...], params: dict[str, Any], write: TransitionWrite, before: Snapshot
+    ) -> tuple[Any, ...]:
+        """A blind write (see :meth:`apply_checked`): the update and the history row in one
+        transaction, and the lean columns as the update wrote them, known without reading."""
+        change = write.lease_change
+        owner, token, expires = before.lease_owner, before.lease_token, before.lease_expires_at
+        if change is LeaseChange.ACQUIRE:
+            owner, token = write.new_owner, token + 1
+            expires = None if params["ttl"] is None else decode_time(params["ttl"])  # the text written
+        elif change is LeaseChange.CLEAR:
+            owner = expires = None
+        attempt, reclaims = before.attempt, before.reclaims
+        if write.bump_attempt:
+            attempt, reclaims = attempt + 1, 0
+        elif write.bump_reclaims:
+            reclaims += 1
+        version = before.version + 1
+        params["seq"], params["htoken"] = version, token
+        slot = self._conns.slot()
+        cur = slot.cursor
+        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
+        update, update_values = self._qmark(sql[0])
+        insert, insert_values = self._qmark(sql[1])
+        try:
+            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_apply")
+            try:
+                if cur.execute(update, update_values(params)).rowcount != 1:
+                    raise _Refused
+                cur.execute(insert, insert_values(params))
+                cur.execute("COMMIT" if own else "RELEASE fsm_apply")
+            except BaseException:
+                if own:
+                    slot.conn.rollback()
+                else:
+                    cur.execute("ROLLBACK TO fsm_apply")
+                    cur.execute("RELEASE fsm_apply")
+                raise
+        except self._integrity:
+            raise
+        except self._errors as err:
+            raise unavailable(err, self._conns, params["id"]) from err
+        return version, owner, token, expires, attempt, reclaims
 
     def _apply_sqlite(
         self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any], lean: bool
@@ -521,7 +593,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             # the history row is refused (an idempotency key taken), as a rollback does alone
             cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_apply")
             try:
-                cur.execute(sql[0], params)
+                update, values = self._qmark(sql[0])
+                cur.execute(update, values(params))
                 rows = cur.fetchall()
                 if not rows:
                     raise _Refused
@@ -531,7 +604,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                 else:
                     row = snapshot_of(row)  # decoded before COMMIT: a bad row rolls back
                     params["seq"], params["htoken"] = row.version, row.lease_token
-                cur.execute(sql[1], params)
+                insert, values = self._qmark(sql[1])
+                cur.execute(insert, values(params))
                 if not lean:
                     if children:
                         for io in self._children:

@@ -4,7 +4,10 @@ Each contender is timed in several rounds, interleaved (A B A B ..., the order f
 every round, so neither side always runs on a warmer cache or a quieter machine); its
 *median* round counts, and the spread (fastest and slowest round against the median) is
 printed beside it with the machine's load average, so a disturbed run shows as one.
-Ratios compare medians measured in the same process.  Benchmarks never assert on timings.
+Ratios compare medians measured in the same process.  Beside each rate, the process's own
+CPU time per op (all its threads; a database server's work is not in it) shows whether a
+contender is bound by its client's CPU or waits on the server.  Benchmarks never assert on
+timings.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class Measurement:
     """The median round's seconds."""
     rounds: list[float] = field(default_factory=list)
     load: str = ""
+    cpu_seconds: float = 0.0
+    """The median round's CPU time of this process (all its threads): the client's own cost;
+    a database server's work runs in its own processes and is not in it."""
 
     @property
     def rate(self) -> float:
@@ -63,6 +69,10 @@ class Measurement:
     @property
     def us_per_op(self) -> float:
         return self.seconds / self.ops * 1e6 if self.ops else 0.0
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return self.cpu_seconds / self.ops * 1e6 if self.ops else 0.0
 
     @property
     def spread(self) -> str:
@@ -95,18 +105,22 @@ class Report:
         """Time each contender ``rounds`` times, interleaved and flipped; keep the median."""
         rounds = max(rounds or self.default_rounds, self.default_rounds)
         times: dict[str, list[float]] = {name: [] for name in contenders}
+        cpu: dict[str, list[float]] = {name: [] for name in contenders}
         ops: dict[str, int] = {}
         order = list(contenders)
         for r in range(rounds):
             for name in order if r % 2 == 0 else reversed(order):
                 body = contenders[name]()
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 ops[name] = body()
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
         now = load()
         found = {}
         for name in order:
-            m = Measurement(name, ops[name], statistics.median(times[name]), times[name], now)
+            m = Measurement(
+                name, ops[name], statistics.median(times[name]), times[name], now, statistics.median(cpu[name])
+            )
             self.measurements[name] = found[name] = m
             self.show(m, unit)
         print(f"    ({rounds} rounds interleaved, order flipped each round; {now})", flush=True)
@@ -116,7 +130,8 @@ class Report:
     def show(m: Measurement, unit: str = "ops") -> None:
         if unit == "ops":
             print(
-                f"  {m.name:<58} {m.rate:>10,.0f} ops/s {m.us_per_op:>9.1f} us/op  spread {m.spread}",
+                f"  {m.name:<58} {m.rate:>10,.0f} ops/s {m.us_per_op:>9.1f} us/op  spread {m.spread}"
+                f"  client cpu {m.cpu_us_per_op:.1f} us/op",
                 flush=True,
             )
         else:
@@ -140,7 +155,13 @@ class Report:
             "cores": os.cpu_count(),
             "load_at_end": load(),
             "measurements": {
-                k: {**asdict(v), "rate": v.rate, "us_per_op": v.us_per_op, "spread": v.spread}
+                k: {
+                    **asdict(v),
+                    "rate": v.rate,
+                    "us_per_op": v.us_per_op,
+                    "cpu_us_per_op": v.cpu_us_per_op,
+                    "spread": v.spread,
+                }
                 for k, v in self.measurements.items()
             },
             "ratios": [asdict(r) for r in self.ratios],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
 import uuid
@@ -24,6 +25,7 @@ from fsm import (
     TransitionNotAllowed,
 )
 from fsm.aio import AsyncJob, AsyncWorker
+from fsm.records import RENEWALS_KEPT
 from stores.aio import AsyncMemoryStore, AsyncSqlStore
 
 Opener = Callable[[], Any]
@@ -80,6 +82,9 @@ def test_fire_claim_run_and_keep_work_as_on_the_sync_engine(open_store: Opener) 
             again = await jobs.fire("j1", "complete", lease=held.check(), idempotency_key="k")
         assert calls == ["j1:gate"]
         assert done.state == "completed" and again.replayed
+        renewals = await jobs.renewals("j1")  # each of the keeper's renewals, logged by the store
+        assert len(renewals) == min(held.renewals, RENEWALS_KEPT)
+        assert all((r.owner, r.token, r.acquired) == ("w1", claimed.lease.token, False) for r in renewals)
         assert [h.event for h in await jobs.history("j1")] == ["start", "exited", "complete"]
         assert [e.key for e in await jobs.effects("j1")] == ["gate"]
         assert (await jobs.counts())["completed"] == 1
@@ -214,5 +219,38 @@ def test_stop_releases_the_leases_of_handlers_still_running() -> None:
         snap = await jobs.get("j1")
         assert snap.state == "running" and snap.lease_owner is None
         assert worker.stats.released == 1
+
+    asyncio.run(main())
+
+
+def test_calls_cancelled_mid_statement_leave_the_store_and_the_engine_usable(open_store: Opener) -> None:
+    """The bridge reuses its greenlets: a call cancelled while it waits on the database must
+    end (its transaction rolled back or committed whole) and leave the next calls working."""
+
+    async def main() -> None:
+        store = open_store()
+        engine = AsyncEngine(PipelineLifecycle, store)
+        ids = [(await engine.create()).id for _ in range(12)]
+        cancelled = 0
+        for n, entity_id in enumerate(ids):
+            task = asyncio.create_task(engine.fire(entity_id, "start"))
+            for _ in range(n % 4):  # cancel at different points of the call
+                await asyncio.sleep(0)
+            cancelled += task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for entity_id in ids:  # each fire happened whole or not at all, and the engine still fires
+            snap = await engine.get(entity_id)
+            history = await engine.history(entity_id)
+            assert len(history) == snap.version
+            assert snap.state == ("running" if history else "queued")
+            if snap.state == "queued":
+                snap = (await engine.fire(entity_id, "start")).snapshot
+            finished = await engine.fire(snap, "finish")
+            assert (await engine.fire(finished, "succeed", lease=finished.lease)).state == "completed"
+        assert cancelled >= 1
+        close = getattr(store, "close", None)
+        if close is not None:
+            await close()
 
     asyncio.run(main())

@@ -9,7 +9,18 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from inspect_support import HOSTILE_DATA, HOSTILE_ID, Served, artifacts_dir, chromium, served_store  # noqa: F401
+from inspect_support import (  # noqa: F401 - fixtures
+    FIRST_HOLDER,
+    HOSTILE_DATA,
+    HOSTILE_ID,
+    HOSTILE_OWNER,
+    LONG_JOB,
+    SECOND_HOLDER,
+    Served,
+    artifacts_dir,
+    chromium,
+    served_store,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -114,6 +125,37 @@ def test_an_entitys_page_shows_its_timeline_effects_and_diagram(browser: Any, se
     browser.get(served.base + "/entity?" + urlencode({"id": "job-live"}))
     story = text(browser, "ol.timeline")
     assert "LEASE RENEWAL" in story.upper() and "indexing" in story
+    browser.save_screenshot(str(artifacts / f"entity-live-{served.url.split(':')[0]}.png"))
+
+
+def test_an_entitys_timeline_shows_its_lease_renewals_folded_by_holder(
+    browser: Any, served: Served, artifacts: Path
+) -> None:
+    browser.get(served.base + "/entity?" + urlencode({"id": LONG_JOB}))
+    logged = served.jobs.renewals(LONG_JOB)
+    folded = [int(v) for v in attrs(browser, "li.renewal[data-renewals]", "data-renewals")]
+    taken = texts(browser, "li.renewal.acquired")
+    assert sum(folded) + len(taken) == len(logged) and len(folded) < len(logged)
+    # newest first; a transition ends a run, so the first holder's renewals are two lines
+    assert attrs(browser, "li.renewal", "data-owner") == [SECOND_HOLDER, SECOND_HOLDER, FIRST_HOLDER, FIRST_HOLDER]
+    assert folded == [1, 1, 7]
+    story = text(browser, "ol.timeline")
+    assert f"renewed 7 times by {FIRST_HOLDER}" in story and "about every 40s" in story
+    assert f"{SECOND_HOLDER} took the lease" in story and "token 3" in taken[0]
+    # the second holder took over after the reaper reclaimed the dead first holder's lease
+    reclaim = story.index("reclaim")
+    assert story.index(f"{SECOND_HOLDER} took the lease") < reclaim < story.index(f"renewed by {FIRST_HOLDER}")
+    assert story.index(f"renewed by {FIRST_HOLDER}") < story.index("exited") < story.index("renewed 7 times")
+    assert "then no renewal: the lease lapsed" in texts(browser, "li.renewal")[2]  # why the reaper reclaimed it
+    assert SECOND_HOLDER in text(browser, "table.facts")  # the last renewal, in the facts
+    browser.execute_script("document.querySelector('ol.timeline').parentElement.scrollIntoView()")
+    browser.save_screenshot(str(artifacts / f"renewals-{served.url.split(':')[0]}.png"))
+
+    browser.execute_script("window.__same_page = 'yes'")
+    assert served.keeper is not None and served.keeper.renew().renewed  # the keeper renews: the page follows
+    wait_for(lambda: f"renewed 2 times by {SECOND_HOLDER}" in text(browser, "ol.timeline"))
+    assert browser.execute_script("return window.__same_page") == "yes"
+    assert len(served.jobs.renewals(LONG_JOB)) == len(logged) + 1
 
 
 def test_a_transition_shows_up_without_a_reload(browser: Any, served: Served, artifacts: Path) -> None:
@@ -145,6 +187,8 @@ def test_hostile_ids_and_data_are_shown_as_text(browser: Any, served: Served, ar
     data = text(browser, "pre.data")
     for value in HOSTILE_DATA.values():  # shown as the JSON text it is stored as
         assert json.dumps(value)[1:-1] in data
+    assert HOSTILE_OWNER in text(browser, "ol.timeline")  # its lease holder's name, as text
+    assert f"renewed by {HOSTILE_OWNER}" in text(browser, "ol.timeline")
     assert browser.execute_script("return window.__pwned") is None
     assert texts(browser, "main script, main img[src=x]") == []
     browser.save_screenshot(str(artifacts / f"hostile-{served.url.split(':')[0]}.png"))

@@ -557,6 +557,33 @@ def test_a_claimed_page_applies_declared_changes_exactly_as_apply_changes(
         assert all(snap == any_store.get(snap.id) for snap, _ in moved)
 
 
+@pytest.mark.parametrize("change", [LeaseChange.KEEP, LeaseChange.ACQUIRE, LeaseChange.CLEAR])
+def test_apply_on_a_snapshot_whose_lease_moved_since_returns_the_stored_row(
+    any_store: Store, clock: ManualClock, change: LeaseChange
+) -> None:
+    """A lease is taken and dropped without a version bump (acquire_lease, release_lease):
+    a store that builds the new row from the judged snapshot must not return the old lease."""
+    snap = new(any_store)
+    taken = any_store.acquire_lease("e1", owner="other", ttl=TTL, budget=None, expect_version=snap.version)
+    assert taken.version == snap.version and taken.lease_token == snap.lease_token + 1
+    ttl = TTL if change is LeaseChange.ACQUIRE else None
+    owner = "w2" if change is LeaseChange.ACQUIRE else None
+    moved, record = any_store.apply(
+        step(snap, "start", "running", lease_change=change, new_owner=owner, lease_ttl=ttl, before=snap)
+    )
+    stored = any_store.get("e1")
+    assert moved == stored and record == any_store.history("e1")[-1]
+    assert record.lease_token == stored.lease_token == taken.lease_token + (change is LeaseChange.ACQUIRE)
+    assert stored.lease_owner == {LeaseChange.KEEP: "other", LeaseChange.ACQUIRE: "w2", LeaseChange.CLEAR: None}[change]
+    # and released (owner cleared, token kept) since the snapshot the next write is judged on
+    clock.advance(seconds=1)
+    if stored.lease_owner is not None:
+        released = any_store.release_lease("e1", owner=stored.lease_owner, token=stored.lease_token)
+        finished, _ = any_store.apply(step(moved, "finish", "finalizing", before=moved))
+        assert released.lease_owner is None and released.version == moved.version
+        assert finished == any_store.get("e1") and finished.lease_owner is None
+
+
 def test_apply_with_the_snapshot_it_was_judged_on_returns_the_stored_row(any_store: Store, clock: ManualClock) -> None:
     snap = new(any_store, "e1", key="k", data={"x": [1, 2]})
     started, _ = any_store.apply(step(snap, "start", "running", lease_change=LeaseChange.ACQUIRE, new_owner="w1",

@@ -39,6 +39,21 @@ def test_a_renewal_moves_the_expiry_and_the_holder_always_reads_the_latest_lease
     assert jobs.get("j1").version == 2  # a renewal is not a transition
 
 
+def test_each_renewal_of_the_keeper_is_logged_and_is_not_an_effect(jobs: Engine, clock: ManualClock) -> None:
+    lease = finalizing(jobs)
+    core = KeeperCore(jobs, lease)
+    for _ in range(3):
+        clock.advance(timedelta(seconds=40))
+        assert core.renew().renewed
+    logged = jobs.renewals("j1")
+    assert [(r.at, r.expires_at) for r in logged] == [
+        (clock.now() - timedelta(seconds=40 * i), clock.now() - timedelta(seconds=40 * i) + jobs.policy.lease_ttl)
+        for i in (2, 1, 0)
+    ]
+    assert {(r.owner, r.token, r.acquired) for r in logged} == {(lease.owner, lease.token, False)}
+    assert jobs.effects("j1") == [] and [h.event for h in jobs.history("j1")] == ["start", "exited"]
+
+
 def test_a_refused_renewal_stops_the_keeper_sends_lease_lost_and_the_holder_learns_it(
     jobs: Engine, clock: ManualClock
 ) -> None:

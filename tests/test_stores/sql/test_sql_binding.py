@@ -150,6 +150,39 @@ def app(sql_target: SqlTarget) -> Iterator[App]:
             conn.execute(sa.text(f'DROP TYPE IF EXISTS "PipelineStatus_{tag}", "StepStatus_{tag}"'))
 
 
+def test_the_async_engine_runs_on_the_app_table_as_the_sync_one_does(app: App) -> None:
+    """AsyncSqlStore takes the same binding: the status column, the child rows and the
+    application's own columns follow the async engine's transitions."""
+    import asyncio
+
+    from fsm import AsyncEngine
+    from stores.aio import AsyncSqlStore
+
+    app.insert("a1", "Queued", datetime.now(UTC), steps=("build",))
+    add_missing_columns(app.engine, app.binding)
+
+    async def main() -> None:
+        store = AsyncSqlStore(app.target.url, table_prefix=app.target.prefix, binding=app.binding, pool_size=2)
+        engine = AsyncEngine(PipelineLifecycle, store, owner="async-worker")
+        try:
+            queued = await engine.get("a1")
+            assert queued.data["steps"] == [{"name": "build", "status": "queued"}]
+            started = await engine.fire(queued, "start")
+            assert (app.row("a1")["status"], app.row("a1")["fsm_state"]) == ("Running", "running")
+            finishing = await engine.fire(started, "finish")
+            steps = [{"name": "build", "status": "completed"}]
+            done = await engine.fire(finishing, "succeed", lease=finishing.lease, data={"steps": steps})
+            assert done.snapshot == await engine.get("a1") and done.snapshot.data["steps"] == steps
+            assert app.row("a1")["status"] == "Completed" and app.step_statuses("a1") == [("build", "Completed")]
+            assert [r.event for r in await engine.history("a1")] == ["start", "finish", "succeed"]
+            created = await engine.create("a2", data={"repo": "web", "steps": []})
+            assert created.state == "queued" and app.row("a2")["status"] == "Queued"
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
 def test_the_pipeline_lifecycle_runs_on_the_app_table_and_its_columns_keep_their_meaning(app: App) -> None:
     now = datetime.now(UTC)
     app.insert("p1", "Queued", now, steps=("build", "test"))
@@ -172,6 +205,12 @@ def test_the_pipeline_lifecycle_runs_on_the_app_table_and_its_columns_keep_their
     assert abs(_aware(row["updatedAt"]) - started.snapshot.updated_at) < timedelta(milliseconds=1)
     finishing = engine.fire("p1", "finish")
     assert (app.row("p1")["status"], app.row("p1")["fsm_state"]) == ("Running", "finalizing")  # both are Running
+    assert finishing.lease is not None
+    renewed = engine.renew_lease(finishing.lease)  # logged on the library's ledger beside the app's table
+    assert [(r.owner, r.token, r.expires_at) for r in engine.renewals("p1")] == [
+        ("worker-1", renewed.token, renewed.expires_at)
+    ]
+    assert engine.get("p1").data["steps"] == p1.data["steps"]  # the children came back with the renewal
     done_steps = [{"name": "build", "status": "completed"}, {"name": "test", "status": "completed"}]
     done = engine.fire("p1", "succeed", lease=finishing.lease, data={"steps": done_steps})
     assert done.state == "completed" and done.snapshot.data["steps"] == done_steps

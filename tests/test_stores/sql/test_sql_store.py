@@ -432,7 +432,10 @@ def test_a_transition_is_one_statement_on_postgres_and_one_immediate_transaction
         assert counting.statements == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
     counting.statements.clear()
     store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=timedelta(hours=1))
-    assert counting.statements == ["UPDATE"]  # a renewal: one statement with the budget cap
+    # a renewal and its log entry (the renewal log's upsert) commit together: one statement
+    # on PostgreSQL (the update in a CTE), one immediate transaction on SQLite
+    expected = ["WITH"] if sql_target.dialect == "postgres" else ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
+    assert counting.statements == expected
 
 
 def test_open_store_gives_a_sql_store_for_a_sqlalchemy_url(tmp_path: object) -> None:
@@ -443,3 +446,62 @@ def test_open_store_gives_a_sql_store_for_a_sqlalchemy_url(tmp_path: object) -> 
         assert isinstance(store, SqlStore) and store.now().utcoffset() == timedelta(0)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", ["'not json'", "'\"text\"'", "'{\"a\": 1}'", "'[1, 2]'"])
+def test_a_damaged_renewal_log_reads_as_malformed_and_a_renewal_still_lands(sql_target: SqlTarget, damage: str) -> None:
+    from fsm.errors import MalformedRow
+    from fsm.records import RENEWALS_KEY
+
+    clock = ManualClock()
+    store = sql_target.store(clock=clock)
+    assert isinstance(store, SqlStore)
+    store.create(NewEntity("e1", "job", "running"))
+    store.acquire_lease("e1", owner="w", ttl=TTL, budget=None, expect_version=0)
+    if damage == "'not json'" and sql_target.dialect == "postgres":
+        pytest.skip("jsonb holds only JSON")
+    value = damage if sql_target.dialect == "sqlite" else f"CAST({damage} AS jsonb)"
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {store._sql.L.effects} SET result = {value} WHERE key = :k"), {"k": RENEWALS_KEY})
+    with pytest.raises(MalformedRow, match="renewal"):
+        store.renewals("e1")
+    clock.advance(seconds=5)
+    renewed = store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=None)  # the lease is what matters
+    assert renewed.lease_expires_at == clock.now() + TTL
+    if damage == "'[1, 2]'":  # a list keeps its entries until they scroll out
+        with pytest.raises(MalformedRow):
+            store.renewals("e1")
+    else:  # anything else is started afresh
+        assert [(r.at, r.owner) for r in store.renewals("e1")] == [(clock.now(), "w")]
+    assert store.effects("e1") == []
+
+
+def test_a_renewal_log_longer_than_kept_is_cut_to_the_newest(sql_target: SqlTarget) -> None:
+    """A log written when more were kept (or by hand) shrinks to RENEWALS_KEPT at the next renewal."""
+    from fsm.records import RENEWALS_KEPT, RENEWALS_KEY
+
+    clock = ManualClock()
+    store = sql_target.store(clock=clock)
+    assert isinstance(store, SqlStore)
+    store.create(NewEntity("e1", "job", "running"))
+    store.acquire_lease("e1", owner="w", ttl=TTL, budget=None, expect_version=0)
+    old = [
+        {"at": f"2025-01-01 00:00:{i:02d}.000000+00:00", "expires_at": "2025-01-01 00:02:00.000000+00:00",
+         "owner": f"old-{i}", "token": 1}
+        for i in range(RENEWALS_KEPT + 10)
+    ]  # fmt: skip
+    cast = ":log" if sql_target.dialect == "sqlite" else "CAST(:log AS jsonb)"
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f"UPDATE {store._sql.L.effects} SET result = {cast} WHERE key = :k"),
+            {"k": RENEWALS_KEY, "log": json.dumps(old)},
+        )
+    assert len(store.renewals("e1")) == RENEWALS_KEPT + 10
+    store.renew_lease("e1", owner="w", token=1, ttl=TTL, budget=None)
+    log = store.renewals("e1")
+    assert len(log) == RENEWALS_KEPT
+    assert [r.owner for r in log] == [f"old-{i}" for i in range(11, RENEWALS_KEPT + 10)] + ["w"]

@@ -1,0 +1,186 @@
+"""One entity's timeline, newest first: transitions, the reaper's moves, recorded effects, the
+holder's progress, and its lease renewals.
+
+A long job renews every third of its TTL, so the renewals are folded: consecutive renewals of
+one lease (same owner and token, nothing else in between) are one line, "renewed 14 times by
+worker-a, 10:01:02-10:05:40 UTC, about every 20s, lease until 10:06:10".  Any other event
+ends the run, so the timeline stays in time order.  Every value from the database goes
+through :func:`esc` (owners, keys, reasons are attacker-controlled text).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fsm.records import EffectRecord, HistoryRecord, LeaseRenewal
+
+
+def esc(value: object) -> str:
+    """``value`` as HTML text (quotes escaped too: safe in quoted attributes)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def span(delta: timedelta) -> str:
+    """A short human length of time: ``45s``, ``3m 05s``, ``2h 10m``, ``3d 4h``."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def age(now: datetime, then: datetime | None) -> str:
+    """How long ago ``then`` was (``in 40s`` when it is later than ``now``)."""
+    if then is None:
+        return ""
+    delta = now - then
+    return f"in {span(delta)}" if delta < timedelta() else f"{span(delta)} ago"
+
+
+def stamp(when: datetime | None) -> str:
+    return "" if when is None else when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def clock(when: datetime, now: datetime) -> str:
+    """A time of day, with the date when it is not today's (UTC)."""
+    return when.strftime("%H:%M:%S" if when.date() == now.date() else "%Y-%m-%d %H:%M:%S")
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+@dataclass
+class RenewalRun:
+    """Consecutive renewals of one lease, folded into one line."""
+
+    owner: str
+    token: int
+    renewals: list[LeaseRenewal] = field(default_factory=list)
+
+    @property
+    def first(self) -> datetime:
+        return self.renewals[0].at
+
+    @property
+    def last(self) -> datetime:
+        return self.renewals[-1].at
+
+
+Event = HistoryRecord | EffectRecord | LeaseRenewal | RenewalRun
+"""A timeline line; an ``EffectRecord`` keyed ``fsm:progress`` is the holder's progress."""
+
+
+def events(
+    history: list[HistoryRecord],
+    effects: list[EffectRecord],
+    progress: EffectRecord | None,
+    renewals: list[LeaseRenewal],
+) -> list[Event]:
+    """Every line of the timeline, oldest first, renewals folded into runs."""
+    timed: list[tuple[datetime, int, int, Event]] = [(h.at, 0, h.seq, h) for h in history]
+    timed += [(r.at, 1, i, r) for i, r in enumerate(renewals)]
+    timed += [(e.recorded_at, 2, i, e) for i, e in enumerate(effects) if e.recorded_at is not None]
+    if progress is not None and progress.recorded_at is not None:
+        timed.append((progress.recorded_at, 3, 0, progress))
+    timed.sort(key=lambda item: item[:3])
+    lines: list[Event] = []
+    for _, _, _, event in timed:
+        if isinstance(event, LeaseRenewal) and not event.acquired:
+            last = lines[-1] if lines else None
+            if isinstance(last, RenewalRun) and (last.owner, last.token) == (event.owner, event.token):
+                last.renewals.append(event)
+                continue
+            lines.append(RenewalRun(event.owner, event.token, [event]))
+            continue
+        lines.append(event)
+    return lines
+
+
+def _when(now: datetime, at: datetime) -> str:
+    return f"<span class=when title='{esc(stamp(at))}'>{esc(age(now, at))}</span>"
+
+
+def _line(now: datetime, event: Event, after: Event | None = None) -> str:
+    """One line; ``after`` is the next event in time (a reaper move after a run of renewals
+    that ran out says why the reaper moved: the holder stopped renewing)."""
+    if isinstance(event, HistoryRecord):
+        h = event
+        kind = "reaper" if h.actor == "reaper" else "transition"
+        facts = [f"by {h.actor}", f"token {h.lease_token}"]
+        if h.reason:
+            facts.append(f"reason: {h.reason}")
+        if h.idempotency_key:
+            facts.append(f"key: {h.idempotency_key}")
+        data = f"<pre>{esc(pretty_json(h.data))}</pre>" if h.data else ""
+        return (
+            f"<li class='ev {kind}' data-seq='{h.seq}'>{_when(now, h.at)}<span class=tag>"
+            f"{'reaper tick' if kind == 'reaper' else 'transition'}</span> "
+            f"<b>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</b> "
+            f"<span class=muted>{esc(', '.join(facts))}</span>{data}</li>"
+        )
+    if isinstance(event, RenewalRun):
+        run, last = event, event.renewals[-1]
+        n = len(run.renewals)
+        until = f"lease until {clock(last.expires_at, now)}"
+        if isinstance(after, HistoryRecord) and after.actor == "reaper" and last.expires_at <= after.at:
+            until = f"then no renewal: the lease lapsed at {clock(last.expires_at, now)}"
+        if n == 1:
+            what = f"renewed by {run.owner}"
+            detail = f"token {run.token}, at {clock(last.at, now)} UTC, {until}"
+        else:
+            every = span((run.last - run.first) / (n - 1))
+            what = f"renewed {n} times by {run.owner}"
+            detail = (
+                f"token {run.token}, {clock(run.first, now)} - {clock(run.last, now)} UTC, about every {every}, {until}"
+            )
+        return (
+            f"<li class='ev renewal' data-renewals='{n}' data-owner='{esc(run.owner)}'>{_when(now, last.at)}"
+            f"<span class=tag>lease renewal</span> <b>{esc(what)}</b> <span class=muted>{esc(detail)}</span></li>"
+        )
+    if isinstance(event, LeaseRenewal):  # a lease taken outside a transition
+        r = event
+        detail = f"token {r.token}, at {clock(r.at, now)} UTC, lease until {clock(r.expires_at, now)}"
+        return (
+            f"<li class='ev renewal acquired' data-owner='{esc(r.owner)}'>{_when(now, r.at)}"
+            f"<span class=tag>lease taken</span> <b>{esc(f'{r.owner} took the lease')}</b> "
+            f"<span class=muted>{esc(detail)}</span></li>"
+        )
+    e = event
+    assert e.recorded_at is not None
+    if e.status == "progress":
+        return (
+            f"<li class='ev progress'>{_when(now, e.recorded_at)}<span class=tag>progress</span> "
+            f"<b>latest progress reported by the holder</b> <span class=muted>token {e.lease_token}</span>"
+            f"<pre>{esc(pretty_json(e.result))}</pre></li>"
+        )
+    return (
+        f"<li class='ev effect {esc(e.status)}'>{_when(now, e.recorded_at)}<span class=tag>effect</span> "
+        f"<b>{esc(e.key)}</b> <span class=muted>{esc(f'{e.status}, token {e.lease_token}, attempt {e.attempts}')}"
+        "</span></li>"
+    )
+
+
+def timeline(
+    now: datetime,
+    history: list[HistoryRecord],
+    effects: list[EffectRecord],
+    progress: EffectRecord | None,
+    renewals: list[LeaseRenewal],
+) -> str:
+    """The timeline as an ordered list, newest first."""
+    lines = events(history, effects, progress, renewals)
+    later: list[Event | None] = [*lines[1:], None]
+    body = "".join(_line(now, e, after) for e, after in reversed(list(zip(lines, later, strict=True))))
+    body = body or "<li class=empty>Nothing recorded yet.</li>"
+    return f"<ol class=timeline>{body}</ol>"
+
+
+__all__ = ["RenewalRun", "age", "clock", "esc", "events", "span", "stamp", "timeline"]

@@ -1,0 +1,23 @@
+"""The SQLite hot path binds tuples: ``:name`` parameters become ``?`` in order."""
+
+from __future__ import annotations
+
+from stores.sql.core import positional
+
+
+def test_named_parameters_become_question_marks_in_order_repeats_included() -> None:
+    sql, values = positional("UPDATE t SET a = :a, b = :now, c = :now WHERE id = :id AND v = :version")
+    assert sql == "UPDATE t SET a = ?, b = ?, c = ? WHERE id = ? AND v = ?"
+    assert values({"a": 1, "now": "t", "id": "x", "version": 3, "unused": 9}) == (1, "t", "t", "x", 3)
+
+
+def test_quoted_literals_and_casts_are_left_alone() -> None:
+    sql, values = positional("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', :at), ':not_a_param', x::text FROM t")
+    assert sql == "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', ?), ':not_a_param', x::text FROM t"
+    assert values({"at": "now"}) == ("now",)
+
+
+def test_one_and_no_parameters_still_give_tuples() -> None:
+    assert positional("SELECT :x")[1]({"x": 5}) == (5,)
+    sql, values = positional("SELECT 1")
+    assert (sql, values({})) == ("SELECT 1", ())
