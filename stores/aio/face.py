@@ -110,6 +110,11 @@ class AsyncFace:
         result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("move_candidates", batch, limit=limit)
         return result
 
+    async def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
+        """:meth:`move_candidates` returning only the history rows (see :class:`stores.base.BriefMoves`)."""
+        result: list[HistoryRecord] = await self._invoke("move_candidates_brief", batch, limit=limit)
+        return result
+
     async def effect(self, entity_id: str, key: str) -> EffectRecord | None:
         result: EffectRecord | None = await self._invoke("effect", entity_id, key)
         return result
@@ -237,6 +242,10 @@ class BridgeStore(LedgerRun):
 
     def move_candidates(self, batch: BatchWrite, *, limit: int) -> list[tuple[Snapshot, HistoryRecord]]:
         result: list[tuple[Snapshot, HistoryRecord]] = self._call("move_candidates", (batch,), {"limit": limit})
+        return result
+
+    def move_candidates_brief(self, batch: BatchWrite, *, limit: int) -> list[HistoryRecord]:
+        result: list[HistoryRecord] = self._call("move_candidates_brief", (batch,), {"limit": limit})
         return result
 
     def effect(self, entity_id: str, key: str) -> EffectRecord | None:
