@@ -56,6 +56,11 @@ reclaimed: Signal = namespace.signal(
 lease_acquired: Signal = namespace.signal(
     "lease_acquired", doc="A lease was taken (acquire, or a transition that takes it). Payload: LeasePayload."
 )
+lease_renewed: Signal = namespace.signal(
+    "lease_renewed",
+    doc="A holder extended its lease (renew_lease, the lease keeper); sent after the commit, with the "
+    "new expiry. Payload: LeasePayload.",
+)
 lease_lost: Signal = namespace.signal(
     "lease_lost",
     doc="A holder tried to renew or use a lease that is no longer current. Payload: LeasePayload.",
@@ -172,6 +177,7 @@ __all__ = [
     "expired",
     "lease_acquired",
     "lease_lost",
+    "lease_renewed",
     "namespace",
     "reaper_error",
     "reaper_tick",

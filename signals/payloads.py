@@ -89,7 +89,7 @@ class TransitionPayload(_Payload):
 
 
 class LeasePayload(_Payload):
-    """Sent with ``lease_acquired`` and ``lease_lost``."""
+    """Sent with ``lease_acquired``, ``lease_renewed`` and ``lease_lost``."""
 
     kind: str
     entity_id: str

@@ -85,6 +85,7 @@ def test_stores_and_signals_export_their_pinned_names() -> None:
         "expired",
         "reclaimed",
         "lease_acquired",
+        "lease_renewed",
         "lease_lost",
         "effect_recorded",
         "reaper_tick",

@@ -54,8 +54,9 @@ class EngineLeases(EngineReads):
 
         ``ttl`` follows the rule of ``Policy.lease_ttl``: a timedelta or seconds, positive,
         finite, at most :data:`fsm.limits.MAX_DURATION`.
-        Raises ``LeaseLost`` (and sends ``lease_lost``) when the lease is no longer
-        current: taken over, expired, or out of budget.  The holder must stop.
+        Sends ``lease_renewed`` after the commit.  Raises ``LeaseLost`` (and sends
+        ``lease_lost``) when the lease is no longer current: taken over, expired, or out of
+        budget.  The holder must stop.
         """
         given = check_ttl(ttl)
         snap = self.get(lease_arg(lease).entity_id)
@@ -72,6 +73,8 @@ class EngineLeases(EngineReads):
             raise
         renewed = new.lease
         assert renewed is not None
+        if signals.lease_renewed.receivers:
+            signals.send(signals.lease_renewed, self.kind, lambda: LeasePayload.of(self.kind, new))
         return renewed
 
     def release_lease(self, lease: Lease) -> Snapshot:

@@ -19,7 +19,7 @@ from signals import LeasePayload, TransitionPayload
 def received() -> Iterator[list[tuple[str, str, Any]]]:
     got: list[tuple[str, str, Any]] = []
     hooks = []
-    for name in ("transitioned", "expired", "reclaimed", "lease_acquired", "lease_lost"):
+    for name in ("transitioned", "expired", "reclaimed", "lease_acquired", "lease_renewed", "lease_lost"):
         sig = getattr(signals, name)
 
         def hook(sender: str, payload: Any, _name: str = name) -> None:
@@ -38,6 +38,7 @@ def test_every_signal_is_documented_in_one_namespace() -> None:
         "expired",
         "reclaimed",
         "lease_acquired",
+        "lease_renewed",
         "lease_lost",
         "effect_recorded",
         "reaper_tick",
@@ -166,6 +167,30 @@ def test_lease_lost_is_sent_when_a_fenced_off_holder_fires_or_releases(
     assert (
         isinstance(payload, LeasePayload) and payload.token == old.token and payload.snapshot.lease_owner == "rescuer"
     )
+
+
+def test_lease_renewed_is_sent_after_each_renewal_with_the_new_expiry_and_never_for_a_refused_one(
+    jobs: Engine, clock: ManualClock, received: list[tuple[str, str, Any]]
+) -> None:
+    jobs.create("j1")
+    lease = jobs.fire("j1", "start").lease
+    assert lease is not None
+    received.clear()
+    clock.advance(seconds=5)
+    renewed = jobs.renew_lease(lease)
+    assert renewed.expires_at > lease.expires_at
+    assert [(name, sender) for name, sender, _ in received] == [("lease_renewed", "job")]
+    payload = received[0][2]
+    assert isinstance(payload, LeasePayload)
+    assert (payload.entity_id, payload.owner, payload.token) == ("j1", lease.owner, lease.token)
+    assert payload.lease is not None and payload.lease.expires_at == renewed.expires_at
+    assert payload.snapshot is not None and payload.snapshot.lease_expires_at == renewed.expires_at
+    assert jobs.get("j1").lease_expires_at == renewed.expires_at  # sent after the commit
+    received.clear()
+    clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))  # lapsed: the renewal is refused
+    with pytest.raises(LeaseLost):
+        jobs.renew_lease(renewed)
+    assert [name for name, _, _ in received] == ["lease_lost"]
 
 
 def test_payload_models_mirror_every_field_of_the_records_they_carry() -> None:
