@@ -118,9 +118,10 @@ class Reaper:
             )
         self.leader = LeaderLease(store, self.owner, self.config.effective_leader_ttl) if self.config.leader else None
         # the claim without snapshots, when the store's class offers it (a wrapper that only
-        # forwards attributes does not: its own move_candidates is what it means to be called)
-        brief = getattr(type(store), "move_candidates_brief", None)
-        self._brief: Callable[..., list[HistoryRecord]] | None = brief if callable(brief) else None
+        # forwards attributes does not: its own move_candidates is what it means to be called);
+        # called as the store's own attribute, so a shared in-memory SQLite store's lock wraps it
+        offered = callable(getattr(type(store), "move_candidates_brief", None))
+        self._brief: Callable[..., list[HistoryRecord]] | None = store.move_candidates_brief if offered else None  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -208,7 +209,7 @@ class Reaper:
             try:
                 if brief:
                     assert self._brief is not None
-                    records = self._brief(self.store, write, limit=limit)
+                    records = self._brief(write, limit=limit)
                 else:
                     moved = self.store.move_candidates(write, limit=limit)
             except (StoreUnavailable, ConfigError):

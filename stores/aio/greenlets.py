@@ -87,15 +87,19 @@ async def spawn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             value = await msg
         except BaseException:
+            bridge.parent = getcurrent()  # the greenlet resuming this frame (a finalizer may run it elsewhere)
             msg = bridge.throw(*sys.exc_info())
         else:
+            bridge.parent = getcurrent()
             msg = bridge.switch(value)
+    bridge.gr_context = None  # an idle greenlet keeps no task's context variables alive
     if len(idle) < IDLE_PER_THREAD:
         idle.append(bridge)
-    if msg.error is not None:
-        error, msg.error = msg.error, None
+    value, error = msg.value, msg.error
+    msg.value = msg.error = None
+    if error is not None:
         raise error
-    return msg.value  # type: ignore[no-any-return]
+    return value  # type: ignore[no-any-return]
 
 
 def wait(awaitable: Awaitable[T]) -> T:

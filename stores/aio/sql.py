@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from fsm.clock import Clock
-from fsm.errors import ConfigError, StoreUnavailable
+from fsm.errors import ConfigError, FsmError, StoreUnavailable
 from stores.aio.drivers import PsycopgLane, SqliteLane
 from stores.aio.face import AsyncFace
 from stores.aio.greenlets import wait
@@ -155,6 +155,13 @@ class AsyncSqlStore(AsyncFace):
         lane = self._take()
         try:
             return getattr(lane.store, name)(*args, **kwargs)
+        except FsmError:
+            raise
+        except BaseException:
+            # cancelled (or broken) mid-call: a statement may still run on this connection
+            # (a BEGIN IMMEDIATE waiting on the lock): never hand it to another call
+            lane.conns.drop()
+            raise
         finally:
             self._give(lane)
 

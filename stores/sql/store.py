@@ -97,7 +97,7 @@ _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch", "move_candidates",
     "effect", "effects", "record_effect", "run", "claim", "entities", "count_states", "renewals",
-    "apply_checked",
+    "apply_checked", "move_candidates_brief",
 )  # fmt: skip
 
 
@@ -444,6 +444,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         entity_id = write.entity_id
         require = write.require
         before = write.before if self._sql.lean_ok else None
+        if before is not None and (before.version != write.expect_version or before.id != entity_id):
+            before = None  # not the snapshot this write was judged on: read the columns back
         # blind (SQLite): the caller's snapshot tells every column the write leaves, once the
         # update also requires its lease holder and token (they move without a version bump:
         # acquire_lease, release_lease); only a kept, held lease's expiry is unknown (a renewal
@@ -495,7 +497,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             assert before is not None
             params["btoken"], params["bowner"] = before.lease_token, before.lease_owner
         integrity = False
-        for _ in range(ATTEMPTS):
+        for _ in range(ATTEMPTS + blind):  # a refused blind write is retried lean, not counted
             now = self._now()
             self._time_params(params, now, write.lease_ttl)
             if require:
@@ -554,7 +556,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             attempt, reclaims = attempt + 1, 0
         elif write.bump_reclaims:
             reclaims += 1
-        version = before.version + 1
+        version = write.expect_version + 1  # the guard proved the row was at expect_version
         params["seq"], params["htoken"] = version, token
         slot = self._conns.slot()
         cur = slot.cursor

@@ -21,3 +21,17 @@ def test_one_and_no_parameters_still_give_tuples() -> None:
     assert positional("SELECT :x")[1]({"x": 5}) == (5,)
     sql, values = positional("SELECT 1")
     assert (sql, values({})) == ("SELECT 1", ())
+
+
+def test_double_quoted_identifiers_are_not_parameters() -> None:
+    """A bound application table's names are quoted identifiers; one may hold a quote or a colon."""
+    import sqlite3
+
+    sql = 'UPDATE t SET "it\'s" = :a WHERE "x:y" = :b AND c = :c'
+    conn = sqlite3.connect(":memory:")
+    conn.execute('CREATE TABLE t ("it\'s" TEXT, "x:y" TEXT, c TEXT)')
+    conn.execute("INSERT INTO t VALUES ('old', 'k', 'z')")
+    text, values = positional(sql)
+    assert text == 'UPDATE t SET "it\'s" = ? WHERE "x:y" = ? AND c = ?'
+    conn.execute(text, values({"a": "newer", "b": "k", "c": "z"}))
+    assert conn.execute('SELECT "it\'s" FROM t').fetchone()[0] == "newer"
