@@ -25,7 +25,7 @@ import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
 from fsm.engine.announce import observed
-from fsm.errors import ConfigError, FsmError, GuardRejected, MalformedRow, StoreUnavailable
+from fsm.errors import ConfigError, FsmError, GuardRejected, InvalidData, MalformedRow, StoreUnavailable
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.reaping.config import (
@@ -309,7 +309,9 @@ class Reaper:
             fired = rule.engine.fire(snap.id, branch.event, actor=Actor.REAPER)
         except (StoreUnavailable, ConfigError):
             raise
-        except MalformedRow as err:
+        except (MalformedRow, InvalidData) as err:
+            # InvalidData: a row the store reads but cannot write back (its data decodes to
+            # something JSON cannot hold): a bad row every tick, not a race lost every tick
             self._bad_row(snap.id, err, result)
             return
         except GuardRejected:

@@ -84,10 +84,13 @@ class LeaseOps(SqlCore):
         if found is None:
             ef = self._sql.L.effects
             # the log holds N: drop the oldest, append (a longer one, N lowered, is cut to N - 1);
-            # json_type() raises on malformed JSON: the outer CASE calls it only on valid text
+            # json_type() raises on malformed JSON: the outer CASE calls it only on valid text;
+            # the cut keeps each entry as it is (an object or array is JSON text, a scalar its
+            # SQL value; json(j.value) would raise on a text entry and fail the renewal)
             n, length = RENEWALS_KEPT, "json_array_length(lg.result)"
             cut = (
-                f"(SELECT json_group_array(json(j.value)) FROM json_each(lg.result) AS j WHERE j.key > {length} - {n})"
+                "(SELECT json_group_array(CASE j.type WHEN 'true' THEN json('true') WHEN 'false' THEN json('false') "
+                f"ELSE j.value END) FROM json_each(lg.result) AS j WHERE j.key > {length} - {n})"
             )
             kept = (
                 "CASE WHEN json_valid(lg.result) THEN CASE WHEN json_type(lg.result) <> 'array' THEN '[]' "

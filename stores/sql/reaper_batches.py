@@ -52,8 +52,11 @@ def _text_when(change: DataChange) -> bool:
 
 
 def _plain_path(change: DataChange) -> bool:
-    """Whether ``change``'s key and field can be written as SQLite JSON path labels."""
-    return '"' not in change.key and '"' not in change.field
+    """Whether ``change``'s key and field can be written as SQLite JSON path labels.
+    SQLite (before 3.45) matches a quoted label against the key's stored text, escapes and
+    all: only printable ASCII without a quote or a backslash is spelled the same both ways
+    (json.dumps never escapes it); any other name leaves every row to Python."""
+    return all(" " <= ch <= "~" and ch not in '"\\' for ch in change.key + change.field)
 
 
 def _check_brief(row: Any, keeps_lease: bool) -> None:

@@ -713,3 +713,34 @@ def test_a_reap_policy_for_another_lifecycle_is_refused() -> None:
     wrong = ReapPolicy(lifecycle=JobLifecycle, policy=JobLifecycle.policy)
     with pytest.raises(ConfigError, match="ReapPolicy of JobLifecycle"):
         Reaper(MemoryStoreFactory(), {PipelineLifecycle: wrong})
+
+
+def test_a_row_whose_data_cannot_be_written_back_is_a_bad_row_not_a_lost_race(
+    tmp_path: Any, clock: ManualClock
+) -> None:
+    """SQLite reads 1e400 as a float (inf in Python), which JSON cannot hold: the declared
+    change (fail the running steps) cannot be written for that row. The reaper moves the
+    others and counts it as a bad row on every tick, not as a race it lost."""
+    import sqlite3
+
+    from stores.sql import SqlStore
+
+    path = tmp_path / "fsm.db"
+    store = SqlStore(f"sqlite:///{path}", clock=clock)
+    engine = Engine(PipelineLifecycle, store, clock=clock)
+    steps = {"steps": [{"name": "build", "status": "running"}]}
+    for i in range(3):
+        engine.fire(engine.create(f"p{i}", data=steps), "start")
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE fsm_entities SET data = ? WHERE id = 'p1'",
+            ('{"steps": [{"name": "build", "status": "running"}], "size": 1e400}',),
+        )
+    clock.advance(timedelta(hours=2))
+    reaper = Reaper(store, [PipelineLifecycle], clock=clock)
+    first = reaper.run_once()
+    assert first.moved == {"pipeline.expire": 2} and first.bad_rows == 1 and first.lost_races == 0
+    again = reaper.run_once()
+    assert again.bad_rows == 1 and again.lost_races == 0 and sum(again.moved.values()) == 0
+    assert store.get("p0").data["steps"] == [{"name": "build", "status": "failed"}]
+    store.close()
