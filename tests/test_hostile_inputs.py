@@ -212,6 +212,23 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
         bad_id,
         lambda w, v: w.store.apply_batch(BatchWrite((w.f, v), "job", "expire", "running", "failed", "reaper")),
     ),
+    (
+        "store.move_candidates(limit)",
+        bad_token,
+        lambda w, v: w.store.move_candidates(BatchWrite((), "job", "expire", "running", "failed", "reaper"), limit=v),
+    ),
+    (
+        "store.move_candidates_brief(kind)",
+        bad_id,
+        lambda w, v: w.store.move_candidates_brief(BatchWrite((), v, "expire", "running", "failed", "reaper"), limit=9),
+    ),
+    (
+        "store.move_candidates_brief(limit)",
+        bad_token,
+        lambda w, v: w.store.move_candidates_brief(
+            BatchWrite((), "job", "expire", "running", "failed", "reaper"), limit=v
+        ),
+    ),
     # durable work: the ledger, claiming, listing, the keeper
     ("run(key)", bad_id, lambda w, v: w.jobs.run(w.f, v, lambda key: 1, w.lease)),
     ("run(result)", bad_json, lambda w, v: w.jobs.run(w.f, "gate", lambda key: {"v": v}, w.lease)),
