@@ -52,6 +52,46 @@ def positional(sql: str) -> Positional:
     return text, operator.itemgetter(*names)
 
 
+class SqliteWrite:
+    """One SQLite write transaction: ``BEGIN IMMEDIATE`` .. ``COMMIT``, or, inside a claim's
+    transaction (which holds the lock already), a savepoint released at the end; undone on
+    any exception.  ``with SqliteWrite(slot, "fsm_apply") as cur: ...``.  A class, not a
+    generator context manager: every SQLite transition enters one."""
+
+    __slots__ = ("_cur", "_own", "_savepoint", "_slot")
+
+    def __init__(self, slot: Any, savepoint: str) -> None:
+        self._slot = slot
+        self._savepoint = savepoint
+        self._cur: Any = None
+        self._own = False
+
+    def __enter__(self) -> Any:
+        slot = self._slot
+        cur = self._cur = slot.cursor
+        self._own = not slot.conn.in_transaction
+        cur.execute("BEGIN IMMEDIATE" if self._own else f"SAVEPOINT {self._savepoint}")
+        return cur
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        cur, own = self._cur, self._own
+        if kind is None:
+            try:
+                cur.execute("COMMIT" if own else f"RELEASE {self._savepoint}")
+                return
+            except BaseException:
+                self._undo()
+                raise
+        self._undo()
+
+    def _undo(self) -> None:
+        if self._own:
+            self._slot.conn.rollback()
+        else:
+            self._cur.execute(f"ROLLBACK TO {self._savepoint}")
+            self._cur.execute(f"RELEASE {self._savepoint}")
+
+
 class SqlCore:
     """State and helpers shared by the SQL store's parts."""
 
@@ -139,4 +179,4 @@ class SqlCore:
         params["ttl"] = None if ttl is None else f.offset(now, ttl)
 
 
-__all__ = ["ATTEMPTS", "SqlCore", "positional"]
+__all__ = ["ATTEMPTS", "SqlCore", "SqliteWrite", "positional"]

@@ -26,7 +26,7 @@ from fsm.limits import check_id, check_int, check_lease_args, check_store_ttl
 from fsm.records import EFFECT_RENEWALS, RENEWALS_KEPT, RENEWALS_KEY, LeaseRenewal, Snapshot
 from stores.ledger import renewal_entry, renewals_of
 from stores.sql.connections import unavailable
-from stores.sql.core import ATTEMPTS, SqlCore
+from stores.sql.core import ATTEMPTS, SqlCore, SqliteWrite
 from stores.sql.effects import effect_of
 from stores.sql.rows import snapshot_of
 
@@ -113,12 +113,8 @@ class LeaseOps(SqlCore):
         if not self._sqlite:
             rows = self._run(sql, params)
             return self._attach([snapshot_of(rows[0])])[0] if rows else None
-        slot = self._conns.slot()
-        cur = slot.cursor
-        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
         try:
-            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_lease")
-            try:
+            with SqliteWrite(self._conns.slot(), "fsm_lease") as cur:
                 cur.execute(sql, params)
                 rows = cur.fetchall()
                 snap = snapshot_of(rows[0]) if rows else None  # decoded before COMMIT: a bad row rolls back
@@ -134,14 +130,6 @@ class LeaseOps(SqlCore):
                             "now": params["now"],
                         },
                     )
-                cur.execute("COMMIT" if own else "RELEASE fsm_lease")
-            except BaseException:
-                if own:
-                    slot.conn.rollback()
-                else:
-                    cur.execute("ROLLBACK TO fsm_lease")
-                    cur.execute("RELEASE fsm_lease")
-                raise
         except self._integrity:
             raise
         except self._errors as err:

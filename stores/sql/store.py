@@ -80,7 +80,7 @@ from stores.sql.connections import (
     setup_sqlite,
     unavailable,
 )
-from stores.sql.core import ATTEMPTS, Positional
+from stores.sql.core import ATTEMPTS, Positional, SqliteWrite
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
 from stores.sql.leases import LeaseOps
@@ -558,25 +558,13 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
             reclaims += 1
         version = write.expect_version + 1  # the guard proved the row was at expect_version
         params["seq"], params["htoken"] = version, token
-        slot = self._conns.slot()
-        cur = slot.cursor
-        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
         update, update_values = self._qmark(sql[0])
         insert, insert_values = self._qmark(sql[1])
         try:
-            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_apply")
-            try:
+            with SqliteWrite(self._conns.slot(), "fsm_apply") as cur:
                 if cur.execute(update, update_values(params)).rowcount != 1:
                     raise _Refused
                 cur.execute(insert, insert_values(params))
-                cur.execute("COMMIT" if own else "RELEASE fsm_apply")
-            except BaseException:
-                if own:
-                    slot.conn.rollback()
-                else:
-                    cur.execute("ROLLBACK TO fsm_apply")
-                    cur.execute("RELEASE fsm_apply")
-                raise
         except self._integrity:
             raise
         except self._errors as err:
@@ -587,14 +575,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
         self, sql: tuple[str, ...], params: dict[str, Any], now: datetime | None, children: dict[str, Any], lean: bool
     ) -> tuple[Any, datetime]:
         """The row (a Snapshot, or the lean columns) and the write's time."""
-        slot = self._conns.slot()
-        cur = slot.cursor
-        own = not slot.conn.in_transaction  # inside a claim, the claim's transaction holds the lock
         try:
             # the update runs first: inside a claim's transaction a savepoint undoes it when
             # the history row is refused (an idempotency key taken), as a rollback does alone
-            cur.execute("BEGIN IMMEDIATE" if own else "SAVEPOINT fsm_apply")
-            try:
+            with SqliteWrite(self._conns.slot(), "fsm_apply") as cur:
                 update, values = self._qmark(sql[0])
                 cur.execute(update, values(params))
                 rows = cur.fetchall()
@@ -615,14 +599,6 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
                                 io.save(cur, row.id, children[io.child.key])
                     if self._children:
                         row = attach(self._children, cur, [row])[0]
-                cur.execute("COMMIT" if own else "RELEASE fsm_apply")
-            except BaseException:
-                if own:
-                    slot.conn.rollback()
-                else:
-                    cur.execute("ROLLBACK TO fsm_apply")
-                    cur.execute("RELEASE fsm_apply")
-                raise
         except self._integrity:
             raise
         except self._errors as err:
