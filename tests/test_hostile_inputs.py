@@ -318,3 +318,19 @@ def test_every_entry_point_refuses_its_whole_class_once(any_store: Store, clock:
         with pytest.raises(FsmError):
             call(world, value)
         assert world.state() == before, name
+
+
+@given(value=st.one_of(bad_id, bad_text, bad_json, non_strings, st.just(None)))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_within_refuses_what_is_not_a_connection_with_a_typed_error(any_store: Store, value: Any) -> None:
+    """``Engine.within`` (the caller's transaction) on every store: a value that is not a
+    SQLAlchemy Connection or Session, or a store without SQL (memory), is a ``ConfigError``;
+    the row is unchanged and the store still commits on its own afterwards."""
+    from fsm import ConfigError
+
+    jobs = Engine(JobLifecycle, any_store)
+    job = jobs.create()
+    with pytest.raises(ConfigError), jobs.within(value):
+        jobs.fire(job.id, "start")
+    assert jobs.get(job.id).state == "queued" and jobs.history(job.id) == []
+    assert jobs.fire(job.id, "start").state == "running"

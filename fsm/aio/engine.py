@@ -14,7 +14,8 @@ logged and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
+from fsm.engine.joined import held_on, joining
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseRenewal, Snapshot
@@ -100,6 +102,24 @@ class AsyncEngine:
                     await signals.deliver(pending)
 
     # -- the engine's operations ------------------------------------------------------------
+
+    def within(self, connection: Any) -> contextlib.AbstractAsyncContextManager[None]:
+        """:meth:`fsm.Engine.within` for asyncio: this engine's calls in this task run inside
+        the caller's transaction (a SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` on
+        aiosqlite or psycopg), and its signals go out after the caller's commit::
+
+            async with AsyncSession(app_engine) as session, session.begin():
+                session.add(Order(id=order_id, paid=True))
+                async with jobs.within(session):
+                    await jobs.fire(job_id, "complete", lease=lease)
+        """
+        return self._within(connection)
+
+    @contextlib.asynccontextmanager
+    async def _within(self, target: Any) -> AsyncIterator[None]:
+        async with joining(self.store, target) as joined:
+            with signals.holding(held_on(joined.connection)):
+                yield
 
     async def create(
         self,

@@ -9,6 +9,7 @@ the commit.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from fsm.engine.arguments import (
     validate_data,
 )
 from fsm.engine.base import StoreClock
+from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
 from fsm.engine.work import EngineWork
@@ -119,6 +121,26 @@ class Engine(EngineWork):
         self._read: Callable[[str], Snapshot] = store._live if plain_get else store.get  # type: ignore[attr-defined]
 
     # -- creating ------------------------------------------------------------------------
+
+    def within(self, connection: Any) -> contextlib.AbstractContextManager[None]:
+        """Run this engine's calls inside the caller's transaction, in this thread::
+
+            with Session(store.engine) as session, session.begin():
+                session.add(Order(id=order_id, paid=True))  # the application's own write
+                with jobs.within(session):
+                    jobs.fire(job_id, "complete", lease=lease)
+            # both committed here, together, and the signals sent; a rollback undoes both
+
+        ``connection``: a SQLAlchemy ``Session`` or ``Connection`` on the store's database
+        and driver (``store.engine`` is simplest); a Connection not yet in a transaction is
+        begun, and the caller commits it.  Every store call of the block (create, fire,
+        claim, run, leases, reads) runs on it, with the same compare-and-set and fencing;
+        signals go out after the caller's commit and never after a rollback
+        (:mod:`fsm.engine.joined`).  ``ConfigError`` for a store without SQL (memory), a
+        connection of another driver or in autocommit mode, or a call after the caller's
+        transaction ended inside the block.
+        """
+        return within(self.store, connection)
 
     def create(
         self,
