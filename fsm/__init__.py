@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from fsm.aio import AsyncEngine
     from fsm.definition_rules import operator_override
-    from fsm.engine import Engine, FireResult
+    from fsm.engine import Engine, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -56,6 +56,7 @@ _LAZY = {
     "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
     "FireResult": "fsm.engine",
+    "PruneResult": "fsm.engine",
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
@@ -135,6 +136,7 @@ __all__ = [
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "PruneResult",
     "ReapPolicy",
     "ReapResult",
     "Reaper",

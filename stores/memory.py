@@ -55,9 +55,10 @@ from fsm.records import (
     condition_holds,
 )
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
+from stores.retention import MemoryRetention
 
 
-class MemoryStore(LedgerRun):
+class MemoryStore(LedgerRun, MemoryRetention):
     """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
 
     def __init__(self, clock: Clock | None = None) -> None:

@@ -268,6 +268,14 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("store.entities(kind)", bad_id, lambda w, v: w.store.entities(v)),
     ("store.entities(limit)", bad_token, lambda w, v: w.store.entities("job", limit=v)),
     ("store.count_states", bad_id, lambda w, v: w.store.count_states(v)),
+    ("prune(older_than)", bad_ttl, lambda w, v: w.jobs.prune(v)),
+    ("prune(batch_size)", bad_token, lambda w, v: w.jobs.prune(60.0, batch_size=v)),
+    ("store.prune(kind)", bad_id, lambda w, v: w.store.prune(v, ("completed",), w.clock.now())),
+    ("store.prune(states)", bad_id, lambda w, v: w.store.prune("job", ("completed", v), w.clock.now())),
+    ("store.prune(before)", non_strings, lambda w, v: w.store.prune("job", ("completed",), v)),
+    ("store.prune(limit)", bad_token, lambda w, v: w.store.prune("job", ("completed",), w.clock.now(), limit=v)),
+    ("store.trim_history(id)", bad_id, lambda w, v: w.store.trim_history(v, 5)),
+    ("store.trim_history(keep)", bad_token, lambda w, v: w.store.trim_history(w.f, v)),
 ]
 
 

@@ -26,7 +26,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (6, ("fsm.cli", "fsm.commands", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
+    (
+        6,
+        (
+            "fsm.cli",
+            "fsm.commands",
+            "fsm.demo",
+            "fsm.testing",
+            "fsm.reaping.cli",
+            "fsm.reaping.prune_cli",
+            "fsm.diagram.cli",
+            "fsm.inspect",
+        ),
+    ),
     (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio")),
     (4, ("fsm.engine",)),
     (

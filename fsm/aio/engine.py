@@ -25,6 +25,7 @@ import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
 from fsm.engine.joined import held_on, joining
+from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
 from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseRenewal, Snapshot
@@ -238,6 +239,12 @@ class AsyncEngine:
     async def counts(self) -> dict[str, int]:
         """See :meth:`fsm.Engine.counts`."""
         return await self._call(self.sync.counts)
+
+    async def prune(
+        self, older_than: timedelta | float, *, batch_size: int = DEFAULT_PRUNE_BATCH, dry_run: bool = False
+    ) -> PruneResult:
+        """See :meth:`fsm.Engine.prune`."""
+        return await self._call(self.sync.prune, older_than, batch_size=batch_size, dry_run=dry_run)
 
     def keep(self, lease: Lease, *, period: timedelta | None = None) -> AsyncLeaseKeeper:
         """An asyncio lease keeper: ``async with engine.keep(lease) as held: ...``.

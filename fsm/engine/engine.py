@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
@@ -30,6 +31,7 @@ from fsm.engine.base import StoreClock
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
+from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
@@ -141,6 +143,16 @@ class Engine(EngineWork):
         transaction ended inside the block.
         """
         return within(self.store, connection)
+
+    def prune(
+        self, older_than: timedelta | float, *, batch_size: int = DEFAULT_PRUNE_BATCH, dry_run: bool = False
+    ) -> PruneResult:
+        """Remove this lifecycle's entities in a final state last updated more than
+        ``older_than`` ago (store clock), with their history, effects and renewal logs, in
+        batches of ``batch_size`` (one store transaction each).  Entities in any other
+        state are never touched.  ``dry_run``: what would go; nothing changes.  Nothing is
+        ever removed unless pruned: run it on a schedule (``fsm prune --older-than 30d``)."""
+        return prune(self, older_than, batch_size, dry_run)
 
     def create(
         self,

@@ -88,6 +88,7 @@ from stores.sql.joined import Joined, joined_sync
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
 from stores.sql.reaper_batches import ReaperOps
+from stores.sql.retention import RetentionOps
 from stores.sql.rows import dumps_data, history_of, snapshot_of
 from stores.sql.schema import HEAD_REVISION, decode_time
 
@@ -166,7 +167,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
