@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fsm._version import __version__ as __version__
 from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.errors import (
     ConditionFailed,

@@ -22,9 +22,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
+from fsm._version import __version__
 from fsm.errors import FsmError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -67,10 +67,8 @@ def _log_options(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def _version() -> str:
-    try:
-        return metadata.version("fsm-lifecycles")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-        return "unknown"
+    """The one version (``fsm/_version.py``, which the distribution's metadata is built from)."""
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

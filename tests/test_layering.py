@@ -54,7 +54,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("stores", "signals")),
-    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits")),
+    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits", "fsm._version")),
 ]
 
 
