@@ -50,6 +50,7 @@ FSM_API = {
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "PruneResult",
     "ReapPolicy",
     "ReapResult",
     "Reaper",
