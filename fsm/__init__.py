@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from statemachine import State
 
     from fsm.aio import AsyncEngine
+    from fsm.builders import itself
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
@@ -63,6 +64,7 @@ _LAZY = {
     "guard": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
     "operator_override": "fsm.definition_rules",
+    "itself": "fsm.builders",
     "reaper": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
@@ -153,6 +155,7 @@ __all__ = [
     "UnknownEvent",
     "Worker",
     "guard",
+    "itself",
     "new_owner_id",
     "operator_override",
     "reaper",

@@ -45,6 +45,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         3,
         (
             "fsm.guards",
+            "fsm.builders",
             "fsm.guard_expr",
             "fsm.table",
             "fsm.unsupported",

@@ -66,6 +66,7 @@ FSM_API = {
     "UnknownEvent",
     "Worker",
     "guard",
+    "itself",
     "new_owner_id",
     "operator_override",
     "reaper",

@@ -40,7 +40,7 @@ def block_starting(first: str) -> str:
 
 RUNS = {
     "from fsm import Engine, Fenced, JobLifecycle": "test_the_readme_example_runs_as_written_and_again",
-    "import time": "test_the_readme_example_runs_as_written_and_again",
+    "import functools": "test_the_readme_example_runs_as_written_and_again",
     "import asyncio": "test_the_async_example_runs",
     "from fsm import Engine, GuardContext": "test_the_testing_kit_blocks_run_under_pytest (the lifecycles module)",
     'pytest_plugins = ["fsm.testing.pytest_plugin"]': "test_the_testing_kit_blocks_run_under_pytest (conftest.py)",
