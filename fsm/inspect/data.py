@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fsm.errors import MalformedRow
+from fsm.errors import FsmError, MalformedRow
+from fsm.limits import text_problem
 from fsm.records import PROGRESS_KEY, RENEWALS_KEPT, RENEWALS_KEY, EffectRecord, HistoryRecord, LeaseRenewal, Snapshot
 from stores.ledger import renewals_of
 from stores.sql import SqlStore
@@ -20,6 +21,19 @@ LEADER_KIND = "fsm.leader"
 TICKS_KIND = "fsm.reaper"
 TICKS_ID = "fsm-reaper-ticks"
 MAX_ROWS = 500
+
+
+class BadInput(FsmError, ValueError):
+    """A query parameter the inspector cannot use (the page answers 400 with this message)."""
+
+
+def check_param(name: str, value: str, *, limit: int = 255) -> str:
+    """``value`` if it can be a bound parameter on every store (no NUL, no lone surrogate,
+    at most ``limit`` characters), else :class:`BadInput` naming ``name``."""
+    problem = text_problem(value, limit=limit, empty=True)
+    if problem is not None:
+        raise BadInput(f"{name} {problem}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -36,15 +50,15 @@ class Filters:
 
     @classmethod
     def of(cls, query: Any) -> Filters:
-        try:
-            limit = int(query.get("limit", 100))
-        except ValueError:
-            limit = 100
+        """The filters of a query string; :class:`BadInput` for one no store could take."""
+        raw = str(query.get("limit", "") or "100")
+        if not raw.isdigit() or len(raw) > 6:
+            raise BadInput(f"limit must be a whole number from 1 to {MAX_ROWS}, not {raw[:20]!r}")
         return cls(
-            kind=str(query.get("kind", ""))[:200],
-            state=str(query.get("state", ""))[:200],
-            text=str(query.get("q", ""))[:200],
-            limit=max(1, min(limit, MAX_ROWS)),
+            kind=check_param("kind", str(query.get("kind", ""))),
+            state=check_param("state", str(query.get("state", ""))),
+            text=check_param("q", str(query.get("q", ""))),
+            limit=max(1, min(int(raw), MAX_ROWS)),
             expired=query.get("expired", "") == "1",
         )
 
@@ -210,9 +224,11 @@ __all__ = [
     "LEADER_KIND",
     "TICKS_ID",
     "TICKS_KIND",
+    "BadInput",
     "Filters",
     "InspectorData",
     "ReaperMove",
     "ReaperTick",
     "RenewalLog",
+    "check_param",
 ]

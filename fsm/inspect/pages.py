@@ -291,10 +291,23 @@ def entity_page(
     )
 
 
+def error_page(status: int, title: str, detail_html: str) -> str:
+    """A whole error page (``detail_html`` is trusted markup: callers escape what they put in it)."""
+    body = (
+        f"<p class=meta><a href=/>← all entities</a></p><h1>{status} · {esc(title)}</h1>"
+        f"<p class=problem data-status='{status}'>{detail_html}</p>"
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{status} {esc(title)} · fsm inspect</title><link rel=stylesheet href=/static/inspect.css></head>"
+        f"<body><header><a class=home href=/>fsm inspect</a></header><main>{body}</main></body></html>"
+    )
+
+
 def not_found(entity_id: str) -> str:
     return (
         f"<p class=meta><a href=/>← all entities</a></p><p class=empty>No entity with id <b>{esc(entity_id)}</b>.</p>"
     )
 
 
-__all__ = ["age", "entity_page", "esc", "not_found", "overview", "page"]
+__all__ = ["age", "entity_page", "error_page", "esc", "not_found", "overview", "page"]

@@ -177,7 +177,7 @@ def timeline(
 ) -> str:
     """The timeline as an ordered list, newest first."""
     lines = events(history, effects, progress, renewals)
-    later: list[Event | None] = [*lines[1:], None]
+    later: list[Event | None] = [*lines[1:], None] if lines else []  # an entity never fired has no line
     body = "".join(_line(now, e, after) for e, after in reversed(list(zip(lines, later, strict=True))))
     body = body or "<li class=empty>Nothing recorded yet.</li>"
     return f"<ol class=timeline>{body}</ol>"

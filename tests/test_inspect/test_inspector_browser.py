@@ -205,3 +205,54 @@ def test_the_inspector_has_no_write_action(served: Served) -> None:
         assert refused.value.code == 405
     with urllib.request.urlopen(served.base + "/", timeout=5) as response:
         assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+
+
+def test_a_rebound_hostile_name_gets_no_data(browser: Any, served: Served) -> None:
+    """DNS rebinding: evil.example resolves to this machine (the browser's resolver rule), so
+    a hostile page could read the inspector as same-origin; the Host check refuses it."""
+    port = served.base.rsplit(":", 1)[1]
+    browser.get(f"http://evil.example:{port}/")
+    body = text(browser, "body")
+    assert "Invalid host header" in body and "job-live" not in body
+    browser.get(f"http://localhost:{port}/")
+    assert "job-live" in rows_by_id(browser)
+
+
+def test_bad_input_gets_a_4xx_page_in_the_browser(browser: Any, served: Served) -> None:
+    browser.get(served.base + "/entity?id=a%00b")
+    assert text(browser, "p.problem").startswith("id must not contain NUL")
+    assert text(browser, "h1").startswith("400")
+    browser.get(served.base + "/?q=%00")
+    assert text(browser, "h1").startswith("400") and "q must not contain NUL" in text(browser, "p.problem")
+    browser.get(served.base + "/no/such/page")
+    assert text(browser, "h1").startswith("404")
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-queued-0"}))  # never fired: shown, not a 500
+    assert text(browser, "h1.id") == "job-queued-0"
+
+
+def test_a_guarded_page_opens_once_from_its_one_time_url(browser: Any, served: Served, artifacts: Path) -> None:
+    from inspect_support import serve_asgi, stop_serving
+
+    from fsm import JobLifecycle, PipelineLifecycle
+    from fsm.inspect.app import create_app
+    from fsm.inspect.security import Tokens
+
+    tokens = Tokens("a-long-enough-bearer-token-for-tests")
+    server, thread, base = serve_asgi(create_app(served.reader, [JobLifecycle, PipelineLifecycle], tokens=tokens))
+    try:
+        browser.get(base + "/")
+        assert text(browser, "h1").startswith("401") and "job-live" not in text(browser, "body")
+        code = tokens.new_code()
+        browser.get(f"{base}/login?code={code}")  # sets the cookie, then goes to the overview
+        assert browser.current_url == base + "/"
+        assert "job-live" in rows_by_id(browser)
+        browser.get(base + "/entity?" + urlencode({"id": "job-live"}))
+        assert text(browser, "h1.id") == "job-live"
+        browser.delete_all_cookies()
+        browser.get(f"{base}/login?code={code}")  # used: refused, no cookie
+        assert text(browser, "h1").startswith("403")
+        browser.get(base + "/")
+        assert text(browser, "h1").startswith("401")
+        browser.save_screenshot(str(artifacts / "signin-refused.png"))
+    finally:
+        stop_serving(server, thread)
