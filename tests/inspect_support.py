@@ -50,6 +50,10 @@ LONG_JOB = "job-long"
 """Renewed for minutes by one holder, reclaimed by the reaper when that holder died, resumed
 by another: the timeline's lease renewals."""
 FIRST_HOLDER, SECOND_HOLDER = "worker-b:host2:77", "worker-c:host3:19"
+FAILED_JOB = "job-failed"
+FAILURE = {"type": "GateFailed", "message": "merge-gate: 2 tests failed", "traceback": "Traceback (most recent)\n..."}
+ORPHAN = "job-orphan"
+"""A finalizer reclaimed by the reaper that no worker claimed: waiting for a worker."""
 
 
 def _problem() -> str | None:
@@ -144,10 +148,19 @@ class Served:
             jobs.run(snap.id, "merge-gate", lambda key: {"status": "passed"}, snap.lease)
             jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
             jobs.fire(snap.id, "complete", lease=snap.lease)
+        jobs.create(FAILED_JOB, data={"task": "deploy"})  # its gate fails: the failure reason column
+        [failing] = jobs.claim(1)
+        assert failing.lease is not None and failing.id == FAILED_JOB
+        jobs.fire(FAILED_JOB, "exited", lease=failing.lease, data={"exit_code": 0})
+        jobs.fire(FAILED_JOB, "fail", lease=failing.lease, data={"error": FAILURE})
         self.advance(timedelta(minutes=5))
         self.first.fire(LONG_JOB, "exited", lease=self.keeper.held.check(), data={"exit_code": 0})
         jobs.create("job-stuck", data={"task": "migrate"})
         [stuck] = jobs.claim(1)
+        jobs.create(ORPHAN, data={"task": "publish"})  # its finalizer dies and nobody resumes it
+        [orphan] = jobs.claim(1)
+        assert orphan.lease is not None and orphan.id == ORPHAN
+        jobs.fire(ORPHAN, "exited", lease=orphan.lease, data={"exit_code": 0})
         self.advance(timedelta(minutes=1))
         self.keeper = None  # the long job's first holder dies: its lease lapses, the reaper reclaims it
         jobs.create("job-live", data={"task": "index"})
@@ -181,6 +194,7 @@ class Served:
         from stores.sql import SqlStore
 
         reader = SqlStore(self.url, table_prefix=self.prefix, create=False)
+        options.setdefault("count_every", 0.2)
         app = create_app(reader, [JobLifecycle, PipelineLifecycle], refresh_ms=300, **options)
         self.reader = reader
         self.server, self.thread, self.base = serve_asgi(app)

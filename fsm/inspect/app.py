@@ -24,11 +24,12 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from fsm.errors import FsmError, InvalidArgument, UnknownEntity
-from fsm.inspect import assets, pages
+from fsm.inspect import assets, pages, views
 from fsm.inspect.data import BadInput, Filters, InspectorData, check_param
 from fsm.inspect.security import CSP, HEADERS, Tokens, allowed_hosts, secure
 from fsm.inspect.timeline import esc
 from fsm.lifecycle import Lifecycle
+from fsm.records import Snapshot
 from stores.factory import safe_url
 from stores.sql import SqlStore
 
@@ -43,13 +44,24 @@ def create_app(
     refresh_ms: int = 2000,
     hosts: list[str] | None = None,
     tokens: Tokens | None = None,
+    count_every: float = 5.0,
 ) -> Any:
     """The inspector over ``store`` (an ASGI application); ``lifecycles`` give the diagrams
     and the state order.  ``hosts`` is the Host allowlist (default: loopback names only);
-    with ``tokens`` every request must hold the token (:mod:`fsm.inspect.security`)."""
-    data = InspectorData(store)
+    with ``tokens`` every request must hold the token (:mod:`fsm.inspect.security`).
+    ``count_every``: the least seconds between two recounts of the store (:mod:`fsm.inspect.cache`)."""
+    from fsm.engine.work import claim_plan
+
     by_kind = {lc.kind: lc for lc in lifecycles}
     leaves = {kind: list(lc.table.leaves) for kind, lc in by_kind.items()}
+    plans = {kind: claim_plan(lc.table) for kind, lc in by_kind.items()}
+    data = InspectorData(
+        store,
+        leaves,
+        resumes={kind: list(resumes) for kind, (_, resumes) in plans.items()},
+        claim_events={kind: {start.event for start in starts} for kind, (starts, _) in plans.items()},
+        count_every=count_every,
+    )
     database = safe_url(str(store.engine.url))
 
     def html(text: str, status: int = 200) -> HTMLResponse:
@@ -57,16 +69,20 @@ def create_app(
 
     def overview_fragment(request: Request) -> str:
         filters = Filters.of(request.query_params)
+        listed = data.entities(filters)
         return pages.overview(
             data.now(),
             data.counts(),
+            data.counts_cache.problem,
             leaves,
-            data.entities(filters),
+            listed,
             filters,
-            data.reaper_moves(),
+            data.last_failures(listed.rows),
             database,
-            data.expired_leases(),
+            data.flags(),
             data.reaper_ticks(),
+            data.activity(),
+            data.holders(),
         )
 
     def live_url(path: str, request: Request) -> str:
@@ -99,10 +115,20 @@ def create_app(
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
         renewals = data.renewals(entity_id)
-        body = pages.entity_page(
-            data.now(), snap, history, effects, progress, renewals, has_diagram=snap.kind in by_kind
-        )
+        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap))
         return body, 200
+
+    def diagram_of(snap: Snapshot) -> str:
+        from fsm.diagram.graphviz_render import INSTALL_HINT, GraphvizNotFound, find_dot
+
+        lifecycle = by_kind.get(snap.kind)
+        if lifecycle is None:
+            return pages.NO_LIFECYCLE
+        try:
+            find_dot()
+        except GraphvizNotFound as err:
+            return views.transition_table(lifecycle, snap.state, f"{err.wanted}. {INSTALL_HINT}")
+        return pages.diagram_image(snap)
 
     def entity(request: Request) -> Response:
         entity_id = entity_id_of(request)
