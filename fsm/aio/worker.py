@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from fsm.engine import FireResult
 from fsm.errors import Fenced, FsmError
 from fsm.records import Actor, Snapshot
 from fsm.work.keeper import HeldLease
+from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, report
 from fsm.work.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
@@ -153,7 +155,9 @@ class AsyncWorker:
                 self.stats.finished += 1
                 return
             state = job.state
+            started = time.perf_counter()
             try:
+                event: str | None = None
                 outcome = await handler(job)
                 if outcome is not None:
                     event, data = parse_outcome(outcome)
@@ -161,15 +165,16 @@ class AsyncWorker:
                 elif job.state == state:
                     job.snapshot = await self.engine.get(job.id)  # the handler fired through other means
                     if job.state == state:
-                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
+                        report(self.engine.kind, job.held.lease, state, RELEASED, started)
                         await self._release(job.held)
                         return
+                report(self.engine.kind, job.held.lease, state, COMPLETED, started, event=event)
             except Fenced as err:
-                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
+                report(self.engine.kind, job.held.lease, state, FENCED, started, error=err)
                 self.stats.fenced += 1
                 return
             except Exception as err:
-                log.exception("handler for %s of %s raised", state, job.id)
+                report(self.engine.kind, job.held.lease, state, FAILED, started, error=err)
                 self.stats.failed += 1
                 self.stats.errors.append(f"{job.id}: {type(err).__name__}: {err}")
                 await self._fail_or_release(job)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from pydantic import BaseModel
 from fsm.errors import ConfigError, Fenced, FsmError
 from fsm.records import Actor, Snapshot
 from fsm.work.keeper import HeldLease, LeaseKeeper
+from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, report
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
@@ -238,7 +240,9 @@ class Worker:
                     self.stats.finished += 1
                 return
             state = job.state
+            started = time.perf_counter()
             try:
+                event: str | None = None
                 outcome = handler(job)
                 if outcome is not None:
                     event, data = parse_outcome(outcome)
@@ -246,16 +250,17 @@ class Worker:
                 elif job.state == state:
                     job.snapshot = self.engine.get(job.id)  # the handler fired through other means
                     if job.state == state:
-                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
+                        report(self.engine.kind, job.held.lease, state, RELEASED, started)
                         self._release(job)
                         return
+                report(self.engine.kind, job.held.lease, state, COMPLETED, started, event=event)
             except Fenced as err:
-                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
+                report(self.engine.kind, job.held.lease, state, FENCED, started, error=err)
                 with self._lock:
                     self.stats.fenced += 1
                 return
             except Exception as err:
-                log.exception("handler for %s of %s raised", state, job.id)
+                report(self.engine.kind, job.held.lease, state, FAILED, started, error=err)
                 with self._lock:
                     self.stats.failed += 1
                     self.stats.errors.append(f"{job.id}: {type(err).__name__}: {err}")
