@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -17,6 +19,16 @@ from stores import MemoryStore
 FIELDS = ("entity", "kind", "owner", "token")
 
 
+@contextlib.contextmanager
+def at_info(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """INFO on each of the library's loggers (another test may have set one's level)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(caplog.at_level(logging.INFO))
+        for name in LOGGERS:
+            stack.enter_context(caplog.at_level(logging.INFO, logger=name))
+        yield
+
+
 def records(caplog: pytest.LogCaptureFixture, logger: str, level: int) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == logger and r.levelno == level]
 
@@ -28,7 +40,7 @@ def test_a_claim_a_reclaim_and_a_fenced_refusal_are_logged_with_entity_kind_owne
     store = MemoryStore(clock)
     engine = Engine(JobLifecycle, store, clock=clock, owner="w1")
     engine.create("j1")
-    with caplog.at_level(logging.INFO):
+    with at_info(caplog):
         (snap,) = engine.claim()
         assert snap.lease is not None
         engine.fire("j1", "exited", lease=snap.lease)
@@ -63,7 +75,7 @@ def test_the_worker_logs_completions_failures_and_a_fenced_holder_as_a_warning(
         return "exited"
 
     with (
-        caplog.at_level(logging.INFO),
+        at_info(caplog),
         Worker(engine, {"running": run_agent}, poll_interval=timedelta(milliseconds=10)) as worker,
     ):
         for _ in range(500):
