@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import signals
 from fsm.records import Lease
@@ -33,7 +34,7 @@ _LEVELS = {COMPLETED: logging.INFO, RETRY: logging.INFO, FENCED: logging.WARNING
 
 def report(
     kind: str,
-    lease: Lease,
+    job: Any,
     state: str,
     outcome: str,
     started: float,
@@ -42,8 +43,10 @@ def report(
     error: BaseException | None = None,
 ) -> None:
     """Log one handler's outcome and send ``handled``; ``started`` is its
-    :func:`time.perf_counter` at the call.  Never raises into the worker."""
+    :func:`time.perf_counter` at the call.  ``job`` is either face's job: its held lease
+    names the holder (its snapshot's, for a job that holds none)."""
     duration = time.perf_counter() - started
+    lease = _holder(job)
     level = _LEVELS.get(outcome, logging.ERROR)
     if log.isEnabledFor(level):
         extra = {
@@ -91,6 +94,15 @@ def report(
                 error=None if error is None else f"{type(error).__name__}: {error}",
             ),
         )
+
+
+def _holder(job: Any) -> Lease:
+    held = getattr(job, "held", None)
+    lease = getattr(held, "lease", None)
+    if isinstance(lease, Lease):
+        return lease
+    snap = job.snapshot
+    return Lease(snap.id, snap.lease_owner or "", snap.lease_token, snap.lease_expires_at or snap.updated_at)
 
 
 __all__ = ["COMPLETED", "FAILED", "FENCED", "RELEASED", "RETRY", "report"]
