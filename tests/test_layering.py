@@ -39,7 +39,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.inspect",
         ),
     ),
-    (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio")),
+    (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
     (4, ("fsm.engine",)),
     (
         3,

@@ -48,6 +48,7 @@ RUNS = {
     "import signals": "test_the_signals_block_forwards_a_transition",
     "from datetime import timedelta": "test_the_reaper_block_runs",
     "import sqlalchemy as sa": "test_the_webhook_recipe_commits_both_rows_or_neither",
+    "import urllib.request": "test_the_readme_observability_example_runs_as_written (tests/test_observe)",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
