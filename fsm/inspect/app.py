@@ -60,8 +60,10 @@ def create_app(
         leaves,
         resumes={kind: list(resumes) for kind, (_, resumes) in plans.items()},
         claim_events={kind: {start.event for start in starts} for kind, (starts, _) in plans.items()},
+        finals={kind: lc.table.finals for kind, lc in by_kind.items()},
         count_every=count_every,
     )
+    attempt_starts = {k: frozenset(s.event for s in starts if s.bump_attempt) for k, (starts, _) in plans.items()}
     database = safe_url(str(store.engine.url))
 
     def html(text: str, status: int = 200) -> HTMLResponse:
@@ -115,7 +117,8 @@ def create_app(
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
         renewals = data.renewals(entity_id)
-        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap))
+        starts = attempt_starts.get(snap.kind, frozenset())
+        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap), starts)
         return body, 200
 
     def diagram_of(snap: Snapshot) -> str:

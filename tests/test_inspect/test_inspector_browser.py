@@ -332,6 +332,7 @@ def test_an_entitys_page_lists_each_attempts_error(browser: Any, served: Served)
     attempts = text(browser, "section.attempts")
     assert f"{FAILURE['type']}: {FAILURE['message']}" in attempts and "fail: finalizing → failed" in attempts
     assert attrs(browser, "section.attempts details", "open") == [None]  # the traceback, folded
+    assert texts(browser, "tr[data-attempt-seq] td.n") == ["1"]  # the first attempt failed
     browser.get(served.base + "/entity?" + urlencode({"id": "job-stuck"}))
     assert "expire: running → queued" in text(browser, "section.attempts")  # the reaper's reason
 
