@@ -17,6 +17,10 @@ SCRIPT = """\
     if (active && live.contains(active) && (active.tagName === 'INPUT' || active.tagName === 'SELECT')) {
       return;  // never swap the form under the user's cursor
     }
+    var edited = Array.prototype.some.call(live.querySelectorAll('form.action input'), function (i) {
+      return i.value !== i.defaultValue;
+    });
+    if (edited) { return; }  // nor an action form the operator has started to fill in
     busy = true;
     fetch(live.getAttribute('data-src'), {headers: {'Accept': 'text/html'}, cache: 'no-store'})
       .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })

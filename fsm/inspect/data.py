@@ -258,7 +258,17 @@ class InspectorData:
         return Flags(expired, waiting)
 
     def entities(self, filters: Filters) -> Listed:
-        """One page of live entities matching ``filters`` (:mod:`fsm.inspect.listing`)."""
+        """One page of live entities matching ``filters`` (:mod:`fsm.inspect.listing`).
+
+        A holder's entities come from the cached holders (what it held then, re-read by
+        primary key and kept only while it still holds them); a holder the cache does not
+        know yet is looked for by a walk of the lease index."""
+        if filters.holder and not filters.expired and not filters.text and not filters.data_path:
+            known = {h.owner: h for h in self.holders().value}.get(filters.holder)
+            if known is not None:
+                return self.listing.held(
+                    known.all_ids, filters.holder, filters.limit, self.leased_pairs(filters.kind, filters.state)
+                )
         leases = filters.expired or filters.holder
         return self.listing.run(
             self.leased_pairs(filters.kind, filters.state) if leases else self.pairs(filters.kind, filters.state),

@@ -205,6 +205,22 @@ class ListingSql:
             return [(r[0], r[1]) for r in self.store._run(sql, params)]
         return list(self.store._run(sql, params))
 
+    def held(self, ids: tuple[str, ...], holder: str, limit: int, pairs: list[tuple[str, str]]) -> Listed:
+        """The entities ``ids`` still held by ``holder``, soonest expiry first (primary key reads)."""
+        if not ids:
+            return Listed([], order="expiry")
+        p, ref = self.f.p, self.ref
+        params: dict[str, Any] = {**self.base, "ids": self.f.ids(list(ids[: 10 * limit])), "holder": holder}
+        params["limit"] = limit
+        rows = self.store._run(
+            f"SELECT {self.cols} FROM {self.E} AS e WHERE {self.f.in_ids(ref('id'), 'ids')} AND {self.live} "
+            f"AND {ref('lease_owner')} = {p('holder')} ORDER BY {ref('lease_expires_at')}, {ref('id')} "
+            f"LIMIT {p('limit')}",
+            params,
+        )
+        wanted = set(pairs)
+        return Listed([s for s in self._decode(rows) if (s.kind, s.state) in wanted], order="expiry")
+
     def _by_id(
         self,
         pairs: list[tuple[str, str]],

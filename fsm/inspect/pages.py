@@ -33,12 +33,12 @@ def entity_url(entity_id: str) -> str:
     return "/entity?" + urlencode({"id": entity_id})
 
 
-def page(title: str, body: str, *, live: str, refresh_ms: int) -> str:
+def page(title: str, body: str, *, live: str, refresh_ms: int, badge: str = "read-only") -> str:
     """A whole page; the element ``#live`` is refreshed from ``live`` every ``refresh_ms``."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{esc(title)}</title><link rel=stylesheet href=/static/inspect.css></head><body>"
-        "<header><a class=home href=/>fsm inspect</a> <span class=ro>read-only</span>"
+        f"<header><a class=home href=/>fsm inspect</a> <span class=ro>{esc(badge)}</span>"
         "<span id=status class=status>live</span></header>"
         f"<main id=live data-src='{esc(live)}' data-every='{int(refresh_ms)}'>{body}</main>"
         "<script src=/static/inspect.js></script></body></html>"

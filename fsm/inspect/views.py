@@ -17,6 +17,8 @@ from fsm.records import HistoryRecord
 
 ROWS_OF_TICKS = 8
 """Rows the ticks table shows (idle ticks folded first)."""
+HOLDERS_SHOWN = 50
+"""Owners the holders table shows (most held first)."""
 
 
 def cache_note(cached: Cached[Any], what: str, problem: str | None = None) -> str:
@@ -105,7 +107,7 @@ def holders_section(now: datetime, cached: Cached[list[Holder]]) -> str:
             "<p class=empty>No lease is held right now.</p></section>"
         )
     rows = []
-    for h in holders:
+    for h in holders[:HOLDERS_SHOWN]:
         ids = ", ".join(f"<a href='{esc('/entity?' + urlencode({'id': i}))}'>{esc(i)}</a>" for i in h.ids) + (
             f" and {h.held - len(h.ids)} more" if h.held > len(h.ids) else ""
         )
@@ -121,10 +123,12 @@ def holders_section(now: datetime, cached: Cached[list[Holder]]) -> str:
             f"<td class=n>{h.held}</td><td>{lapsed}</td><td>{renewal}</td>"
             f"<td title='{esc(stamp(h.soonest))}'>{esc(age(now, h.soonest))}</td><td class=id>{ids}</td></tr>"
         )
+    hidden = len(holders) - HOLDERS_SHOWN
+    more = f"<p class=muted>{hidden} more owners not shown.</p>" if hidden > 0 else ""
     return (
         "<section class=holders><h2>Workers holding leases <span class=muted>owners with a lease, most held "
         f"first</span> {note}</h2><table><tr><th>owner</th><th class=n>holds</th><th></th><th>last renewal</th>"
-        f"<th>soonest expiry</th><th>what it holds</th></tr>{''.join(rows)}</table></section>"
+        f"<th>soonest expiry</th><th>what it holds</th></tr>{''.join(rows)}</table>{more}</section>"
     )
 
 
