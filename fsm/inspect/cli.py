@@ -129,7 +129,8 @@ def announce(args: argparse.Namespace, tokens: Any) -> list[str]:
     """What ``fsm inspect`` says at start: where, the warnings, how to sign in."""
     from stores.factory import safe_url
 
-    where = f"[{args.host}]" if ":" in args.host else args.host
+    reach = "127.0.0.1" if args.host in {"0.0.0.0", "::"} else args.host  # a wildcard is no name to visit
+    where = f"[{reach}]" if ":" in reach else reach
     base = f"http://{where}:{args.port}"
     mode = "operator actions allowed" if getattr(args, "allow_actions", False) else "read-only"
     lines = [f"fsm inspect: {safe_url(args.db)} at {base}/ ({mode}; Ctrl-C stops)"]
@@ -141,7 +142,10 @@ def announce(args: argparse.Namespace, tokens: Any) -> list[str]:
     if tokens is not None:
         if not os.environ.get(TOKEN_ENV):
             lines.append(f"fsm inspect: token (set {TOKEN_ENV} to choose it): {tokens.token}")
-        lines.append(f"fsm inspect: sign in once (this URL works one time): {base}/login?code={tokens.new_code()}")
+        other = " (or through a name given with --allowed-host)" if reach != args.host else ""
+        lines.append(
+            f"fsm inspect: sign in once (this URL works one time){other}: {base}/login?code={tokens.new_code()}"
+        )
     return lines
 
 
