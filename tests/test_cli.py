@@ -141,15 +141,16 @@ def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(
     from stores.sql.migrations.__main__ import main as migrations
 
     missing = f"{tmp_path}/missing.db"
-    assert migrations(["current", f"sqlite:///{missing}"]) == 1 and not os.path.exists(missing)
-    assert migrations(["upgrade", "notaurl"]) == 1
+    assert migrations(["current", f"sqlite:///{missing}"]) == 2 and not os.path.exists(missing)
+    assert migrations(["upgrade", "notaurl"]) == 2  # refused input: 2, as every fsm command
     assert "Could not parse" in capsys.readouterr().err
     empty = f"{tmp_path}/empty.db"
     open(empty, "w").close()
-    assert migrations(["stamp", f"sqlite:///{empty}"]) == 1
+    assert migrations(["stamp", f"sqlite:///{empty}"]) == 2
     assert "there are none here" in capsys.readouterr().err
     ok = f"sqlite:///{tmp_path}/ok.db"
     assert migrations(["upgrade", ok]) == 0 and "upgrade: done" in capsys.readouterr().out
-    assert migrations(["downgrade", ok, "nope"]) == 1
+    assert migrations(["downgrade", ok, "nope"]) == 2
+    assert "python -m stores.migrations: error: cannot downgrade to 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         migrations(["upgrade", ok, "--prefix", "x y;"])
