@@ -47,7 +47,11 @@ class EngineReads(EngineBase):
         """
         if not isinstance(entity, Snapshot):
             raise InvalidArgument(f"would_fire takes a Snapshot, not {type(entity).__name__}")
-        if event not in self._events:
+        if (
+            event not in self._events
+            or not isinstance(entity.state, str)
+            or entity.state not in self.table.configurations
+        ):
             return None
         try:
             return choose(self.table, self.policy, self.clock, self.store, entity, event, actor, None)
