@@ -250,7 +250,7 @@ def test_after_the_demo_a_wrong_prefix_names_the_prefixes_there_and_the_flag(
     assert code == 2 and "nor under any other prefix" in err and "fsm migrate upgrade" in err
 
 
-ETL = '''
+ETL = """
 from fsm import LeaseChange, Lifecycle, State, reaper, worker
 
 
@@ -269,7 +269,7 @@ class EtlRun(Lifecycle):
     extracted = worker(active.running.to(active.finalizing, cond="holds_lease"))
     load = worker(active.finalizing.to(loaded, cond="holds_lease"))
     expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
-'''
+"""
 
 
 @pytest.mark.parametrize("command", ["reaper", "diagram", "inspect"])
@@ -320,7 +320,8 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_with_v(
 
     monkeypatch.setattr(fsm.commands, "run_show", broken)
     code, _, err = run(["show", "x"], capsys)
-    assert code == 1 and err.strip() == "fsm show: unexpected error: RuntimeError: a bug (run with -v for the traceback)"
+    assert code == 1
+    assert err.strip() == "fsm show: unexpected error: RuntimeError: a bug (run with -v for the traceback)"
     code, _, err = run(["show", "x", "-v"], capsys)
     assert code == 1 and "Traceback" in err and "RuntimeError: a bug" in err
 

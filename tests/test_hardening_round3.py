@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle
-from fsm.errors import ConfigError, FsmError, InvalidArgument, MalformedRow, StoreCorrupt, StoreUnavailable, UnknownEntity
+from fsm.errors import (
+    ConfigError,
+    FsmError,
+    InvalidArgument,
+    MalformedRow,
+    StoreCorrupt,
+    StoreUnavailable,
+    UnknownEntity,
+)
 from stores import Store
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -115,7 +123,7 @@ def test_a_clock_that_returns_no_aware_datetime_is_one_config_error_on_every_sto
         lambda: jobs.renew_lease(lease),
         lambda: jobs.run("j1", "gate", lambda key: 1, lease),
         lambda: jobs.claim(1),
-        lambda: any_store.now(),
+        any_store.now,
     ]
     for write in writes:
         with pytest.raises(ConfigError) as caught:
