@@ -75,6 +75,18 @@ def test_the_demo_tells_the_whole_story_with_real_processes(
             ElementTree.parse(diagram)
         assert f"lifecycle-job-{name}{diagram.suffix}" in out
     assert (tmp_path / "fsm.db").exists()
+    # JobData.gates is filled: each job's row holds its four gates' results, run or replayed
+    demo = SqlStore("sqlite:///fsm.db", table_prefix="fsm_demo_", create=False)
+    try:
+        jobs = demo.entities("job")
+        assert len(jobs) == 3 and {j.state for j in jobs} == {"completed"}
+        for job in jobs:
+            assert list(job.data["gates"]) == list(gates), job.id
+            assert all(g["status"] == "passed" and g["detail"] for g in job.data["gates"].values()), job.id
+    finally:
+        demo.close()
+    # and it says how to look closer: the demo's tables need their prefix
+    assert "--prefix fsm_demo_" in out and "fsm show job-" in out
 
 
 def test_the_demo_needs_a_store_its_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
