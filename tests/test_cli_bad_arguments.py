@@ -98,6 +98,8 @@ BAD_ARGUMENTS: dict[str, list[list[str]]] = {
         ["--once", "--db", DOWN],
         ["--once", "--dry-run"],  # the default prefix fsm_: the tables are fsm_demo_*
         ["--once", "--prefix", "x;y"],
+        ["--once", "--prefix", DEMO, "--metrics-port", "-1"],
+        ["--once", "--prefix", DEMO, "--metrics-port", "abc"],
         ["--bogus"],
     ],
     "migrate": [
