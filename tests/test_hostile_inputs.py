@@ -313,6 +313,7 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("store.prune(limit)", bad_token, lambda w, v: w.store.prune("job", ("completed",), w.clock.now(), limit=v)),
     ("store.trim_history(id)", bad_id, lambda w, v: w.store.trim_history(v, 5)),
     ("store.trim_history(keep)", bad_token, lambda w, v: w.store.trim_history(w.f, v)),
+    ("clock: prune", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.prune(60.0))),
 ]
 
 

@@ -20,6 +20,7 @@ from fsm.engine import Engine
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
 from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
+from stores.retention import MAX_PRUNE_BATCH
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.ASCII)
@@ -41,6 +42,28 @@ def duration(text: str) -> timedelta:
     return age
 
 
+def count(text: str) -> int:
+    """``--list``: 0 or more."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: list 0 or more ids")
+    return value
+
+
+def batch(text: str) -> int:
+    """``--batch-size``: 1 to MAX_PRUNE_BATCH."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
+    if not 1 <= value <= MAX_PRUNE_BATCH:
+        raise argparse.ArgumentTypeError(f"{text!r}: a batch is 1 to {MAX_PRUNE_BATCH} entities")
+    return value
+
+
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "prune",
@@ -57,11 +80,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     parser.add_argument(
-        "--batch-size", type=int, default=DEFAULT_PRUNE_BATCH, help="entities per transaction (default %(default)s)"
+        "--batch-size", type=batch, default=DEFAULT_PRUNE_BATCH, help="entities per transaction (default %(default)s)"
     )
     parser.add_argument(
         "--list",
-        type=int,
+        type=count,
         default=DEFAULT_LIST,
         metavar="N",
         dest="list_limit",
