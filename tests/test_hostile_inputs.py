@@ -268,6 +268,10 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("store.entities(kind)", bad_id, lambda w, v: w.store.entities(v)),
     ("store.entities(limit)", bad_token, lambda w, v: w.store.entities("job", limit=v)),
     ("store.count_states", bad_id, lambda w, v: w.store.count_states(v)),
+    ("store.feed(after)", bad_id, lambda w, v: w.store.feed(v)),
+    ("store.feed(kind)", bad_id, lambda w, v: w.store.feed(kind=v)),
+    ("store.feed(limit)", bad_token, lambda w, v: w.store.feed(limit=v)),
+    ("engine.watch(after)", bad_id, lambda w, v: w.jobs.watch(v)),
 ]
 
 
