@@ -65,6 +65,18 @@ class MemoryRetention:
     _keys: dict[tuple[str, str], HistoryRecord]
     _effects: dict[str, dict[str, EffectRecord]]
     _by_concurrency_key: dict[tuple[str, str], list[str]]
+    _feed: list[tuple[str, HistoryRecord]]
+
+    def _forget_in_feed(self, gone: set[str] | None = None, records: list[HistoryRecord] | None = None) -> None:
+        """Mark removed history rows in the memory feed (kind ``""``, skipped by ``feed``):
+        positions are indices, so the list keeps its length and every cursor stays valid."""
+        feed = getattr(self, "_feed", None)
+        if not feed:
+            return
+        ids = {id(r) for r in records or ()}
+        for index, (kind, record) in enumerate(feed):
+            if kind and ((gone is not None and record.entity_id in gone) or id(record) in ids):
+                feed[index] = ("", record)
 
     def prune(
         self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
@@ -95,6 +107,8 @@ class MemoryRetention:
                         siblings.remove(row.id)
                     if not siblings:
                         self._by_concurrency_key.pop((row.kind, row.concurrency_key), None)
+            if ids:
+                self._forget_in_feed(gone=set(ids))
             return ids
 
     def trim_history(self, entity_id: str, keep: int) -> int:
@@ -107,6 +121,8 @@ class MemoryRetention:
             for record in log[:cut]:
                 if record.idempotency_key is not None:
                     self._keys.pop((entity_id, record.idempotency_key), None)
+            if cut:
+                self._forget_in_feed(records=log[:cut])
             del log[:cut]
             return cut
 

@@ -21,6 +21,7 @@ from fsm.records import (
     ClaimRequest,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseRenewal,
@@ -105,6 +106,14 @@ class AsyncStore(Protocol):
     ) -> list[str]: ...
 
     async def trim_history(self, entity_id: str, keep: int) -> int: ...
+
+    async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        """See :meth:`stores.Store.feed`."""
+        ...
+
+    async def feed_head(self) -> str:
+        """See :meth:`stores.Store.feed_head`."""
+        ...
 
     async def close(self) -> None: ...
 

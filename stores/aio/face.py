@@ -19,6 +19,7 @@ from fsm.records import (
     ClaimRequest,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseRenewal,
@@ -172,6 +173,14 @@ class AsyncFace:
         result: int = await self._invoke("trim_history", entity_id, keep)
         return result
 
+    async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        result: list[FeedEntry] = await self._invoke("feed", after, kind=kind, limit=limit)
+        return result
+
+    async def feed_head(self) -> str:
+        result: str = await self._invoke("feed_head")
+        return result
+
     async def close(self) -> None:
         """Release what the store holds (connections); idempotent."""
 
@@ -304,6 +313,14 @@ class BridgeStore(LedgerRun):
 
     def trim_history(self, entity_id: str, keep: int) -> int:
         result: int = self._call("trim_history", (entity_id, keep), {})
+        return result
+
+    def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        result: list[FeedEntry] = self._call("feed", (after,), {"kind": kind, "limit": limit})
+        return result
+
+    def feed_head(self) -> str:
+        result: str = self._call("feed_head", (), {})
         return result
 
 

@@ -84,6 +84,8 @@ from stores.sql.connections import (
 from stores.sql.core import ATTEMPTS, Positional, SqliteWrite
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
+from stores.sql.feed import FeedOps
+from stores.sql.feed_notify import FeedNotifyOps
 from stores.sql.joined import Joined, joined_sync
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
@@ -167,7 +169,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, RetentionOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -303,6 +305,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, RetentionOps):
 
     def close(self) -> None:
         """Close this store's connections (and its engine, if it created it)."""
+        self._close_feed_listener()
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()

@@ -90,6 +90,9 @@ def test_prune_removes_old_finished_entities_with_everything_they_own(any_store:
         assert any_store.find_transition(gone, f"done-{gone}") is None  # its idempotency key went too
         with pytest.raises(UnknownEntity):
             any_store.effects(gone)
+    # the feed of committed transitions forgets them too; what stays keeps its order
+    fed = [e.record.entity_id for e in any_store.feed(None, limit=10_000)]
+    assert not set(fed) & set(removed) and "young" in fed and "old-running" in fed
     # the id is free again: a new entity starts from nothing
     again = any_store.create(NewEntity(id="old-1", kind="job", state="queued"))
     assert again.version == 0 and any_store.history("old-1") == [] and any_store.effects("old-1") == []
@@ -151,8 +154,11 @@ def test_trim_history_keeps_the_last_rows_of_an_entitys_log(any_store: Store, cl
         write = TransitionWrite("log", "tick", "ticking", "ticking", "reaper", version, data_patch={"n": version})
         any_store.apply(write)
         clock.advance(seconds=1)
+    head = any_store.feed_head()
     assert any_store.trim_history("log", 4) == 6
     assert [h.seq for h in any_store.history("log")] == [7, 8, 9, 10]
+    assert [e.record.seq for e in any_store.feed(None, kind="fsm.reaper")] == [7, 8, 9, 10]
+    assert any_store.feed(head) == []  # a position given before the trim is still valid
     assert any_store.get("log").version == 10  # the row is unchanged
     assert any_store.trim_history("log", 4) == 0
     any_store.apply(TransitionWrite("log", "tick", "ticking", "ticking", "reaper", 10))
