@@ -238,7 +238,13 @@ class Engine(EngineWork):
         owner: str | None,
         held: Snapshot | None = None,
     ) -> FireResult:
-        if held is not None and held.kind == self.kind and held.state in self.table.configurations:
+        # a str check first: a hand-made snapshot's unhashable state must not reach the dict
+        if (
+            held is not None
+            and held.kind == self.kind
+            and held.state.__class__ is str
+            and held.state in self.table.configurations
+        ):
             snap = held
         else:
             held = None
