@@ -37,19 +37,31 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    stale_after: timedelta = Field(DEFAULT_STALE_AFTER, description="idle time that makes a lease-less entity stale")
-    lease_ttl: timedelta = Field(DEFAULT_LEASE_TTL, description="lifetime of a lease after acquire or renew")
+    # defaults as default=...: a user's mypy without the pydantic plugin reads only the
+    # keyword (dataclass_transform), and would call every field a required argument
+    stale_after: timedelta = Field(
+        default=DEFAULT_STALE_AFTER, description="idle time that makes a lease-less entity stale"
+    )
+    lease_ttl: timedelta = Field(default=DEFAULT_LEASE_TTL, description="lifetime of a lease after acquire or renew")
     renewal_budget: dict[str, timedelta] = Field(
         default_factory=dict, description="per state: how long after entering it a lease may be renewed"
     )
     default_renewal_budget: timedelta | None = Field(
-        DEFAULT_RENEWAL_BUDGET, description="renewal budget of every state renewal_budget does not name"
+        default=DEFAULT_RENEWAL_BUDGET, description="renewal budget of every state renewal_budget does not name"
     )
     max_attempts: int = Field(
-        DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_INT64, strict=True, description="starts before expire fails the entity"
+        default=DEFAULT_MAX_ATTEMPTS,
+        ge=1,
+        le=MAX_INT64,
+        strict=True,
+        description="starts before expire fails the entity",
     )
     max_reclaims: int = Field(
-        DEFAULT_MAX_RECLAIMS, ge=0, le=MAX_INT64, strict=True, description="finalizer reclaims before expire fails it"
+        default=DEFAULT_MAX_RECLAIMS,
+        ge=0,
+        le=MAX_INT64,
+        strict=True,
+        description="finalizer reclaims before expire fails it",
     )
 
     @field_validator("stale_after", "lease_ttl", mode="before")
