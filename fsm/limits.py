@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.errors import InvalidArgument, InvalidData
+from fsm.errors import EntityExists, InvalidArgument, InvalidData
 from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TransitionWrite
 
 MAX_ID_LENGTH = 255
@@ -40,6 +40,8 @@ MAX_DURATION = timedelta(days=365 * 100)
 """Longest TTL, budget, ``stale_after`` or interval: a century, far below any overflow."""
 MAX_INT64 = 2**63 - 1
 """Largest fencing token or version a ``BIGINT`` column holds."""
+MAX_CREATE_MANY = 10_000
+"""The most entities one ``create_many`` takes (a bigger batch is the caller's to split)."""
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -257,6 +259,23 @@ def check_new_entity(entity: object) -> NewEntity:
     return entity
 
 
+def check_new_entities(entities: object) -> list[NewEntity]:
+    """A ``create_many`` batch, as each store checks it: a non-empty list or tuple of at most
+    :data:`MAX_CREATE_MANY` valid ``NewEntity`` with distinct ids (a repeated id ->
+    ``EntityExists``)."""
+    if not isinstance(entities, list | tuple):
+        raise InvalidArgument(f"create_many takes a list of NewEntity, not {_shown(entities)}")
+    if not 1 <= len(entities) <= MAX_CREATE_MANY:
+        raise InvalidArgument(f"create_many takes 1 to {MAX_CREATE_MANY} entities, not {len(entities)}")
+    seen: set[str] = set()
+    for entity in entities:
+        check_new_entity(entity)
+        if entity.id in seen:
+            raise EntityExists(entity.id)
+        seen.add(entity.id)
+    return list(entities)
+
+
 def _plain_names(*values: object) -> bool:
     """True when every value is a short, non-empty ASCII ``str`` without NUL: the common
     case, decided with a few C-level calls (this guards every transition a store applies);
@@ -398,6 +417,7 @@ def check_listing(kind: object, state: object, limit: object, after_id: object) 
 
 
 __all__ = [
+    "MAX_CREATE_MANY",
     "MAX_DURATION",
     "MAX_ID_LENGTH",
     "MAX_INT64",
@@ -415,6 +435,7 @@ __all__ = [
     "check_lease",
     "check_lease_args",
     "check_listing",
+    "check_new_entities",
     "check_new_entity",
     "check_optional_duration",
     "check_optional_id",

@@ -10,7 +10,7 @@ Errors are the typed ones of :mod:`fsm.errors`; a method that raises has changed
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -40,6 +40,17 @@ class Store(Protocol):
         """Insert a new entity at version 0 with no lease.
 
         Conflict: an entity with the same id exists (even soft-deleted) -> ``EntityExists``.
+        """
+        ...
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        """Insert many new entities at once, all or nothing; snapshots in the given order.
+
+        One statement on the SQL stores' own tables (one transaction always), so a batch
+        costs about one commit.  Each entity is checked as :meth:`create` checks it; an
+        empty batch, or more than :data:`fsm.limits.MAX_CREATE_MANY` (10,000), ->
+        ``InvalidArgument``.  Conflict: an id exists (even soft-deleted), or two entities of
+        the batch share one -> ``EntityExists`` naming it, and nothing of the batch is written.
         """
         ...
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,6 +32,7 @@ from fsm.limits import (
     check_int,
     check_lease_args,
     check_listing,
+    check_new_entities,
     check_new_entity,
     check_page,
     check_store_ttl,
@@ -146,6 +148,18 @@ class MemoryStore(LedgerRun):
             if entity.concurrency_key is not None:
                 self._by_concurrency_key.setdefault((entity.kind, entity.concurrency_key), []).append(entity.id)
             return row
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        """See :meth:`stores.Store.create_many`: every id checked under the lock first,
+        so a conflict writes nothing."""
+        batch = check_new_entities(entities)
+        if any(e.columns for e in batch):
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
+        with self._lock:
+            for entity in batch:
+                if entity.id in self._rows:
+                    raise EntityExists(entity.id)
+            return [self.create(entity) for entity in batch]  # the lock is re-entrant
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         check_transition_write(write)

@@ -131,6 +131,33 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("create(data=non-mapping)", non_strings, lambda w, v: w.jobs.create(w.fresh, data=v)),
     ("create(concurrency_key)", bad_id, lambda w, v: w.jobs.create(w.fresh, concurrency_key=v)),
     ("create(columns)", bad_json, lambda w, v: w.jobs.create(w.fresh, columns={"c": v})),
+    ("create_many(ids)", bad_id, lambda w, v: w.jobs.create_many([{}, {}], ids=[w.fresh, v])),
+    ("create_many(data)", bad_json, lambda w, v: w.jobs.create_many([{}, {"v": v}], ids=[w.fresh, w.fresh + "b"])),
+    ("create_many(data=non-list)", non_strings, lambda w, v: w.jobs.create_many(v)),
+    ("create_many(data=[non-mapping])", non_strings, lambda w, v: w.jobs.create_many([{}, v], ids=[w.fresh, "z"])),
+    (
+        "create_many(concurrency_keys)",
+        bad_id,
+        lambda w, v: w.jobs.create_many([{}, {}], ids=[w.fresh, w.fresh + "b"], concurrency_keys=[None, v]),
+    ),
+    (
+        "store.create_many(id)",
+        bad_id,
+        lambda w, v: w.store.create_many(
+            [NewEntity(id=w.fresh, kind="job", state="queued"), NewEntity(id=v, kind="job", state="queued")]
+        ),
+    ),
+    (
+        "store.create_many(data)",
+        bad_json,
+        lambda w, v: w.store.create_many(
+            [
+                NewEntity(id=w.fresh, kind="job", state="queued"),
+                NewEntity(id=w.fresh + "b", kind="job", state="queued", data={"v": v}),
+            ]
+        ),
+    ),
+    ("store.create_many(batch)", non_strings, lambda w, v: w.store.create_many(v)),
     ("get(id)", bad_id, lambda w, v: w.jobs.get(v)),
     ("history(id)", bad_id, lambda w, v: w.jobs.history(v)),
     ("fire(id)", bad_id, lambda w, v: w.jobs.fire(v, "start")),

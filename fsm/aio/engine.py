@@ -14,7 +14,7 @@ logged and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -110,6 +110,16 @@ class AsyncEngine:
     ) -> Snapshot:
         """See :meth:`fsm.Engine.create`."""
         return await self._call(self.sync.create, entity_id, data=data, concurrency_key=concurrency_key)
+
+    async def create_many(
+        self,
+        data: Sequence[Mapping[str, Any] | None],
+        *,
+        ids: Sequence[str] | None = None,
+        concurrency_keys: Sequence[str | None] | None = None,
+    ) -> list[Snapshot]:
+        """See :meth:`fsm.Engine.create_many`."""
+        return await self._call(self.sync.create_many, data, ids=ids, concurrency_keys=concurrency_keys)
 
     async def fire(
         self,

@@ -10,7 +10,7 @@ the commit.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
@@ -45,7 +45,7 @@ from fsm.errors import (
 )
 from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
-from fsm.limits import json_copy
+from fsm.limits import MAX_CREATE_MANY, json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
@@ -147,6 +147,39 @@ class Engine(EngineWork):
                 columns=None if columns is None else _columns(columns),
             )
         )
+
+    def create_many(
+        self,
+        data: Sequence[Mapping[str, Any] | None],
+        *,
+        ids: Sequence[str] | None = None,
+        concurrency_keys: Sequence[str | None] | None = None,
+    ) -> list[Snapshot]:
+        """Create one entity per item of ``data`` (each validated first), in one statement
+        on SQL stores, all or nothing; the snapshots come back in the same order.
+
+        ``ids`` and ``concurrency_keys``, when given, hold one value per item (ids default
+        to new random ones).  At most :data:`fsm.limits.MAX_CREATE_MANY` items.  An id that
+        exists, or is given twice -> ``EntityExists``, and nothing is created.
+        """
+        if not isinstance(data, list | tuple):
+            raise InvalidArgument(f"create_many takes a list of data mappings, not {type(data).__name__}")
+        n = len(data)
+        if not 1 <= n <= MAX_CREATE_MANY:
+            raise InvalidArgument(f"create_many takes 1 to {MAX_CREATE_MANY} items, not {n}")
+        for name, values in (("ids", ids), ("concurrency_keys", concurrency_keys)):
+            if values is not None and (not isinstance(values, list | tuple) or len(values) != n):
+                raise InvalidArgument(f"{name} must be a list with one value per item of data ({n})")
+        batch = []
+        for i, item in enumerate(data):
+            entity_id = uuid.uuid4().hex if ids is None else text("entity_id", ids[i])
+            key = None if concurrency_keys is None else optional_text("concurrency_key", concurrency_keys[i])
+            check_arguments(None, None, item)
+            clean = self._validate({} if item is None else dict(item), entity_id=None)
+            batch.append(
+                NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=key, data=clean)
+            )
+        return self.store.create_many(batch)
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
         return validate_data(self.lifecycle.data_model, self.kind, data, entity_id)

@@ -12,7 +12,7 @@ and it is awaited; no connection is held while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,6 +37,8 @@ class AsyncStore(Protocol):
     async def now(self) -> datetime: ...
 
     async def create(self, entity: NewEntity) -> Snapshot: ...
+
+    async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]: ...
 
     async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot: ...
 

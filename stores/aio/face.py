@@ -10,7 +10,7 @@ the same :meth:`AsyncFace.call` without a second greenlet hop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,6 +46,10 @@ class AsyncFace:
 
     async def create(self, entity: NewEntity) -> Snapshot:
         result: Snapshot = await self._invoke("create", entity)
+        return result
+
+    async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("create_many", entities)
         return result
 
     async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
@@ -180,6 +184,10 @@ class BridgeStore(LedgerRun):
 
     def create(self, entity: NewEntity) -> Snapshot:
         result: Snapshot = self._call("create", (entity,), {})
+        return result
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        result: list[Snapshot] = self._call("create_many", (entities,), {})
         return result
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:

@@ -81,6 +81,7 @@ from stores.sql.connections import (
     unavailable,
 )
 from stores.sql.core import ATTEMPTS, Positional, SqliteWrite
+from stores.sql.creates import CreateOps
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
 from stores.sql.leases import LeaseOps
@@ -164,7 +165,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
