@@ -9,14 +9,14 @@
     worker = AsyncWorker(engine, {"running": run_agent, "finalizing": run_gates}, concurrency=8)
     await worker.run()                            # until worker.stop()
 
-The same rules as :class:`fsm.work.Worker` (its configuration checks and outcomes are
-shared): each claimed entity runs as a task under an asyncio lease keeper
-(:meth:`AsyncEngine.keep`); a handler returns the event to fire (or ``(event, data)``, or
-``None`` when it fired itself) and the next state's handler runs under the same lease; a
-handler that raises is logged and its entity failed (``fail``, if the worker may fire it)
-or its lease released; a fenced handler stops.  At most ``concurrency`` handlers run at
-once.  :meth:`AsyncWorker.stop` stops claiming, lets running handlers finish within
-``grace``, then cancels the rest and releases their leases.
+The same logic as :class:`fsm.work.Worker`: both drive :class:`fsm.work.loop.WorkerCore`
+(its claim loop, its handling of outcomes, errors and fencing), this face awaiting each
+step.  Each claimed entity runs as a task under an asyncio lease keeper
+(:meth:`AsyncEngine.keep`).  At most ``concurrency`` handlers run at once; a full worker
+waits for a slot, a drained one for :meth:`AsyncWorker.wake` or the poll interval.
+:meth:`AsyncWorker.stop` stops claiming, lets running handlers finish within ``grace``,
+then tells the rest (``job.lost``, reason ``"worker stopping"``), cancels them and releases
+their leases.
 """
 
 from __future__ import annotations
@@ -33,19 +33,21 @@ from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
-from fsm.errors import Fenced, FsmError
-from fsm.records import Actor, Snapshot
+from fsm.errors import FsmError
+from fsm.records import Snapshot
 from fsm.work.keeper import HeldLease
-from fsm.work.worker import (
+from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
-    HeldEntity,
+    STOPPING,
+    CoreFace,
     Outcome,
+    WorkerCore,
     WorkerStats,
-    check_worker,
-    parse_outcome,
+    drive_async,
 )
+from fsm.work.worker import HeldEntity, stopping_error
 
 log = logging.getLogger("fsm.worker")
 
@@ -79,11 +81,20 @@ class AsyncJob(HeldEntity):
         """What the previous holder's keeper recorded, for a resumed job."""
         return await self.engine.progress(self.id)
 
+    async def refresh(self) -> Snapshot:
+        """Read the entity again (after the handler fired through other means)."""
+        self.snapshot = await self.engine.get(self.id)
+        return self.snapshot
+
+    async def release(self) -> Snapshot:
+        """Give the lease back, so another worker can claim the entity at once."""
+        return await self.engine.release_lease(self.held.lease)
+
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Outcome]]
 
 
-class AsyncWorker:
+class AsyncWorker(CoreFace):
     """Claims entities of one lifecycle and runs a coroutine handler per state."""
 
     def __init__(
@@ -96,17 +107,16 @@ class AsyncWorker:
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
     ) -> None:
-        check_worker(engine.table, engine.kind, handlers, concurrency, poll_interval, grace)
+        self.core = WorkerCore(
+            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+        )
         self.engine = engine
-        self.handlers = dict(handlers)
-        self.concurrency = concurrency
-        self.poll_interval = poll_interval.total_seconds()
-        self.grace = grace.total_seconds()
         self.keeper_period = keeper_period
-        self.stats = WorkerStats()
         self._running: dict[str, tuple[asyncio.Task[None], HeldLease]] = {}
-        self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
+        self._stopping = False
+        self._changed = asyncio.Event()  # a slot freed, a wake-up or a stop: the loop looks again
+        self._woken = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def running(self) -> int:
@@ -116,10 +126,10 @@ class AsyncWorker:
         """Claim as many entities as there are free slots and start their handlers.
 
         Returns how many were claimed; the unit of work and of test."""
-        if self._stopping.is_set():
-            return 0
-        free = self.concurrency - len(self._running)
-        if free <= 0:
+        self._loop = asyncio.get_running_loop()
+        self._woken = False  # a wake-up from here on is for the next claim
+        free = self.core.free()
+        if self._stopping or free <= 0:
             return 0
         try:
             claimed = await self.engine.claim(free)
@@ -127,7 +137,8 @@ class AsyncWorker:
             log.warning("claim failed: %s", err)
             return 0
         for snap in claimed:
-            self.stats.claimed += 1
+            self.core.count("claimed")
+            self.core.running += 1
             ready: asyncio.Future[HeldLease] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(self._work(snap, ready), name=f"fsm-worker-{snap.id}")
             held = await ready
@@ -136,92 +147,90 @@ class AsyncWorker:
         return len(claimed)
 
     def _done(self, entity_id: str, _: object) -> None:
-        self._running.pop(entity_id, None)
-        self._wake.set()
+        if self._running.pop(entity_id, None) is not None:
+            self.core.running -= 1
+        self._changed.set()
 
     async def _work(self, snap: Snapshot, ready: asyncio.Future[HeldLease]) -> None:
         lease = snap.lease
         assert lease is not None
         async with self.engine.keep(lease, period=self.keeper_period) as held:
             ready.set_result(held)
-            await self._handle(AsyncJob(self.engine, snap, held))
+            await drive_async(self.core.handle(AsyncJob(self.engine, snap, held)))
 
-    async def _handle(self, job: AsyncJob) -> None:
-        while True:
-            handler = self.handlers.get(job.state)
-            if handler is None:
-                self.stats.finished += 1
-                return
-            state = job.state
-            try:
-                outcome = await handler(job)
-                if outcome is not None:
-                    event, data = parse_outcome(outcome)
-                    await job.fire(event, data=data)
-                elif job.state == state:
-                    job.snapshot = await self.engine.get(job.id)  # the handler fired through other means
-                    if job.state == state:
-                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
-                        await self._release(job.held)
-                        return
-            except Fenced as err:
-                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
-                self.stats.fenced += 1
-                return
-            except Exception as err:
-                log.exception("handler for %s of %s raised", state, job.id)
-                self.stats.failed += 1
-                self.stats.errors.append(f"{job.id}: {type(err).__name__}: {err}")
-                await self._fail_or_release(job)
-                return
+    # -- the loop's waits (WorkerCore.loop awaits them) --------------------------------------
 
-    async def _fail_or_release(self, job: AsyncJob) -> None:
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def wait_slot(self) -> None:
+        while not self._stopping and self.core.free() <= 0:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def wait_work(self, timeout: float) -> None:
+        if self._stopping or self._woken:
+            return
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not (self._stopping or self._woken):
+                    self._changed.clear()
+                    await self._changed.wait()
+
+    def wake(self) -> None:
+        """Claim now instead of at the next poll: work became claimable (a ``NOTIFY``).
+        Safe to call from any thread; a wake-up while full waits for a slot."""
+        loop = self._loop
         try:
-            if "fail" in await self.engine.allowed_events(job.snapshot, Actor.WORKER):
-                await job.fire("fail", idempotency_key=f"worker-fail:{job.held.lease.token}")
-                return
-        except FsmError as fire_err:
-            log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
-        await self._release(job.held)
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or loop is here:
+            self._wake_here()
+        else:
+            loop.call_soon_threadsafe(self._wake_here)
 
-    async def _release(self, held: HeldLease) -> None:
-        try:
-            await self.engine.release_lease(held.lease)
-            self.stats.released += 1
-        except FsmError as err:
-            log.info("lease of %s not released: %s", held.entity_id, err)
+    def _wake_here(self) -> None:
+        self._woken = True
+        self._changed.set()
+
+    # -- running and stopping ----------------------------------------------------------
 
     async def run(self) -> WorkerStats:
         """Claim and work until :meth:`stop` (or the task is cancelled, which stops too)."""
+        self._loop = asyncio.get_running_loop()
         try:
-            while not self._stopping.is_set():
-                self._wake.clear()
-                claimed = await self.run_once()
-                if not claimed or len(self._running) >= self.concurrency:
-                    stop = asyncio.create_task(self._stopping.wait())
-                    wake = asyncio.create_task(self._wake.wait())
-                    await asyncio.wait({stop, wake}, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED)
-                    for waiter in (stop, wake):
-                        waiter.cancel()
+            await drive_async(self.core.loop(self))
         finally:
             await asyncio.shield(self.stop())
         return self.stats
 
     async def stop(self, grace: timedelta | None = None) -> None:
-        """Stop claiming, wait up to ``grace`` for running handlers, then cancel the rest
-        and release their leases, so another worker can claim them at once.  Idempotent."""
-        self._stopping.set()
+        """Stop claiming, wait up to ``grace`` for running handlers, then tell the rest
+        (``job.lost``, reason ``"worker stopping"``), cancel them and release their leases,
+        so another worker can claim them at once.  Idempotent."""
+        self._stopping = True
+        self._changed.set()
         wait = self.grace if grace is None else grace.total_seconds()
         tasks = {task for task, _ in self._running.values()}
         if tasks:
             await asyncio.wait(tasks, timeout=wait)
         left = list(self._running.items())
         for entity_id, (task, held) in left:
+            if held.lost:
+                continue
+            held._lose(stopping_error(held), STOPPING)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            await self._release(held)
-            log.info("released %s at stop", entity_id)
+            try:
+                await self.engine.release_lease(held.lease)
+                self.core.count("released")
+                log.info("released %s at stop", entity_id)
+            except FsmError as err:
+                log.info("lease of %s not released at stop: %s", entity_id, err)
 
     async def __aenter__(self) -> AsyncWorker:
         return self

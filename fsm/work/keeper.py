@@ -67,6 +67,7 @@ class HeldLease:
         self._lost = threading.Event()
         self._lock = threading.Lock()
         self._error: Fenced | None = None
+        self._reason: str | None = None
         self._progress: Any = _NO_PROGRESS
         self.renewals = 0
 
@@ -86,8 +87,11 @@ class HeldLease:
 
     @property
     def reason(self) -> str | None:
-        """Why the lease was lost (taken over, expired, budget spent, store unreachable)."""
-        return None if self._error is None else str(self._error)
+        """Why the lease was lost (taken over, expired, budget spent, store unreachable,
+        ``"worker stopping"``)."""
+        if self._error is None:
+            return None
+        return self._reason or str(self._error)
 
     @property
     def error(self) -> Fenced | None:
@@ -119,9 +123,10 @@ class HeldLease:
         self._lease = lease
         self.renewals += 1
 
-    def _lose(self, error: Fenced) -> None:
+    def _lose(self, error: Fenced, reason: str | None = None) -> None:
         if self._error is None:
             self._error = error
+            self._reason = reason
         self._lost.set()
 
 

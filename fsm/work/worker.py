@@ -24,9 +24,15 @@ or its lease is released for another worker; a handler never kills the worker.  
 handler whose lease is lost is told at its next ``job.run`` / ``job.fire`` (``Fenced``)
 and simply stops.
 
+The loop never sleeps while it is full: it waits for a slot to free, and when the queue
+is drained for :meth:`Worker.wake` (which a ``NOTIFY`` listener calls) or the poll
+interval, whichever comes first.  Its logic is :class:`fsm.work.loop.WorkerCore`'s,
+shared with the asyncio face.
+
 ``stop()`` (or SIGTERM under ``run()``) stops claiming, lets running handlers finish
 within ``grace``, then releases the leases still held, so another worker can claim
-them at once instead of waiting for the reaper.
+them at once instead of waiting for the reaper; a handler still running then sees
+``job.lost`` with ``job.held.reason == "worker stopping"``.
 """
 
 from __future__ import annotations
@@ -35,63 +41,43 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from fsm.errors import ConfigError, Fenced, FsmError
-from fsm.records import Actor, Snapshot
+from fsm.errors import FsmError, LeaseLost
+from fsm.records import Snapshot
 from fsm.work.keeper import HeldLease, LeaseKeeper
+from fsm.work.loop import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GRACE,
+    DEFAULT_POLL_INTERVAL,
+    STOPPING,
+    CoreFace,
+    Outcome,
+    WorkerCore,
+    WorkerStats,
+    check_worker,
+    drive,
+    parse_outcome,
+)
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
-    from fsm.table import CompiledTable
 
 log = logging.getLogger("fsm.worker")
 
 M = TypeVar("M", bound=BaseModel)
 
-DEFAULT_CONCURRENCY = 4
-DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
-DEFAULT_GRACE = timedelta(seconds=30)
-
-Outcome = str | tuple[str, Mapping[str, Any]] | None
 Handler = Callable[["Job"], Outcome]
 
 
-def check_worker(
-    table: CompiledTable,
-    kind: str,
-    handlers: Mapping[str, Any],
-    concurrency: object,
-    poll_interval: object,
-    grace: object,
-) -> None:
-    """Refuse a worker's configuration with every problem named (both faces' worker)."""
-    problems = []
-    unknown = sorted(set(handlers) - set(table.leaves))
-    if unknown:
-        problems.append(f"no such leaf state of {kind}: {', '.join(unknown)}")
-    finals = sorted(set(handlers) & table.finals)
-    if finals:
-        problems.append(f"final states have no work to do: {', '.join(finals)}")
-    if not all(callable(h) for h in handlers.values()):
-        problems.append("every handler must be callable")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
-        problems.append(f"concurrency must be an integer from 1 to 1024, not {concurrency!r}")
-    for name, value in (("poll_interval", poll_interval), ("grace", grace)):
-        if not isinstance(value, timedelta) or value < timedelta() or value > timedelta(days=1):
-            problems.append(f"{name} must be a timedelta from 0 to 1 day, not {value!r}")
-    if problems:
-        raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
-
-
-def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
-    """A handler's outcome as ``(event, data)``."""
-    return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
+def stopping_error(held: HeldLease) -> LeaseLost:
+    """What a handler still running after the stop's grace is told (``job.held.error``)."""
+    lease = held.lease
+    return LeaseLost(lease.entity_id, expected_token=lease.token, found_token=None, owner=lease.owner, detail=STOPPING)
 
 
 class HeldEntity:
@@ -116,7 +102,8 @@ class HeldEntity:
 
     @property
     def lost(self) -> bool:
-        """True once the lease is lost: a long handler should check it between steps."""
+        """True once the lease is lost (taken over, expired, or the worker stopping past
+        its grace): a long handler should check it between steps; ``held.reason`` says why."""
         return self.held.lost
 
     def progress(self, details: Any) -> None:
@@ -149,24 +136,17 @@ class Job(HeldEntity):
         """What the previous holder's keeper recorded, for a resumed job."""
         return self.engine.progress(self.id)
 
+    def refresh(self) -> Snapshot:
+        """Read the entity again (after the handler fired through other means)."""
+        self.snapshot = self.engine.get(self.id)
+        return self.snapshot
 
-@dataclass
-class WorkerStats:
-    """Counts of what the worker did, for tests, logs and dashboards."""
-
-    claimed: int = 0
-    finished: int = 0
-    """Entities left in a state without a handler (usually final)."""
-    failed: int = 0
-    """Handlers that raised (the entity was failed or released)."""
-    fenced: int = 0
-    """Handlers stopped because their lease was lost."""
-    released: int = 0
-    """Leases given back at stop (or after a handler error)."""
-    errors: list[str] = field(default_factory=list)
+    def release(self) -> Snapshot:
+        """Give the lease back, so another worker can claim the entity at once."""
+        return self.engine.release_lease(self.held.lease)
 
 
-class Worker:
+class Worker(CoreFace):
     """Claims entities of one lifecycle and runs a handler per state (see the module doc)."""
 
     def __init__(
@@ -179,19 +159,18 @@ class Worker:
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
     ) -> None:
-        check_worker(engine.table, engine.kind, handlers, concurrency, poll_interval, grace)
+        self.core = WorkerCore(
+            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+        )
         self.engine = engine
-        self.handlers = dict(handlers)
-        self.concurrency = concurrency
-        self.poll_interval = poll_interval.total_seconds()
-        self.grace = grace.total_seconds()
         self.keeper_period = keeper_period
-        self.stats = WorkerStats()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"fsm-worker-{engine.kind}")
-        self._running: dict[str, tuple[Future[None], LeaseKeeper]] = {}
-        self._lock = threading.Lock()
+        self._running: dict[str, LeaseKeeper] = {}
+        # one condition for every wait of the loop: a freed slot, a wake-up, a stop.  An
+        # RLock, because SIGTERM's handler runs on the main thread, maybe inside it.
+        self._changed = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
-        self._idle = threading.Condition(self._lock)
+        self._woken = False
 
     # -- one step ------------------------------------------------------------------------
 
@@ -199,11 +178,10 @@ class Worker:
         """Claim as many entities as there are free slots and start their handlers.
 
         Returns how many were claimed; the unit of work and of test."""
-        if self._stopping.is_set():
-            return 0
-        with self._lock:
-            free = self.concurrency - len(self._running)
-        if free <= 0:
+        with self._changed:
+            self._woken = False  # a wake-up from here on is for the next claim
+            free = self.core.free()
+        if self._stopping.is_set() or free <= 0:
             return 0
         try:
             claimed = self.engine.claim(free)
@@ -211,117 +189,111 @@ class Worker:
             log.warning("claim failed: %s", err)
             return 0
         for snap in claimed:
-            lease = snap.lease
-            assert lease is not None
-            keeper = LeaseKeeper(self.engine, lease, period=self.keeper_period)
-            held = keeper.start()
-            with self._lock:
-                self.stats.claimed += 1
-                future = self._pool.submit(self._work, Job(self.engine, snap, held), keeper)
-                self._running[snap.id] = (future, keeper)
+            self._start(snap)
         return len(claimed)
+
+    def _start(self, snap: Snapshot) -> None:
+        lease = snap.lease
+        assert lease is not None
+        keeper = LeaseKeeper(self.engine, lease, period=self.keeper_period)
+        held = keeper.start()
+        with self._changed:
+            self.core.count("claimed")
+            self.core.running += 1
+            self._running[snap.id] = keeper
+        try:
+            self._pool.submit(self._work, Job(self.engine, snap, held), keeper)
+        except RuntimeError:  # stop() shut the pool down while this claim was on its way
+            self._work_refused(snap.id, keeper)
+
+    def _work_refused(self, entity_id: str, keeper: LeaseKeeper) -> None:
+        keeper.stop()
+        with self._changed:
+            if self._running.pop(entity_id, None) is not None:
+                self.core.running -= 1
+        try:
+            self.engine.release_lease(keeper.held.lease)
+        except FsmError as err:
+            log.info("lease of %s not released: %s", entity_id, err)
 
     def _work(self, job: Job, keeper: LeaseKeeper) -> None:
         try:
-            self._handle(job)
+            drive(self.core.handle(job))
         finally:
             keeper.stop()
-            with self._lock:
-                self._running.pop(job.id, None)
-                self._idle.notify_all()
+            with self._changed:
+                if self._running.pop(job.id, None) is not None:
+                    self.core.running -= 1
+                self._changed.notify_all()
 
-    def _handle(self, job: Job) -> None:
-        while True:
-            handler = self.handlers.get(job.state)
-            if handler is None:
-                with self._lock:
-                    self.stats.finished += 1
-                return
-            state = job.state
-            try:
-                outcome = handler(job)
-                if outcome is not None:
-                    event, data = parse_outcome(outcome)
-                    job.fire(event, data=data)
-                elif job.state == state:
-                    job.snapshot = self.engine.get(job.id)  # the handler fired through other means
-                    if job.state == state:
-                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
-                        self._release(job)
-                        return
-            except Fenced as err:
-                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
-                with self._lock:
-                    self.stats.fenced += 1
-                return
-            except Exception as err:
-                log.exception("handler for %s of %s raised", state, job.id)
-                with self._lock:
-                    self.stats.failed += 1
-                    self.stats.errors.append(f"{job.id}: {type(err).__name__}: {err}")
-                self._fail_or_release(job, err)
-                return
+    # -- the loop's waits (WorkerCore.loop calls them) ---------------------------------------
 
-    def _fail_or_release(self, job: Job, err: Exception) -> None:
-        """Fail the entity if its lifecycle lets the worker fire ``fail`` from here, else
-        give its lease back for another worker (the reaper's budgets bound the retries)."""
-        try:
-            if "fail" in self.engine.allowed_events(job.snapshot, Actor.WORKER):
-                job.fire("fail", idempotency_key=f"worker-fail:{job.held.lease.token}")
-                return
-        except FsmError as fire_err:
-            log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
-        self._release(job)
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
-    def _release(self, job: Job) -> None:
-        try:
-            self.engine.release_lease(job.held.lease)
-            with self._lock:
-                self.stats.released += 1
-        except FsmError as err:
-            log.info("lease of %s not released: %s", job.id, err)
+    def wait_slot(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping.is_set() or self.core.free() > 0)
+
+    def wait_work(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping.is_set() or self._woken, timeout)
+
+    def wake(self) -> None:
+        """Claim now instead of at the next poll: work became claimable (a ``NOTIFY``, a
+        create in this process).  Thread-safe; a wake-up while full waits for a slot."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
 
     # -- running and stopping ----------------------------------------------------------
 
     @property
     def running(self) -> int:
-        with self._lock:
-            return len(self._running)
+        with self._changed:
+            return self.core.running
 
     def run(self, *, install_signals: bool = True) -> WorkerStats:
         """Claim and work until :meth:`stop` (or SIGTERM/SIGINT when ``install_signals``)."""
         previous: dict[signal.Signals, Any] = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, lambda *_: self._stopping.set())
+                previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
         try:
-            while not self._stopping.is_set():
-                claimed = self.run_once()
-                if not claimed:
-                    self._stopping.wait(self.poll_interval)
+            drive(self.core.loop(self))
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
         return self.stats
 
+    def _stop_claiming(self) -> None:
+        with self._changed:
+            self._stopping.set()
+            self._changed.notify_all()
+
     def stop(self, grace: timedelta | None = None) -> None:
         """Stop claiming, wait up to ``grace`` for running handlers, release the rest.
 
         Idempotent.  Handlers still running after the grace period keep running on their
-        threads, but their leases are released: their next write is refused (``Fenced``).
+        threads, but are told (``job.lost``, reason ``"worker stopping"``) and their leases
+        are released: their next write is refused (``Fenced``).
         """
-        self._stopping.set()
+        self._stop_claiming()
         wait = self.grace if grace is None else grace.total_seconds()
-        with self._lock:
-            self._idle.wait_for(lambda: not self._running, timeout=wait)
+        with self._changed:
+            self._changed.wait_for(lambda: not self._running, timeout=wait)
             left = list(self._running.items())
-        for entity_id, (_, keeper) in left:
+        for entity_id, keeper in left:
+            held = keeper.held
+            if held.lost:
+                continue  # told already (a second stop), or lost on its own
+            held._lose(stopping_error(held), STOPPING)
             keeper.stop()
             try:
-                self.engine.release_lease(keeper.held.lease)
-                with self._lock:
-                    self.stats.released += 1
+                self.engine.release_lease(held.lease)
+                self.core.count("released")
                 log.info("released %s at stop", entity_id)
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
@@ -339,10 +311,12 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_POLL_INTERVAL",
     "Handler",
+    "HeldEntity",
     "Job",
     "Outcome",
     "Worker",
     "WorkerStats",
     "check_worker",
     "parse_outcome",
+    "stopping_error",
 ]

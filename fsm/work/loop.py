@@ -1,0 +1,340 @@
+"""The worker's one logic, free of threads and asyncio: both faces drive it.
+
+A worker does two things, each written once here as a generator of :class:`Call` steps:
+
+- :meth:`WorkerCore.loop` claims while there is room.  When every slot is busy it waits
+  for a slot to free (never a poll interval: a full worker must not sleep past its
+  handlers); when the queue had less than the room, it waits for a wake-up
+  (:meth:`~fsm.work.Worker.wake`, a ``NOTIFY``) or the poll interval, whichever comes
+  first; a stop ends either wait at once.
+- :meth:`WorkerCore.handle` runs one claimed entity's handlers state after state and
+  fires their outcomes; a handler error becomes the policy's retry, a failure with
+  reason ``error``, or a released lease; a fenced handler stops.
+
+A step names a callable and its arguments.  The thread face (:class:`fsm.work.Worker`)
+calls it (:func:`drive`); the asyncio face (:class:`fsm.aio.AsyncWorker`) calls and
+awaits it (:func:`drive_async`), its job methods being coroutines.  What is raised by a
+step is thrown back into the generator at the ``yield``, so ``try``/``except`` around a
+step reads as it would around a call.  This is psycopg 3's shape (protocol generators
+under sync or async waiters), so a rule changed here changes both faces.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from fsm.errors import ConfigError, Fenced, FsmError
+from fsm.records import Actor, Snapshot
+from fsm.table import CompiledTable
+
+log = logging.getLogger("fsm.worker")
+
+DEFAULT_CONCURRENCY = 4
+DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
+DEFAULT_GRACE = timedelta(seconds=30)
+STOPPING = "worker stopping"
+"""``job.held.reason`` of a handler still running when :meth:`Worker.stop`'s grace ran out."""
+
+Outcome = str | tuple[str, Mapping[str, Any]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One step a face carries out: ``fn(*args, **kwargs)`` (awaited on the asyncio face)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+Steps = Generator[Call, Any, None]
+
+
+def step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
+    return Call(fn, args, kwargs)
+
+
+class Driver:
+    """Feeds a generator of steps the outcome of each step (a value, or an exception to
+    throw at its ``yield``); the faces' drivers only carry out the steps."""
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+        self.value: Any = None
+        self.error: Exception | None = None
+
+    def next(self) -> Call | None:
+        """The next step, or ``None`` once the generator is done."""
+        error, self.error = self.error, None
+        try:
+            return self.steps.throw(error) if error is not None else self.steps.send(self.value)
+        except StopIteration:
+            return None
+
+
+def drive(steps: Steps) -> None:
+    """Run ``steps`` on this thread, calling each step."""
+    driver = Driver(steps)
+    try:
+        while (call := driver.next()) is not None:
+            try:
+                driver.value = call.fn(*call.args, **call.kwargs)
+            except Exception as err:
+                driver.error = err
+    finally:
+        steps.close()
+
+
+async def drive_async(steps: Steps) -> None:
+    """Run ``steps`` in this task, calling and awaiting each step."""
+    driver = Driver(steps)
+    try:
+        while (call := driver.next()) is not None:
+            try:
+                driver.value = await call.fn(*call.args, **call.kwargs)
+            except Exception as err:
+                driver.error = err
+    finally:
+        steps.close()
+
+
+class LoopFace(Protocol):
+    """What :meth:`WorkerCore.loop` needs of a face (each method may be a coroutine)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def run_once(self) -> Any:
+        """Claim up to the free slots and start their handlers; how many were claimed."""
+
+    def wait_slot(self) -> Any:
+        """Return once a slot is free or the worker stops."""
+
+    def wait_work(self, timeout: float) -> Any:
+        """Return on a wake-up, a stop, or after ``timeout`` seconds."""
+
+
+class JobFace(Protocol):
+    """What :meth:`WorkerCore.handle` needs of a job (each method may be a coroutine)."""
+
+    snapshot: Snapshot
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def fire(self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None) -> Any: ...
+
+    def refresh(self) -> Any: ...
+
+    def release(self) -> Any: ...
+
+
+@dataclass
+class WorkerStats:
+    """Counts of what the worker did, for tests, logs and dashboards."""
+
+    claimed: int = 0
+    finished: int = 0
+    """Entities left in a state without a handler (usually final)."""
+    failed: int = 0
+    """Handlers that raised (the entity was retried, failed or released)."""
+    fenced: int = 0
+    """Handlers stopped because their lease was lost."""
+    released: int = 0
+    """Leases given back at stop (or after a handler error)."""
+    errors: list[str] = field(default_factory=list)
+
+
+def check_worker(
+    table: CompiledTable,
+    kind: str,
+    handlers: Mapping[str, Any],
+    concurrency: object,
+    poll_interval: object,
+    grace: object,
+) -> None:
+    """Refuse a worker's configuration with every problem named (both faces' worker)."""
+    problems = []
+    unknown = sorted(set(handlers) - set(table.leaves))
+    if unknown:
+        problems.append(f"no such leaf state of {kind}: {', '.join(unknown)}")
+    finals = sorted(set(handlers) & table.finals)
+    if finals:
+        problems.append(f"final states have no work to do: {', '.join(finals)}")
+    if not all(callable(h) for h in handlers.values()):
+        problems.append("every handler must be callable")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
+        problems.append(f"concurrency must be an integer from 1 to 1024, not {concurrency!r}")
+    for name, value in (("poll_interval", poll_interval), ("grace", grace)):
+        if not isinstance(value, timedelta) or value < timedelta() or value > timedelta(days=1):
+            problems.append(f"{name} must be a timedelta from 0 to 1 day, not {value!r}")
+    if problems:
+        raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
+
+
+def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
+    """A handler's outcome as ``(event, data)``."""
+    return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
+
+
+class WorkerCore:
+    """A worker's configuration, its counts and its decisions, shared by both faces.
+
+    Thread-safe where the thread face needs it: the counts are changed under a lock (pool
+    threads run :meth:`handle` at once)."""
+
+    def __init__(
+        self,
+        table: CompiledTable,
+        kind: str,
+        handlers: Mapping[str, Callable[..., Any]],
+        *,
+        concurrency: int,
+        poll_interval: timedelta,
+        grace: timedelta,
+    ) -> None:
+        check_worker(table, kind, handlers, concurrency, poll_interval, grace)
+        self.table = table
+        self.kind = kind
+        self.handlers = dict(handlers)
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval.total_seconds()
+        self.grace = grace.total_seconds()
+        self.stats = WorkerStats()
+        self.running = 0
+        """Handlers under way (claimed, not yet done); the faces keep it."""
+        self._lock = threading.Lock()
+
+    def free(self) -> int:
+        return self.concurrency - self.running
+
+    def count(self, name: str, error: str | None = None) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+            if error is not None:
+                self.stats.errors.append(error)
+
+    def may_fire(self, state: str, event: str) -> bool:
+        """Whether the worker may fire ``event`` from ``state`` at all (guards aside)."""
+        return event in self.table.events and any(
+            b.actor is Actor.WORKER for b in self.table.branches_for(state, event)
+        )
+
+    # -- the claim loop -------------------------------------------------------------------
+
+    def loop(self, face: LoopFace) -> Steps:
+        """Claim while there is room, wait for a slot when full, for work when drained."""
+        while not face.stopping:
+            free = self.free()
+            if free <= 0:
+                yield step(face.wait_slot)
+                continue
+            claimed = yield step(face.run_once)
+            if claimed < free:  # the queue had less than the room (or the claim failed)
+                yield step(face.wait_work, self.poll_interval)
+
+    # -- one claimed entity ------------------------------------------------------------
+
+    def handle(self, job: JobFace) -> Steps:
+        """Run the handler of each state the entity reaches, under the claim's lease."""
+        while True:
+            handler = self.handlers.get(job.state)
+            if handler is None:
+                self.count("finished")
+                return
+            state = job.state
+            try:
+                outcome = yield step(handler, job)
+                if outcome is not None:
+                    event, data = parse_outcome(outcome)
+                    yield step(job.fire, event, data=data)
+                elif job.state == state:
+                    yield step(job.refresh)  # the handler may have fired through other means
+                    if job.state == state:
+                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
+                        yield from self.release(job)
+                        return
+            except Fenced as err:
+                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
+                self.count("fenced")
+                return
+            except Exception as err:
+                log.exception("handler for %s of %s raised", state, job.id)
+                self.count("failed", f"{job.id}: {type(err).__name__}: {err}")
+                yield from self.after_error(job, err)
+                return
+
+    def after_error(self, job: JobFace, err: Exception) -> Steps:
+        """Fail the entity if its lifecycle lets the worker fire ``fail`` from here, else
+        give its lease back for another worker (the reaper's budgets bound the retries)."""
+        if self.may_fire(job.state, "fail"):
+            try:
+                token = job.snapshot.lease_token
+                yield step(job.fire, "fail", idempotency_key=f"worker-fail:{token}")
+                return
+            except FsmError as fire_err:
+                log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
+        yield from self.release(job)
+
+    def release(self, job: JobFace) -> Steps:
+        try:
+            yield step(job.release)
+            self.count("released")
+        except FsmError as err:
+            log.info("lease of %s not released: %s", job.id, err)
+
+
+class CoreFace:
+    """What both faces read off their :class:`WorkerCore` (settings and counts)."""
+
+    core: WorkerCore
+
+    @property
+    def stats(self) -> WorkerStats:
+        return self.core.stats
+
+    @property
+    def handlers(self) -> dict[str, Callable[..., Any]]:
+        return self.core.handlers
+
+    @property
+    def concurrency(self) -> int:
+        return self.core.concurrency
+
+    @property
+    def poll_interval(self) -> float:
+        return self.core.poll_interval
+
+    @property
+    def grace(self) -> float:
+        return self.core.grace
+
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_GRACE",
+    "DEFAULT_POLL_INTERVAL",
+    "STOPPING",
+    "Call",
+    "CoreFace",
+    "Driver",
+    "JobFace",
+    "LoopFace",
+    "Outcome",
+    "Steps",
+    "WorkerCore",
+    "WorkerStats",
+    "check_worker",
+    "drive",
+    "drive_async",
+    "parse_outcome",
+    "step",
+]
