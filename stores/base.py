@@ -266,6 +266,30 @@ class Store(Protocol):
 
 
 @runtime_checkable
+class WorkNotices(Protocol):
+    """An optional store capability: wake-ups when work becomes claimable.
+
+    A worker subscribes to its lifecycle's kind and claims at once on a wake-up instead of
+    at its next poll.  A wake-up is a hint, never a promise: a worker still polls, so a
+    lost one (a dropped connection, a write from a process that cannot tell this one)
+    costs latency, never work.  The memory, SQLite and PostgreSQL stores and their async
+    faces have it: ``create``, ``create_many`` and ``release_lease`` wake the kind's
+    subscribers after their commit (PostgreSQL: ``NOTIFY`` in the write, heard by the
+    process's one ``LISTEN`` connection; SQLite and memory: this process's subscribers)."""
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from any thread, without arguments) whenever work of
+        ``kind`` may have become claimable; returns the function that unsubscribes
+        (idempotent).  A callback that raises is logged; the others still run."""
+        ...
+
+    def notify_work(self, kind: str) -> None:
+        """Wake the subscribers of ``kind`` (every process's, on PostgreSQL): for writers
+        that make work claimable by other means (the reaper's requeue or reclaim)."""
+        ...
+
+
+@runtime_checkable
 class BriefMoves(Protocol):
     """An optional store capability: the reaper's claim without snapshots.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,6 +57,7 @@ from fsm.records import (
     condition_holds,
 )
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
+from stores.notices import LocalNotices, channel
 
 
 class MemoryStore(LedgerRun):
@@ -68,6 +69,7 @@ class MemoryStore(LedgerRun):
         self.clock: Clock = clock or SystemClock()
         # re-entrant: a claim starts entities through apply and acquire_lease under it
         self._lock = threading.RLock()
+        self._notices = LocalNotices()
         self._effects: dict[str, dict[str, EffectRecord]] = {}
         self._rows: dict[str, Snapshot] = {}
         self._history: dict[str, list[HistoryRecord]] = {}
@@ -122,6 +124,11 @@ class MemoryStore(LedgerRun):
     # -- writes --------------------------------------------------------------------------
 
     def create(self, entity: NewEntity) -> Snapshot:
+        made = self._insert(entity)
+        self._notices.notify(channel("", entity.kind))
+        return made
+
+    def _insert(self, entity: NewEntity) -> Snapshot:
         check_new_entity(entity)
         if entity.columns:
             raise InvalidArgument("the memory store has no application table: it takes no columns")
@@ -159,7 +166,20 @@ class MemoryStore(LedgerRun):
             for entity in batch:
                 if entity.id in self._rows:
                     raise EntityExists(entity.id)
-            return [self.create(entity) for entity in batch]  # the lock is re-entrant
+            made = [self._insert(entity) for entity in batch]  # the lock is re-entrant
+        for kind in {e.kind for e in batch}:
+            self._notices.notify(channel("", kind))
+        return made
+
+    # -- wake-ups (stores.base.WorkNotices) ----------------------------------------------------
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """See :meth:`stores.base.WorkNotices.subscribe_work`: this store's own subscribers."""
+        return self._notices.subscribe(channel("", check_id("kind", kind)), callback)
+
+    def notify_work(self, kind: str) -> None:
+        """See :meth:`stores.base.WorkNotices.notify_work`."""
+        self._notices.notify(channel("", check_id("kind", kind)))
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         check_transition_write(write)
@@ -395,7 +415,8 @@ class MemoryStore(LedgerRun):
                 raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
             new = _with_lease(row, None, token, None)
             self._rows[entity_id] = new
-            return new
+        self._notices.notify(channel("", new.kind))  # another worker may take it now
+        return new
 
     def soft_delete(self, entity_id: str) -> Snapshot:
         check_id("entity id", entity_id)

@@ -63,6 +63,7 @@ from fsm.work.loop import (
     drive,
     parse_outcome,
 )
+from fsm.work.wakeups import subscribe_wakeups
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
@@ -260,9 +261,11 @@ class Worker(CoreFace):
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
+        unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
         try:
             drive(self.core.loop(self))
         finally:
+            unsubscribe()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()

@@ -166,6 +166,10 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def notify_work(self, kind: str) -> None:
+        """See :meth:`stores.base.WorkNotices.notify_work`."""
+        await self._invoke("notify_work", kind)
+
     async def close(self) -> None:
         """Release what the store holds (connections); idempotent."""
 
@@ -189,6 +193,14 @@ class BridgeStore(LedgerRun):
     def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
         result: list[Snapshot] = self._call("create_many", (entities,), {})
         return result
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """The async store's :class:`stores.base.WorkNotices` (subscribing does no I/O)."""
+        subscribe: Callable[[str, Callable[[], None]], Callable[[], None]] = self.face.subscribe_work  # type: ignore[attr-defined]
+        return subscribe(kind, callback)
+
+    def notify_work(self, kind: str) -> None:
+        self._call("notify_work", (kind,), {})
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
         result: Snapshot = self._call("get", (entity_id,), {"include_deleted": include_deleted})

@@ -20,11 +20,12 @@ from fsm.limits import check_new_entities
 from fsm.records import NewEntity, Snapshot
 from stores.sql.children import split_data
 from stores.sql.connections import reason_of, unavailable
-from stores.sql.core import SqlCore, SqliteWrite
+from stores.sql.core import SqliteWrite
 from stores.sql.rows import dumps_data, snapshot_of
+from stores.sql.wakeups import WakeOps
 
 
-class CreateOps(SqlCore):
+class CreateOps(WakeOps):
     """``create_many`` of :class:`stores.sql.SqlStore`."""
 
     def _create_many_sql(self) -> str:
@@ -51,6 +52,8 @@ class CreateOps(SqlCore):
             f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM {source} "
             f"ON CONFLICT ({c['id']}) DO NOTHING RETURNING {back}"
         )
+        if not self._sqlite:
+            found = self._with_notify(found)
         self._create_many_statement = found
         return found
 
@@ -68,6 +71,7 @@ class CreateOps(SqlCore):
             params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"))
         else:
             params |= {
+                "ntf": self._channel(batch[0].kind),
                 "ids": [e.id for e in batch],
                 "kinds": [e.kind for e in batch],
                 "states": [e.state for e in batch],
@@ -88,6 +92,7 @@ class CreateOps(SqlCore):
         except self._errors as err:
             raise unavailable(err, self._conns, batch[0].id) from err
         by_id = {s.id: s for s in (snapshot_of(r) for r in rows)}
+        self._created_notices({e.kind for e in batch}, sent=batch[0].kind)
         return [by_id[e.id] for e in batch]
 
     def _insert_all(self, cur: Any, sql: str, params: dict[str, Any], batch: list[NewEntity]) -> list[Any]:
@@ -140,6 +145,7 @@ class CreateOps(SqlCore):
             ) from err
         except self._errors as err:
             raise unavailable(err, self._conns, batch[0].id) from err
+        self._created_notices({e.kind for e in batch}, sent=None)
         return self._attach(made)
 
 

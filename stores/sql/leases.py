@@ -18,22 +18,26 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.errors import LeaseLost, StaleVersion, UnknownEntity
+from fsm.errors import FsmError, LeaseLost, StaleVersion, UnknownEntity
 from fsm.limits import check_id, check_int, check_lease_args, check_store_ttl
 from fsm.records import EFFECT_RENEWALS, RENEWALS_KEPT, RENEWALS_KEY, LeaseRenewal, Snapshot
 from stores.ledger import renewal_entry, renewals_of
 from stores.sql.connections import unavailable
-from stores.sql.core import ATTEMPTS, SqlCore, SqliteWrite
+from stores.sql.core import ATTEMPTS, SqliteWrite
 from stores.sql.effects import effect_of
 from stores.sql.rows import snapshot_of
+from stores.sql.wakeups import WakeOps
+
+log = logging.getLogger("fsm.store")
 
 LOG_COLUMNS = "entity_id, key, status, lease_token, attempts, result, recorded_at"
 
 
-class LeaseOps(SqlCore):
+class LeaseOps(WakeOps):
     """``acquire_lease``, ``renew_lease``, ``release_lease`` and ``renewals`` of :class:`stores.sql.SqlStore`."""
 
     _lease_statements: dict[tuple[str, bool], str]
@@ -196,11 +200,21 @@ class LeaseOps(SqlCore):
         check_lease_args(entity_id, owner, token=check_int("token", token))
         rows = self._run(self._sql.release, {"id": entity_id, "owner": owner, "token": token})
         if rows:
-            return self._attach([snapshot_of(rows[0])])[0]
+            released = self._attach([snapshot_of(rows[0])])[0]
+            self._released_notice(released.kind)
+            return released
         row, _ = self._current(entity_id)
         if row is None or row.deleted:
             raise UnknownEntity(entity_id)
         raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+
+    def _released_notice(self, kind: str) -> None:
+        """A released lease leaves its entity for another worker: wake the lifecycle's
+        workers (a hint: a failure to send it is logged, the release stands)."""
+        try:
+            self.notify_work(kind)
+        except FsmError as err:
+            log.info("wake-up after a release not sent: %s", err)
 
     def renewals(self, entity_id: str) -> list[LeaseRenewal]:
         """See :meth:`stores.Store.renewals`."""

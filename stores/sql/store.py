@@ -369,8 +369,12 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps):
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
+        sql = self._sql.create(extra)
+        if not self._sqlite:  # the wake-up rides in the insert: sent only if it commits
+            sql = self._with_notify(sql)
+            params["ntf"] = self._channel(entity.kind)
         try:
-            rows = self._write(self._sql.create(extra), params, entity.id, children)
+            rows = self._write(sql, params, entity.id, children)
         except self._integrity as err:
             raise ConstraintViolated(
                 entity.id,
@@ -378,7 +382,9 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps):
             ) from err
         if not rows:
             raise EntityExists(entity.id)
-        return self._attach([snapshot_of(rows[0])])[0]
+        made = self._attach([snapshot_of(rows[0])])[0]
+        self._created_notices({entity.kind}, sent=entity.kind)
+        return made
 
     def _column_params(self, columns: dict[str, Any], params: dict[str, Any]) -> tuple[str, ...]:
         """The quoted names of a bound table's own columns, their values bound as ``x0``..."""

@@ -35,7 +35,8 @@ higher is better everywhere).  Needs the PostgreSQL URL (``--pg-url`` or
 pgqueuer and asyncpg); the suite says what is missing and skips otherwise.  pgqueuer's
 tables are made with a prefix of their own (``PGQUEUER_PREFIX``) and dropped after.
 Run alone: ``python tests/benchmarks/run.py --only work --pg-url URL``; ``--rounds``,
-and ``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run.
+``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run, and
+``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,pickup``) to run some parts only.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from harness import Measurement, Report, load
 
 JOBS = int(os.environ.get("FSM_BENCH_WORK_JOBS", "5000"))
 CAP = float(os.environ.get("FSM_BENCH_WORK_CAP", "10"))
+PARTS = os.environ.get("FSM_BENCH_WORK_PARTS", "enqueue,drain,pickup").split(",")
 ENQUEUE_ONE = 500
 SAMPLES = 8
 POLL_DONE = 0.005
@@ -426,9 +428,9 @@ def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
     print(f"  pgqueuer {version('pgqueuer')}, asyncpg {version('asyncpg')}; {load()}", flush=True)
     tables = _Tables(pg_url)
     try:
-        _enqueue(report, tables)
-        _drain(report, tables)
-        _pickup(report, tables)
+        for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("pickup", _pickup)):
+            if part in PARTS:
+                measure(report, tables)
     finally:
         tables.close()
 
