@@ -323,4 +323,16 @@ def unchecked_apply(store: object) -> Callable[[TransitionWrite], tuple[Snapshot
     return checked
 
 
-__all__ = ["BriefMoves", "Store", "unchecked_apply"]
+def unchecked_create_many(store: object) -> Callable[[Sequence[NewEntity]], list[Snapshot]] | None:
+    """The store's ``create_many_checked``, for a caller whose batch was already checked
+    with :func:`fsm.limits.check_new_entities`' rules (the engine validates every item with
+    the same limits), or None; the same rule as :func:`unchecked_apply`."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "create_many_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "create_many", None) is not vars(owner).get("create_many"):
+        return None
+    checked: Callable[[Sequence[NewEntity]], list[Snapshot]] = store.create_many_checked  # type: ignore[attr-defined]
+    return checked
+
+
+__all__ = ["BriefMoves", "Store", "WorkNotices", "unchecked_apply", "unchecked_create_many"]

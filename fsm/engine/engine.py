@@ -33,6 +33,7 @@ from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
+    EntityExists,
     Fenced,
     FsmError,
     GuardRejected,
@@ -49,7 +50,7 @@ from fsm.limits import MAX_CREATE_MANY, json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
-from stores.base import Store, unchecked_apply
+from stores.base import Store, unchecked_apply, unchecked_create_many
 from stores.memory import MemoryStore
 
 
@@ -113,6 +114,9 @@ class Engine(EngineWork):
         # store's own apply need not check them a second time (stores.base.unchecked_apply:
         # the library's stores; a subclass overriding apply, or a wrapper, gets its apply)
         self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = unchecked_apply(store) or store.apply
+        self._create_many: Callable[[Sequence[NewEntity]], list[Snapshot]] = (
+            unchecked_create_many(store) or store.create_many
+        )
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
         plain_get = isinstance(store, MemoryStore) and type(store).get is MemoryStore.get
@@ -171,15 +175,21 @@ class Engine(EngineWork):
             if values is not None and (not isinstance(values, list | tuple) or len(values) != n):
                 raise InvalidArgument(f"{name} must be a list with one value per item of data ({n})")
         batch = []
+        seen: set[str] = set()
         for i, item in enumerate(data):
             entity_id = uuid.uuid4().hex if ids is None else text("entity_id", ids[i])
             key = None if concurrency_keys is None else optional_text("concurrency_key", concurrency_keys[i])
             check_arguments(None, None, item)
             clean = self._validate({} if item is None else dict(item), entity_id=None)
+            if entity_id in seen:
+                raise EntityExists(entity_id)
+            seen.add(entity_id)
             batch.append(
                 NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=key, data=clean)
             )
-        return self.store.create_many(batch)
+        # every item was checked above with the store's own limits: the library's stores
+        # need not check them again (stores.base.unchecked_create_many)
+        return self._create_many(batch)
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
         return validate_data(self.lifecycle.data_model, self.kind, data, entity_id)

@@ -22,7 +22,12 @@ from stores.sql.children import split_data
 from stores.sql.connections import reason_of, unavailable
 from stores.sql.core import SqliteWrite
 from stores.sql.rows import dumps_data, snapshot_of
+from stores.sql.schema import decode_time
 from stores.sql.wakeups import WakeOps
+
+
+class _Short(Exception):
+    """Fewer rows landed than the batch holds: undo the transaction."""
 
 
 class CreateOps(WakeOps):
@@ -39,70 +44,95 @@ class CreateOps(WakeOps):
         if self._sqlite:
             item = "json_extract(j.value, '$[{}]')".format
             values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4)]
-            source = f"json_each({f.p('rows')}) AS j WHERE 1"  # WHERE: SQLite's upsert after a SELECT
-            back = sql.cols("")
-        else:
-            values = ["u.id", "u.kind", "u.state", "0", "0", f.now, f.now, f.now, "FALSE", "u.ck", "0", "0", "u.data"]
-            source = (
-                "unnest(CAST(%(ids)s AS text[]), CAST(%(kinds)s AS text[]), CAST(%(states)s AS text[]), "
-                "CAST(%(cks)s AS text[]), CAST(%(datas)s AS jsonb[])) AS u(id, kind, state, ck, data)"
+            found = (
+                f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
+                f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
             )
-            back = sql.cols("e")
-        found = (
-            f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM {source} "
-            f"ON CONFLICT ({c['id']}) DO NOTHING RETURNING {back}"
-        )
-        if not self._sqlite:
-            found = self._with_notify(found)
+        else:
+            # one JSON document of rows, [[id, kind, state, key, data], ..]: one parameter and
+            # one json.dumps for the whole batch; the snapshots are built from the batch, so
+            # the statement returns only how many rows landed and their (shared) timestamp
+            values = ["r->>0", "r->>1", "r->>2", "0", "0", f.now, f.now, f.now, "FALSE", "r->>3", "0", "0", "r->4"]
+            found = (
+                f"WITH i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
+                f"FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS r "
+                f"ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['created_at']} AS at) "
+                "SELECT count(*), max(i.at) FROM i, (SELECT pg_notify(%(ntf)s, '')) AS n"
+            )
         self._create_many_statement = found
         return found
 
     def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
         """See :meth:`stores.Store.create_many`."""
-        batch = check_new_entities(entities)
+        return self.create_many_checked(check_new_entities(entities))
+
+    def create_many_checked(self, batch: Sequence[NewEntity]) -> list[Snapshot]:
+        """:meth:`create_many` of a batch already checked by
+        :func:`fsm.limits.check_new_entities`' rules (the engine checks every item with the
+        same limits when it validates it; see ``stores.base.unchecked_create_many``)."""
         if self.binding is not None or self._children or any(e.columns for e in batch):  # type: ignore[attr-defined]
-            return self._create_each(batch)
+            return self._create_each(list(batch))
         now = self._now()
         params: dict[str, Any] = {}
         self._time_params(params, now, None)
-        datas = [dumps_data(e.data, e.id) for e in batch]
+        rows_json: list[list[Any]]
         if self._sqlite:
-            rows_json = [[e.id, e.kind, e.state, e.concurrency_key, d] for e, d in zip(batch, datas, strict=True)]
-            params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"))
+            rows_json = [[e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id)] for e in batch]
         else:
-            params |= {
-                "ntf": self._channel(batch[0].kind),
-                "ids": [e.id for e in batch],
-                "kinds": [e.kind for e in batch],
-                "states": [e.state for e in batch],
-                "cks": [e.concurrency_key for e in batch],
-                "datas": datas,
-            }
+            rows_json = [[e.id, e.kind, e.state, e.concurrency_key, e.data] for e in batch]
+            params["ntf"] = self._channel(batch[0].kind)
+        try:
+            params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):  # name the entity whose data is not JSON
+            for e in batch:
+                dumps_data(e.data, e.id)
+            raise
         sql = self._create_many_sql()
         slot = self._conns.slot()
         try:
             if self._sqlite:
                 with SqliteWrite(slot, "fsm_create_many") as cur:
-                    rows = self._insert_all(cur, sql, params, batch)
+                    cur.execute(sql, params)
+                    if len(cur.fetchall()) != len(batch):
+                        raise _Short
             else:
                 with slot.conn.transaction():
-                    rows = self._insert_all(slot.cursor, sql, params, batch)
+                    cur = slot.cursor
+                    cur.execute(sql, params)
+                    landed, at = cur.fetchone()
+                    if landed != len(batch):
+                        raise _Short
+        except _Short:
+            raise self._exists(batch) from None
         except self._integrity as err:
             raise ConstraintViolated(batch[0].id, detail=reason_of(err)) from err
         except self._errors as err:
             raise unavailable(err, self._conns, batch[0].id) from err
-        by_id = {s.id: s for s in (snapshot_of(r) for r in rows)}
         self._created_notices({e.kind for e in batch}, sent=batch[0].kind)
-        return [by_id[e.id] for e in batch]
+        if self._sqlite:
+            assert now is not None  # SQLite's time is always this process's
+            when = decode_time(self._f.time(now))
+        else:
+            when = decode_time(at)
+        return [
+            Snapshot(e.id, e.kind, e.state, 0, None, 0, None, when, when, when, False, e.concurrency_key, 0, 0, e.data)
+            for e in batch
+        ]
 
-    def _insert_all(self, cur: Any, sql: str, params: dict[str, Any], batch: list[NewEntity]) -> list[Any]:
-        """Run the batch's insert; raise ``EntityExists`` (undoing it) unless every row landed."""
-        cur.execute(sql, params)
-        rows: list[Any] = cur.fetchall()
-        if len(rows) != len(batch):
-            landed = {snapshot_of(r).id for r in rows}
-            raise EntityExists(next(e.id for e in batch if e.id not in landed))
-        return rows
+    def _exists(self, batch: Sequence[NewEntity]) -> EntityExists:
+        """The refusal of a batch that did not land whole (already undone): the first of
+        its ids that exists."""
+        c, table = self._sql.L.col, self._sql.E
+        found: set[str] = set()
+        ids = [e.id for e in batch]
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ", ".join(self._f.p(f"x{n}") for n in range(len(chunk)))
+            rows = self._run(
+                f"SELECT {c['id']} FROM {table} WHERE {c['id']} IN ({marks})", {f"x{n}": v for n, v in enumerate(chunk)}
+            )
+            found.update(r[0] for r in rows)
+        return EntityExists(next((i for i in ids if i in found), ids[0]))
 
     def _create_each(self, batch: list[NewEntity]) -> list[Snapshot]:
         """A bound table's batch: the single-row insert per entity, in one transaction."""
