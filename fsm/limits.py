@@ -319,6 +319,19 @@ def check_transition_write(write: object) -> TransitionWrite:
     return write
 
 
+MAX_APPLY_MANY = 1000
+"""The most transitions one ``apply_many`` takes."""
+
+
+def check_transition_writes(writes: object) -> list[TransitionWrite]:
+    """An ``apply_many`` batch: a list or tuple of at most :data:`MAX_APPLY_MANY` valid writes."""
+    if not isinstance(writes, list | tuple):
+        raise InvalidArgument(f"apply_many takes a list of TransitionWrite, not {_shown(writes)}")
+    if len(writes) > MAX_APPLY_MANY:
+        raise InvalidArgument(f"apply_many takes at most {MAX_APPLY_MANY} writes, not {len(writes)}")
+    return [check_transition_write(w) for w in writes]
+
+
 def check_batch_write(batch: object) -> BatchWrite:
     """Every field of a :class:`BatchWrite` a store binds, checked up front."""
     if not isinstance(batch, BatchWrite):
@@ -417,6 +430,7 @@ def check_listing(kind: object, state: object, limit: object, after_id: object) 
 
 
 __all__ = [
+    "MAX_APPLY_MANY",
     "MAX_CREATE_MANY",
     "MAX_DURATION",
     "MAX_ID_LENGTH",
@@ -443,6 +457,7 @@ __all__ = [
     "check_store_ttl",
     "check_time",
     "check_transition_write",
+    "check_transition_writes",
     "duration_problem",
     "json_copy",
     "text_problem",

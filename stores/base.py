@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -82,6 +83,19 @@ class Store(Protocol):
         version differs from ``expect_version`` -> ``StaleVersion``;
         ``expect_token`` set and owner or token differ -> ``LeaseLost``;
         a ``require`` condition fails against the store clock -> ``ConditionFailed``.
+        """
+        ...
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """Apply many transitions in one transaction (one commit), each fenced on its own.
+
+        Each write is judged exactly as :meth:`apply` judges it (its version, token and
+        conditions, at the commit point), in the given order (a later write on the same
+        entity sees the earlier one).  The answer has one item per write, in order: the
+        new row and history row, or the error :meth:`apply` would have raised for it (a
+        refusal does not stop the others, and changed nothing).  The accepted writes
+        commit together.  More than :data:`fsm.limits.MAX_APPLY_MANY` (1,000) writes, or a
+        malformed one -> ``InvalidArgument`` (nothing written); an empty batch -> ``[]``.
         """
         ...
 

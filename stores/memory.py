@@ -18,6 +18,7 @@ from fsm.errors import (
     ConditionFailed,
     ConfigError,
     EntityExists,
+    FsmError,
     IdempotencyKeyReused,
     InvalidArgument,
     LeaseLost,
@@ -37,6 +38,7 @@ from fsm.limits import (
     check_page,
     check_store_ttl,
     check_transition_write,
+    check_transition_writes,
 )
 from fsm.records import (
     EFFECT_RENEWALS,
@@ -216,6 +218,21 @@ class MemoryStore(LedgerRun):
                 if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
             return self._move(row, write, now, write.data, write.data_patch, key)
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """See :meth:`stores.Store.apply_many`: every write under the lock, in order."""
+        return self.apply_many_checked(check_transition_writes(writes))
+
+    def apply_many_checked(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """:meth:`apply_many` of writes already checked (see ``stores.base.unchecked_apply``)."""
+        results: list[tuple[Snapshot, HistoryRecord] | FsmError] = []
+        with self._lock:
+            for write in writes:
+                try:
+                    results.append(self.apply_checked(write))
+                except FsmError as err:
+                    results.append(err)
+        return results
 
     def _holds(self, condition: Condition, row: Snapshot, now: datetime) -> bool:
         sibling = self._newer_sibling(row) if isinstance(condition, NewerSibling) else None

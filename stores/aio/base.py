@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -39,6 +40,10 @@ class AsyncStore(Protocol):
     async def create(self, entity: NewEntity) -> Snapshot: ...
 
     async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]: ...
+
+    async def apply_many(
+        self, writes: Sequence[TransitionWrite]
+    ) -> list[tuple[Snapshot, HistoryRecord] | FsmError]: ...
 
     async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot: ...
 

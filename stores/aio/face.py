@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -66,6 +67,10 @@ class AsyncFace:
 
     async def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         result: tuple[Snapshot, HistoryRecord] = await self._invoke("apply", write)
+        return result
+
+    async def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        result: list[tuple[Snapshot, HistoryRecord] | FsmError] = await self._invoke("apply_many", writes)
         return result
 
     async def acquire_lease(
@@ -192,6 +197,10 @@ class BridgeStore(LedgerRun):
 
     def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
         result: list[Snapshot] = self._call("create_many", (entities,), {})
+        return result
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        result: list[tuple[Snapshot, HistoryRecord] | FsmError] = self._call("apply_many", (writes,), {})
         return result
 
     def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:

@@ -64,6 +64,7 @@ from fsm.records import (
     TransitionWrite,
     condition_holds,
 )
+from stores.sql.batches import BatchOps
 from stores.sql.binding import TableBinding, app_columns, bound_layout, missing_columns, owned_layout
 from stores.sql.children import ChildIO, attach, split_data
 from stores.sql.claims import ClaimOps
@@ -165,7 +166,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
