@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from fsm.aio import AsyncEngine
     from fsm.definition_rules import operator_override
-    from fsm.engine import Engine, FireResult
+    from fsm.engine import Engine, Fire, FireResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -55,6 +55,7 @@ _LAZY = {
     "State": "statemachine",
     "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
+    "Fire": "fsm.engine",
     "FireResult": "fsm.engine",
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
@@ -110,6 +111,7 @@ __all__ = [
     "EntityExists",
     "EntityMovedOn",
     "Fenced",
+    "Fire",
     "FireResult",
     "FsmError",
     "Guard",

@@ -337,6 +337,21 @@ def unchecked_apply(store: object) -> Callable[[TransitionWrite], tuple[Snapshot
     return checked
 
 
+def unchecked_apply_many(
+    store: object,
+) -> Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] | None:
+    """The store's ``apply_many_checked`` (writes checked as :func:`unchecked_apply`'s are),
+    or None; the same rule as :func:`unchecked_apply`."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "apply_many_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "apply_many", None) is not vars(owner).get("apply_many"):
+        return None
+    checked: Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] = (
+        store.apply_many_checked  # type: ignore[attr-defined]
+    )
+    return checked
+
+
 def unchecked_create_many(store: object) -> Callable[[Sequence[NewEntity]], list[Snapshot]] | None:
     """The store's ``create_many_checked``, for a caller whose batch was already checked
     with :func:`fsm.limits.check_new_entities`' rules (the engine validates every item with
@@ -349,4 +364,4 @@ def unchecked_create_many(store: object) -> Callable[[Sequence[NewEntity]], list
     return checked
 
 
-__all__ = ["BriefMoves", "Store", "WorkNotices", "unchecked_apply", "unchecked_create_many"]
+__all__ = ["BriefMoves", "Store", "WorkNotices", "unchecked_apply", "unchecked_apply_many", "unchecked_create_many"]

@@ -6,13 +6,15 @@
 - ``writes``: the one compare-and-set write of a transition;
 - ``announce``: the signals sent after the commit;
 - ``reads`` and ``leases``: the engine's reads and its lease operations;
-- ``result``: :class:`FireResult`.
+- ``result``: :class:`FireResult`;
+- ``many``: :meth:`Engine.fire_many` (:class:`Fire` items, one transaction).
 """
 
 from __future__ import annotations
 
 from fsm.engine.announce import announce
 from fsm.engine.engine import Engine
+from fsm.engine.many import Fire
 from fsm.engine.result import FireResult
 
-__all__ = ["Engine", "FireResult", "announce"]
+__all__ = ["Engine", "Fire", "FireResult", "announce"]

@@ -27,6 +27,7 @@ from fsm.engine.arguments import (
 )
 from fsm.engine.base import StoreClock
 from fsm.engine.judge import choose, fenced
+from fsm.engine.many import Fire, Fired, fire_many
 from fsm.engine.result import FireResult
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
@@ -50,7 +51,7 @@ from fsm.limits import MAX_CREATE_MANY, json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
-from stores.base import Store, unchecked_apply, unchecked_create_many
+from stores.base import Store, unchecked_apply, unchecked_apply_many, unchecked_create_many
 from stores.memory import MemoryStore
 
 
@@ -114,6 +115,9 @@ class Engine(EngineWork):
         # store's own apply need not check them a second time (stores.base.unchecked_apply:
         # the library's stores; a subclass overriding apply, or a wrapper, gets its apply)
         self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = unchecked_apply(store) or store.apply
+        self._apply_many: Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] = (
+            unchecked_apply_many(store) or store.apply_many
+        )
         self._create_many: Callable[[Sequence[NewEntity]], list[Snapshot]] = (
             unchecked_create_many(store) or store.create_many
         )
@@ -269,7 +273,18 @@ class Engine(EngineWork):
                 self._lease_lost(lease, err)
             raise
 
-    def _fire(
+    def fire_many(self, items: Sequence[Fire]) -> list[Fired]:
+        """Fire many events, each from the snapshot its caller holds (``Fire(entity, event,
+        lease, data)``, actor worker), their writes in one transaction (``Store.apply_many``).
+
+        Each item is judged as :meth:`fire` judges it and written with its own version and
+        token guard; the answer has one item per input, in order: its :class:`FireResult`,
+        or the error :meth:`fire` would have raised for it (a fenced holder's also sends
+        ``lease_lost``).  One refusal never stops the others.  At most
+        :data:`fsm.limits.MAX_APPLY_MANY` items; idempotency keys are :meth:`fire`'s."""
+        return fire_many(self, items, self._apply_many)
+
+    def _prepare(
         self,
         entity_id: str,
         event: str,
@@ -280,7 +295,9 @@ class Engine(EngineWork):
         data: Mapping[str, Any] | None,
         owner: str | None,
         held: Snapshot | None = None,
-    ) -> FireResult:
+    ) -> tuple[TransitionWrite, Branch, Snapshot | None]:
+        """Judge the event and build its write: ``(write, branch, held)``, where ``held``
+        is the caller's snapshot if the write was judged on it (else the row read)."""
         if held is not None and held.kind == self.kind and held.state in self.table.configurations:
             snap = held
         else:
@@ -290,7 +307,7 @@ class Engine(EngineWork):
                 snap = self.get(entity_id)  # raises the precise error
         if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
             if held is not None:  # the caller's snapshot disagrees with its lease: read the row
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
             self._check_holder(snap, lease)  # a holder that lost the work never fires with it
         patch: dict[str, Any] | None = None
         new_data: dict[str, Any] | None = None
@@ -311,12 +328,27 @@ class Engine(EngineWork):
                 if held is None:
                     raise
                 # refused on the caller's snapshot, which may be stale: judge the row as it is
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:
                 new_data = self._validate(changed, entity_id=snap.id)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
+        return write, branch, held
+
+    def _fire(
+        self,
+        entity_id: str,
+        event: str,
+        actor: Actor,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+        held: Snapshot | None = None,
+    ) -> FireResult:
+        write, branch, held = self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held)
         try:
             new, record = self._apply(write)
         except StaleVersion:

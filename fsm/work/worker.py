@@ -49,6 +49,7 @@ from pydantic import BaseModel
 
 from fsm.errors import FsmError, LeaseLost
 from fsm.records import Snapshot
+from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease, LeaseKeeper
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
@@ -115,9 +116,12 @@ class HeldEntity:
 class Job(HeldEntity):
     """What a handler gets: the entity, its held lease, and the ledger bound to both."""
 
-    def __init__(self, engine: Engine, snapshot: Snapshot, held: HeldLease) -> None:
+    def __init__(
+        self, engine: Engine, snapshot: Snapshot, held: HeldLease, completer: BatchCompleter | None = None
+    ) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
+        self.completer = completer
 
     def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
@@ -128,8 +132,15 @@ class Job(HeldEntity):
     def fire(
         self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None
     ) -> FireResult:
-        """Fire ``event`` under this job's lease; the job's snapshot follows."""
-        result = self.engine.fire(self.id, event, lease=self.held.check(), data=data, idempotency_key=idempotency_key)
+        """Fire ``event`` under this job's lease, from the snapshot the job holds; the
+        job's snapshot follows.  Under a running worker the write shares a transaction with
+        other handlers' outcomes (:mod:`fsm.work.completer`), still fenced by this job's
+        own version and token; it returns once committed."""
+        lease = self.held.check()
+        if self.completer is not None and idempotency_key is None:
+            result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
+        else:
+            result = self.engine.fire(self.snapshot, event, lease=lease, data=data, idempotency_key=idempotency_key)
         self.snapshot = result.snapshot
         return result
 
@@ -172,6 +183,9 @@ class Worker(CoreFace):
         self._changed = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
         self._woken = False
+        # outcomes of handlers finishing together share one commit; written at once when
+        # every running handler waits on it
+        self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -203,7 +217,7 @@ class Worker(CoreFace):
             self.core.running += 1
             self._running[snap.id] = keeper
         try:
-            self._pool.submit(self._work, Job(self.engine, snap, held), keeper)
+            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer), keeper)
         except RuntimeError:  # stop() shut the pool down while this claim was on its way
             self._work_refused(snap.id, keeper)
 
@@ -226,6 +240,7 @@ class Worker(CoreFace):
                 if self._running.pop(job.id, None) is not None:
                     self.core.running -= 1
                 self._changed.notify_all()
+            self.completer.wake()  # one fewer handler to wait for before a batch is written
 
     # -- the loop's waits (WorkerCore.loop calls them) ---------------------------------------
 
@@ -262,6 +277,7 @@ class Worker(CoreFace):
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
         unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
+        self.completer.start()
         try:
             drive(self.core.loop(self))
         finally:
@@ -269,6 +285,7 @@ class Worker(CoreFace):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
+            self.completer.stop()
         return self.stats
 
     def _stop_claiming(self) -> None:
