@@ -332,6 +332,26 @@ def check_transition_writes(writes: object) -> list[TransitionWrite]:
     return [check_transition_write(w) for w in writes]
 
 
+def check_renewals(leases: object, ttl: object, budgets: object) -> list[Lease]:
+    """A ``renew_leases`` call: at most :data:`MAX_APPLY_MANY` leases, a store TTL, and
+    ``(state, budget)`` pairs."""
+    if not isinstance(leases, list | tuple) or len(leases) > MAX_APPLY_MANY:
+        raise InvalidArgument(f"renew_leases takes a list of at most {MAX_APPLY_MANY} leases")
+    for lease in leases:
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"renew_leases takes Lease items, not {_shown(lease)}")
+        check_lease_args(lease.entity_id, lease.owner, token=check_int("token", lease.token))
+    check_store_ttl(ttl)
+    if not isinstance(budgets, tuple):
+        raise InvalidArgument(f"budgets must be a tuple of (state, timedelta), not {_shown(budgets)}")
+    for pair in budgets:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"budgets must be a tuple of (state, timedelta), not {_shown(pair)}")
+        check_id("state", pair[0])
+        check_lease_args("x", "x", budget=pair[1])
+    return list(leases)
+
+
 def check_batch_write(batch: object) -> BatchWrite:
     """Every field of a :class:`BatchWrite` a store binds, checked up front."""
     if not isinstance(batch, BatchWrite):
@@ -454,6 +474,7 @@ __all__ = [
     "check_optional_duration",
     "check_optional_id",
     "check_page",
+    "check_renewals",
     "check_store_ttl",
     "check_time",
     "check_transition_write",

@@ -131,6 +131,20 @@ class Store(Protocol):
         """
         ...
 
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        """Renew many leases in one transaction (one commit): each as :meth:`renew_lease`
+        renews it (its owner, token, expiry and budget guard, logged the same way), with
+        the budget of its entity's state in ``budgets`` (a state not listed: none).
+
+        One answer per lease, in order: the renewed row, or the error :meth:`renew_lease`
+        would have raised for it (``LeaseLost``, ``UnknownEntity``); one refusal never
+        stops the others.  More than :data:`fsm.limits.MAX_APPLY_MANY` leases, or a
+        malformed one -> ``InvalidArgument`` (nothing renewed); none -> ``[]``.
+        """
+        ...
+
     def renewals(self, entity_id: str) -> list[LeaseRenewal]:
         """The entity's latest lease renewals, oldest first: each successful
         :meth:`renew_lease` and :meth:`acquire_lease`, logged in that write's own

@@ -36,6 +36,7 @@ from fsm.limits import (
     check_new_entities,
     check_new_entity,
     check_page,
+    check_renewals,
     check_store_ttl,
     check_transition_write,
     check_transition_writes,
@@ -49,6 +50,7 @@ from fsm.records import (
     Condition,
     EffectRecord,
     HistoryRecord,
+    Lease,
     LeaseChange,
     LeaseRenewal,
     NewEntity,
@@ -427,6 +429,25 @@ class MemoryStore(LedgerRun):
             raise UnknownEntity(entity_id)
         with self._lock:
             return renewals_of(entity_id, self._effects.get(entity_id, {}).get(RENEWALS_KEY))
+
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        """See :meth:`stores.Store.renew_leases`: each renewal under the lock, in order."""
+        batch = check_renewals(leases, ttl, budgets)
+        budget_of = dict(budgets)
+        results: list[Snapshot | FsmError] = []
+        with self._lock:
+            for lease in batch:
+                row = self._rows.get(lease.entity_id)
+                try:
+                    budget = None if row is None else budget_of.get(row.state)
+                    results.append(
+                        self.renew_lease(lease.entity_id, owner=lease.owner, token=lease.token, ttl=ttl, budget=budget)
+                    )
+                except FsmError as err:
+                    results.append(err)
+        return results
 
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         check_lease_args(entity_id, owner, token=token)

@@ -281,7 +281,10 @@ class Engine(EngineWork):
         token guard; the answer has one item per input, in order: its :class:`FireResult`,
         or the error :meth:`fire` would have raised for it (a fenced holder's also sends
         ``lease_lost``).  One refusal never stops the others.  At most
-        :data:`fsm.limits.MAX_APPLY_MANY` items; idempotency keys are :meth:`fire`'s."""
+        :data:`fsm.limits.MAX_APPLY_MANY` items; idempotency keys are :meth:`fire`'s.  A
+        malformed item (not a ``Fire``, no held snapshot, an unknown event, bad data or
+        lease) is refused for the whole call (``InvalidArgument``, ``UnknownEvent``...),
+        before anything is written."""
         return fire_many(self, items, self._apply_many)
 
     def _prepare(

@@ -55,19 +55,22 @@ def fire_many(
     """See :meth:`fsm.Engine.fire_many`."""
     if not isinstance(items, list | tuple) or len(items) > MAX_APPLY_MANY:
         raise InvalidArgument(f"fire_many takes a list of at most {MAX_APPLY_MANY} Fire items")
+    # a malformed item is the caller's bug: refused for the whole call, before any write
+    for item in items:
+        if not isinstance(item, Fire):
+            raise InvalidArgument(f"fire_many takes Fire items, not {type(item).__name__}")
+        _held(item.entity)
+        if event_arg(item.event) not in engine._events:
+            raise UnknownEvent(item.event, lifecycle=engine.kind, known=list(engine.table.events))
+        if item.data is not None:
+            check_arguments(None, None, item.data)
+        if item.lease is not None:
+            optional_lease(item.lease)
     results: list[Fired | None] = [None] * len(items)
     planned: list[tuple[int, TransitionWrite, Branch, Snapshot | None]] = []
     for i, item in enumerate(items):
         try:
-            if not isinstance(item, Fire):
-                raise InvalidArgument(f"fire_many takes Fire items, not {type(item).__name__}")
             snap = _held(item.entity)
-            if event_arg(item.event) not in engine._events:
-                raise UnknownEvent(item.event, lifecycle=engine.kind, known=list(engine.table.events))
-            if item.data is not None:
-                check_arguments(None, None, item.data)
-            if item.lease is not None:
-                optional_lease(item.lease)
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )
@@ -93,7 +96,7 @@ def fire_many(
 
 
 def _refused(engine: Engine, item: Fire, err: FsmError) -> FsmError:
-    if isinstance(err, Fenced) and isinstance(item, Fire) and item.lease is not None:
+    if isinstance(err, Fenced) and item.lease is not None:
         engine._lease_lost(item.lease, err)
     return err
 

@@ -15,7 +15,8 @@ directly; apps that want a runtime write handlers::
     worker = Worker(engine, {"running": run_agent, "finalizing": run_gates}, concurrency=4)
     worker.run()                             # until SIGTERM or worker.stop()
 
-Each claimed entity runs on a pool thread under a lease keeper.  A handler returns the
+Each claimed entity runs on a pool thread, its lease renewed by the worker's one keeper
+(:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).  A handler returns the
 event to fire (or ``(event, data)``, or ``None`` when it fired itself); if the entity
 then sits in another state with a handler, that handler runs next under the same lease
 (``running -> finalizing``).  A handler that raises is logged with the entity id and the
@@ -50,7 +51,8 @@ from pydantic import BaseModel
 from fsm.errors import FsmError, LeaseLost
 from fsm.records import Snapshot
 from fsm.work.completer import BatchCompleter
-from fsm.work.keeper import HeldLease, LeaseKeeper
+from fsm.work.keeper import HeldLease
+from fsm.work.keepers import LeaseKeepers
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
@@ -177,7 +179,9 @@ class Worker(CoreFace):
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"fsm-worker-{engine.kind}")
-        self._running: dict[str, LeaseKeeper] = {}
+        self._running: dict[str, HeldLease] = {}
+        # one keeper thread renews every lease this worker holds, one transaction a round
+        self.keepers = LeaseKeepers(engine, period=keeper_period)
         # one condition for every wait of the loop: a freed slot, a wake-up, a stop.  An
         # RLock, because SIGTERM's handler runs on the main thread, maybe inside it.
         self._changed = threading.Condition(threading.RLock())
@@ -210,32 +214,31 @@ class Worker(CoreFace):
     def _start(self, snap: Snapshot) -> None:
         lease = snap.lease
         assert lease is not None
-        keeper = LeaseKeeper(self.engine, lease, period=self.keeper_period)
-        held = keeper.start()
+        held = self.keepers.keep(lease)
         with self._changed:
             self.core.count("claimed")
             self.core.running += 1
-            self._running[snap.id] = keeper
+            self._running[snap.id] = held
         try:
-            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer), keeper)
+            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer))
         except RuntimeError:  # stop() shut the pool down while this claim was on its way
-            self._work_refused(snap.id, keeper)
+            self._work_refused(snap.id, held)
 
-    def _work_refused(self, entity_id: str, keeper: LeaseKeeper) -> None:
-        keeper.stop()
+    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+        self.keepers.release(held)
         with self._changed:
             if self._running.pop(entity_id, None) is not None:
                 self.core.running -= 1
         try:
-            self.engine.release_lease(keeper.held.lease)
+            self.engine.release_lease(held.lease)
         except FsmError as err:
             log.info("lease of %s not released: %s", entity_id, err)
 
-    def _work(self, job: Job, keeper: LeaseKeeper) -> None:
+    def _work(self, job: Job) -> None:
         try:
             drive(self.core.handle(job))
         finally:
-            keeper.stop()
+            self.keepers.release(job.held)
             with self._changed:
                 if self._running.pop(job.id, None) is not None:
                     self.core.running -= 1
@@ -305,18 +308,18 @@ class Worker(CoreFace):
         with self._changed:
             self._changed.wait_for(lambda: not self._running, timeout=wait)
             left = list(self._running.items())
-        for entity_id, keeper in left:
-            held = keeper.held
+        for entity_id, held in left:
             if held.lost:
                 continue  # told already (a second stop), or lost on its own
             held._lose(stopping_error(held), STOPPING)
-            keeper.stop()
+            self.keepers.release(held)
             try:
                 self.engine.release_lease(held.lease)
                 self.core.count("released")
                 log.info("released %s at stop", entity_id)
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
+        self.keepers.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Worker:

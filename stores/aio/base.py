@@ -41,6 +41,10 @@ class AsyncStore(Protocol):
 
     async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]: ...
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]: ...
+
     async def apply_many(
         self, writes: Sequence[TransitionWrite]
     ) -> list[tuple[Snapshot, HistoryRecord] | FsmError]: ...

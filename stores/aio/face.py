@@ -89,6 +89,12 @@ class AsyncFace:
         )
         return result
 
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        result: list[Snapshot | FsmError] = await self._invoke("renew_leases", leases, ttl=ttl, budgets=budgets)
+        return result
+
     async def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         result: Snapshot = await self._invoke("release_lease", entity_id, owner=owner, token=token)
         return result
@@ -201,6 +207,12 @@ class BridgeStore(LedgerRun):
 
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         result: list[tuple[Snapshot, HistoryRecord] | FsmError] = self._call("apply_many", (writes,), {})
+        return result
+
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        result: list[Snapshot | FsmError] = self._call("renew_leases", (leases,), {"ttl": ttl, "budgets": budgets})
         return result
 
     def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
