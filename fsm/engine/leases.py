@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -12,7 +13,9 @@ from fsm.engine.arguments import check_ttl, lease_arg, text
 from fsm.engine.reads import EngineReads
 from fsm.errors import Fenced, FsmError, InvalidArgument, LeaseLost, TransitionNotAllowed
 from fsm.records import Lease, LeaseRenewal, Snapshot
-from signals import LeasePayload
+from signals import LeasePayload, RefusedPayload
+
+log = logging.getLogger("fsm.engine")
 
 
 class EngineLeases(EngineReads):
@@ -71,7 +74,7 @@ class EngineLeases(EngineReads):
                 budget=self.policy.budget_for(snap.state),
             )
         except LeaseLost as err:
-            self._lease_lost(lease, err)
+            self._lease_lost(lease, err, "renew")
             raise
         renewed = new.lease
         assert renewed is not None
@@ -97,7 +100,7 @@ class EngineLeases(EngineReads):
         for lease, answer in zip(leases, answers, strict=True):
             if isinstance(answer, FsmError):
                 if isinstance(answer, Fenced):
-                    self._lease_lost(lease, answer)
+                    self._lease_lost(lease, answer, "renew")
                 results.append(answer)
                 continue
             renewed = answer.lease
@@ -117,7 +120,7 @@ class EngineLeases(EngineReads):
         try:
             return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
         except LeaseLost as err:
-            self._lease_lost(lease, err)
+            self._lease_lost(lease, err, "release")
             raise
 
     def renewals(self, entity_id: str) -> list[LeaseRenewal]:
@@ -130,8 +133,45 @@ class EngineLeases(EngineReads):
         self.get(entity_id)
         return self.store.renewals(entity_id)
 
-    def _lease_lost(self, lease: Lease, err: Fenced) -> None:
-        announce_lease_lost(self.kind, self.store, lease, err)
+    def _lease_lost(self, lease: Lease, err: Fenced, operation: str = "fire", event: str | None = None) -> None:
+        """The fence refused a write made under ``lease``: log it (INFO, logger
+        ``fsm.engine``), send ``write_refused``, then ``lease_lost``.  Off the hot path:
+        only a refusal comes here."""
+        kind = self.kind
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "refused late %s of %s %s by %s (token %d): %s",
+                operation,
+                kind,
+                lease.entity_id,
+                lease.owner,
+                lease.token,
+                err,
+                extra={
+                    "entity": lease.entity_id,
+                    "kind": kind,
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "operation": operation,
+                    "event": event,
+                },
+            )
+        if signals.write_refused.receivers:
+            signals.send(
+                signals.write_refused,
+                kind,
+                lambda: RefusedPayload(
+                    kind=kind,
+                    entity_id=lease.entity_id,
+                    owner=lease.owner,
+                    token=lease.token,
+                    operation=operation,
+                    error=type(err).__name__,
+                    detail=str(err),
+                    event=event,
+                ),
+            )
+        announce_lease_lost(kind, self.store, lease, err)
 
 
 __all__ = ["EngineLeases"]
