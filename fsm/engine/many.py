@@ -97,7 +97,7 @@ def fire_many(
 
 def _refused(engine: Engine, item: Fire, err: FsmError) -> FsmError:
     if isinstance(err, Fenced) and item.lease is not None:
-        engine._lease_lost(item.lease, err)
+        engine._lease_lost(item.lease, err, "fire", item.event)
     return err
 
 

@@ -151,7 +151,7 @@ class LeaseKeepers:
             )
             held._lose(lost)
             self.release(held)
-            self.engine._lease_lost(held.lease, lost)
+            self.engine._lease_lost(held.lease, lost, "renew")
             log.warning("lease of %s given up: %s", held.entity_id, lost)
             return KeepResult(renewed=False, lost=True, reason=str(lost))
         kept.due = time.monotonic() + max(0.0, min(retry, kept.deadline - time.monotonic()))
