@@ -36,7 +36,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.policy import Policy
-from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
+from fsm.records import Actor, EffectRecord, FeedEntry, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
 
 if TYPE_CHECKING:
     from statemachine import State
@@ -110,6 +110,7 @@ __all__ = [
     "Engine",
     "EntityExists",
     "EntityMovedOn",
+    "FeedEntry",
     "Fenced",
     "Fire",
     "FireResult",

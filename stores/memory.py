@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.clock import Clock, SystemClock
+from fsm.clock import Clock, SystemClock, read_clock
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
@@ -49,6 +49,7 @@ from fsm.records import (
     ClaimStart,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseChange,
@@ -60,6 +61,7 @@ from fsm.records import (
     apply_changes,
     condition_holds,
 )
+from stores.feed import counter, feed_args
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
 from stores.notices import LocalNotices, channel
 
@@ -78,10 +80,13 @@ class MemoryStore(LedgerRun):
         self._rows: dict[str, Snapshot] = {}
         self._history: dict[str, list[HistoryRecord]] = {}
         self._keys: dict[tuple[str, str], HistoryRecord] = {}
+        self._feed: list[tuple[str, HistoryRecord]] = []  # every history row in commit order
         self._by_concurrency_key: dict[tuple[str, str], list[str]] = {}
 
     def now(self) -> datetime:
-        return self.clock.now()
+        """The clock's time, checked (:func:`fsm.clock.read_clock`): a clock returning
+        ``None`` or a naive datetime is a ``ConfigError`` before anything is written."""
+        return read_clock(self.clock)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -140,7 +145,7 @@ class MemoryStore(LedgerRun):
         with self._lock:
             if entity.id in self._rows:
                 raise EntityExists(entity.id)
-            now = self.clock.now()
+            now = self.now()
             row = Snapshot(
                 id=entity.id,
                 kind=entity.kind,
@@ -215,7 +220,7 @@ class MemoryStore(LedgerRun):
                 raise LeaseLost(
                     entity_id, expected_token=write.expect_token, found_token=row.lease_token, owner=write.expect_owner
                 )
-            now = self.clock.now()
+            now = self.now()
             for condition in write.require:
                 if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
@@ -272,6 +277,7 @@ class MemoryStore(LedgerRun):
         )  # fmt: skip
         self._rows[entity_id] = new
         self._history[entity_id].append(record)
+        self._feed.append((row.kind, record))
         if key is not None:
             self._keys[(entity_id, key)] = record
         return new, record
@@ -283,7 +289,7 @@ class MemoryStore(LedgerRun):
     ) -> list[Snapshot]:
         check_page(kind, state, limit, after_id)
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             found = sorted(
                 (
                     row
@@ -302,7 +308,7 @@ class MemoryStore(LedgerRun):
         check_batch_write(batch)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             for entity_id in batch.ids:
                 row = self._rows.get(entity_id)
                 if (
@@ -322,7 +328,7 @@ class MemoryStore(LedgerRun):
         check_int("limit", limit, low=1, high=1_000_000)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             for row in list(self._rows.values()):
                 if len(moved) >= limit:
                     break
@@ -361,7 +367,7 @@ class MemoryStore(LedgerRun):
             row = self._live(entity_id)
             if row.version != expect_version:
                 raise StaleVersion(entity_id, expected=expect_version, found=row.version)
-            now = self.clock.now()
+            now = self.now()
             if row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at >= now:
                 raise LeaseLost(
                     entity_id,
@@ -390,7 +396,7 @@ class MemoryStore(LedgerRun):
         check_lease_args(entity_id, owner, token=check_int("token", token), ttl=check_store_ttl(ttl), budget=budget)
         with self._lock:
             row = self._live(entity_id)
-            now = self.clock.now()
+            now = self.now()
             if row.lease_owner != owner or row.lease_token != token:
                 raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
             if row.lease_expires_at is None or row.lease_expires_at < now:
@@ -464,7 +470,7 @@ class MemoryStore(LedgerRun):
         check_id("entity id", entity_id)
         with self._lock:
             row = self._live(entity_id)
-            new = row._replace(deleted=True, updated_at=self.clock.now())
+            new = row._replace(deleted=True, updated_at=self.now())
             self._rows[entity_id] = new
             return new
 
@@ -508,7 +514,7 @@ class MemoryStore(LedgerRun):
             if existing is not None and existing.status not in replace:
                 return existing, False
             attempts = 1 if existing is None else existing.attempts + 1
-            record = EffectRecord(entity_id, key, status, token, attempts, stored, self.clock.now())
+            record = EffectRecord(entity_id, key, status, token, attempts, stored, self.now())
             effects[key] = record
             return record, True
 
@@ -567,6 +573,24 @@ class MemoryStore(LedgerRun):
                 key=lambda r: r.id,
             )
         return found[:limit]
+
+    def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        """See :meth:`stores.Store.feed`: positions ``m<n>``, the n-th history row written."""
+        start = counter(feed_args(after, kind, limit, "m"), "m")
+        found: list[FeedEntry] = []
+        with self._lock:
+            for index in range(start, len(self._feed)):
+                entry_kind, record = self._feed[index]
+                if kind is None or entry_kind == kind:
+                    found.append(FeedEntry(f"m{index + 1}", entry_kind, record))
+                    if len(found) >= limit:
+                        break
+        return found
+
+    def feed_head(self) -> str:
+        """See :meth:`stores.Store.feed_head`."""
+        with self._lock:
+            return f"m{len(self._feed)}"
 
     def count_states(self, kind: str) -> dict[str, int]:
         check_id("kind", kind)

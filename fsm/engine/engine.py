@@ -9,8 +9,10 @@ the commit.
 
 from __future__ import annotations
 
+import functools
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
@@ -29,6 +31,7 @@ from fsm.engine.base import StoreClock
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
 from fsm.engine.result import FireResult
+from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
@@ -49,7 +52,7 @@ from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
 from fsm.limits import MAX_CREATE_MANY, json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
+from fsm.records import Actor, FeedEntry, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
 from stores.base import Store, unchecked_apply, unchecked_apply_many, unchecked_create_many
 from stores.memory import MemoryStore
@@ -301,7 +304,13 @@ class Engine(EngineWork):
     ) -> tuple[TransitionWrite, Branch, Snapshot | None]:
         """Judge the event and build its write: ``(write, branch, held)``, where ``held``
         is the caller's snapshot if the write was judged on it (else the row read)."""
-        if held is not None and held.kind == self.kind and held.state in self.table.configurations:
+        # a str check first: a hand-made snapshot's unhashable state must not reach the dict
+        if (
+            held is not None
+            and held.kind == self.kind
+            and held.state.__class__ is str
+            and held.state in self.table.configurations
+        ):
             snap = held
         else:
             held = None
@@ -368,6 +377,36 @@ class Engine(EngineWork):
         announce(self.kind, new, record, branch)
         return FireResult(new, record)
 
+    # -- the live feed --------------------------------------------------------------------
+
+    def watch(
+        self,
+        after: str | None = None,
+        *,
+        from_start: bool = False,
+        poll: float = DEFAULT_POLL,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[FeedEntry]:
+        """Committed transitions of this lifecycle, whoever made them (any process), as
+        :class:`~fsm.records.FeedEntry` items in the store's commit order.
+
+        ``after``: resume just after this position (an entry's ``position``); ``None``
+        starts at what commits from now on, or at the first transition with
+        ``from_start=True``.  Reads every ``poll`` seconds while nothing is new; ends when
+        ``stop`` is set or after ``timeout`` seconds (``None``: never), or when the caller
+        stops iterating.  See :mod:`fsm.engine.watch`."""
+        poll_s, timeout_s = watch_args(after, poll, timeout)
+        store, kind = self.store, self.kind
+        if after is None and not from_start:
+            after = store.feed_head()
+        else:
+            store.feed(after, kind=kind, limit=1)  # a bad position is refused here, not mid-iteration
+        cursor = Cursor(after)
+        wakeup = getattr(store, "feed_wakeup", None)
+        read = functools.partial(_feed_page, store, kind)
+        return watch_sync(read, cursor, poll_s, timeout_s, stop, wakeup if callable(wakeup) else None)
+
     def _replay(self, entity_id: str, event: str, key: str, lease: Lease | None) -> FireResult | None:
         recorded = self.store.find_transition(entity_id, key)
         if recorded is None:
@@ -396,6 +435,10 @@ class Engine(EngineWork):
         stop = fenced(snap, lease)
         if stop is not None:
             raise stop
+
+
+def _feed_page(store: Store, kind: str, position: str | None) -> list[FeedEntry]:
+    return store.feed(position, kind=kind, limit=PAGE)
 
 
 def _columns(columns: object) -> dict[str, Any]:

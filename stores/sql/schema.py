@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -258,6 +258,9 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         sa.Column("at", UtcDateTime(), nullable=False),
         sa.Column("data", JsonDocument(), nullable=True),
     )
+    # PostgreSQL only: the feed's order (stores.sql.feed), a column the ORM never names
+    for statement in feed_ddl(prefix):
+        sa.event.listen(table, "after_create", sa.DDL(statement).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
     # partial: most transitions carry no key, and NULL keys never conflict anyway
     keyed = table.c.idempotency_key.isnot(None)
     sa.Index(
@@ -269,6 +272,19 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         postgresql_where=keyed,
     )
     return table
+
+
+FEED_TXID = "txid"
+"""PostgreSQL history column: the id of the transaction that wrote the row (as bigint)."""
+
+
+def feed_ddl(prefix: str, table: str = "%(fullname)s") -> tuple[str, ...]:
+    """PostgreSQL: the history's ``txid`` column and the feed's index (migration 0003 runs
+    the same statements; ``table`` is the quoted table name there)."""
+    return (
+        f"ALTER TABLE {table} ADD COLUMN {FEED_TXID} BIGINT DEFAULT (pg_current_xact_id()::text::bigint)",
+        f"CREATE INDEX ix_{prefix}history_feed ON {table} ({FEED_TXID}, entity_id, seq)",
+    )
 
 
 def effects_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
@@ -321,6 +337,7 @@ __all__ = [
     "encode_sqlite_time",
     "entity_columns",
     "entity_indexes",
+    "feed_ddl",
     "history_table",
     "version_table",
 ]

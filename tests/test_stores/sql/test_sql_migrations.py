@@ -125,8 +125,8 @@ def test_a_database_at_0001_upgrades_to_the_lean_indexes_keeping_its_rows(sql_ta
                 ),
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
-        store = sql_target.store()  # create=True: Alembic upgrades 0001 -> 0002
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0002"
+        store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0003"
         assert store.get("old").state == "queued"
         store.create(NewEntity("new", "job", "queued", concurrency_key="k"))
         SqlStore(engine, table_prefix=reference).close()  # create_all at head, for comparison
