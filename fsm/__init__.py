@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fsm._version import __version__ as __version__
 from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.errors import (
     ConditionFailed,
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
     from statemachine import State
 
     from fsm.aio import AsyncEngine
+    from fsm.builders import itself
     from fsm.definition_rules import operator_override
-    from fsm.engine import Engine, Fire, FireResult
+    from fsm.engine import Engine, Fire, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -57,11 +59,13 @@ _LAZY = {
     "Engine": "fsm.engine",
     "Fire": "fsm.engine",
     "FireResult": "fsm.engine",
+    "PruneResult": "fsm.engine",
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
     "operator_override": "fsm.definition_rules",
+    "itself": "fsm.builders",
     "reaper": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
@@ -138,6 +142,7 @@ __all__ = [
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "PruneResult",
     "ReapPolicy",
     "ReapResult",
     "Reaper",
@@ -153,6 +158,7 @@ __all__ = [
     "UnknownEvent",
     "Worker",
     "guard",
+    "itself",
     "new_owner_id",
     "operator_override",
     "reaper",

@@ -7,6 +7,8 @@
 - ``announce``: the signals sent after the commit;
 - ``reads`` and ``leases``: the engine's reads and its lease operations;
 - ``result``: :class:`FireResult`;
+- ``joined``: the caller's transaction (:meth:`Engine.within`);
+- ``retention``: :meth:`Engine.prune` and :class:`PruneResult`;
 - ``many``: :meth:`Engine.fire_many` (:class:`Fire` items, one transaction).
 """
 
@@ -16,5 +18,6 @@ from fsm.engine.announce import announce
 from fsm.engine.engine import Engine
 from fsm.engine.many import Fire
 from fsm.engine.result import FireResult
+from fsm.engine.retention import PruneResult
 
-__all__ = ["Engine", "Fire", "FireResult", "announce"]
+__all__ = ["Engine", "Fire", "FireResult", "PruneResult", "announce"]

@@ -182,6 +182,16 @@ class AsyncFace:
         """See :meth:`stores.base.WorkNotices.notify_work`."""
         await self._invoke("notify_work", kind)
 
+    async def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]:
+        result: list[str] = await self._invoke("prune", kind, states, before, limit=limit, dry_run=dry_run)
+        return result
+
+    async def trim_history(self, entity_id: str, keep: int) -> int:
+        result: int = await self._invoke("trim_history", entity_id, keep)
+        return result
+
     async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
         result: list[FeedEntry] = await self._invoke("feed", after, kind=kind, limit=limit)
         return result
@@ -334,6 +344,16 @@ class BridgeStore(LedgerRun):
 
     def count_states(self, kind: str) -> dict[str, int]:
         result: dict[str, int] = self._call("count_states", (kind,), {})
+        return result
+
+    def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]:
+        result: list[str] = self._call("prune", (kind, states, before), {"limit": limit, "dry_run": dry_run})
+        return result
+
+    def trim_history(self, entity_id: str, keep: int) -> int:
+        result: int = self._call("trim_history", (entity_id, keep), {})
         return result
 
     def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
