@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -133,6 +133,16 @@ class AsyncEngine:
     ) -> Snapshot:
         """See :meth:`fsm.Engine.create`."""
         return await self._call(self.sync.create, entity_id, data=data, concurrency_key=concurrency_key)
+
+    async def create_many(
+        self,
+        data: Sequence[Mapping[str, Any] | None],
+        *,
+        ids: Sequence[str] | None = None,
+        concurrency_keys: Sequence[str | None] | None = None,
+    ) -> list[Snapshot]:
+        """See :meth:`fsm.Engine.create_many`."""
+        return await self._call(self.sync.create_many, data, ids=ids, concurrency_keys=concurrency_keys)
 
     async def fire(
         self,
