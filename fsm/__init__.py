@@ -35,7 +35,7 @@ from fsm.errors import (
     UnknownEntity,
     UnknownEvent,
 )
-from fsm.policy import Policy
+from fsm.policy import Policy, RetryPolicy
 from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, FireResult
     from fsm.guards import Guard, GuardContext, guard
-    from fsm.lifecycle import Lifecycle, reaper, worker
+    from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
     from fsm.table import Branch, CompiledTable
@@ -62,6 +62,9 @@ _LAZY = {
     "Lifecycle": "fsm.lifecycle",
     "operator_override": "fsm.definition_rules",
     "reaper": "fsm.lifecycle",
+    "recovery": "fsm.lifecycle",
+    "retries": "fsm.lifecycle",
+    "starts": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
     "JobLifecycle": "fsm.lifecycles",
@@ -139,6 +142,7 @@ __all__ = [
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "RetryPolicy",
     "Snapshot",
     "StaleVersion",
     "State",
@@ -153,5 +157,8 @@ __all__ = [
     "new_owner_id",
     "operator_override",
     "reaper",
+    "recovery",
+    "retries",
+    "starts",
     "worker",
 ]

@@ -326,15 +326,15 @@ class Owned:
 
 
 @dataclass(frozen=True, slots=True)
-class IdleFor:
-    """Holds when the row was last moved (``updated_at``) before ``now - duration``: the
-    backstop of an entity waiting, unowned, for a worker."""
+class Unclaimed:
+    """Holds when the row has no lease owner and was last moved (``updated_at``) before
+    ``now - max_wait``: the backstop of an entity waiting, unowned, for a worker."""
 
-    duration: timedelta
-    name: str = "idle_for"
+    max_wait: timedelta
+    name: str = "unclaimed"
 
 
-Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | IdleFor
+Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed
 COUNTERS = ("attempt", "reclaims")
 
 
@@ -423,8 +423,8 @@ def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_si
         return int(getattr(row, condition.counter)) < condition.limit
     if isinstance(condition, Owned):
         return (row.lease_owner is not None) is condition.held
-    if isinstance(condition, IdleFor):
-        return row.updated_at < now - condition.duration
+    if isinstance(condition, Unclaimed):
+        return row.lease_owner is None and row.updated_at < now - condition.max_wait
     return int(getattr(row, condition.counter)) >= condition.limit
 
 
@@ -481,7 +481,6 @@ __all__ = [
     "DataChange",
     "EffectRecord",
     "HistoryRecord",
-    "IdleFor",
     "Lease",
     "LeaseChange",
     "LeaseRenewal",
@@ -492,6 +491,7 @@ __all__ = [
     "SetItems",
     "Snapshot",
     "TransitionWrite",
+    "Unclaimed",
     "apply_changes",
     "condition_holds",
     "error_record",

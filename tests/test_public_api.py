@@ -54,6 +54,7 @@ FSM_API = {
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "RetryPolicy",
     "Snapshot",
     "StaleVersion",
     "State",
@@ -68,6 +69,9 @@ FSM_API = {
     "new_owner_id",
     "operator_override",
     "reaper",
+    "recovery",
+    "retries",
+    "starts",
     "worker",
 }
 

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
 from fsm.errors import FsmError
-from fsm.records import Snapshot
+from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
@@ -68,14 +68,32 @@ class AsyncJob(HeldEntity):
         return await self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
 
     async def fire(
-        self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+        self,
+        event: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
         """Fire ``event`` under this job's lease; the job's snapshot follows."""
         result = await self.engine.fire(
-            self.id, event, lease=self.held.check(), data=data, idempotency_key=idempotency_key
+            self.id,
+            event,
+            lease=self.held.check(),
+            data=data,
+            idempotency_key=idempotency_key,
+            reason=reason,
+            error=error,
+            run_after=run_after,
         )
         self.snapshot = result.snapshot
         return result
+
+    async def history(self) -> list[HistoryRecord]:
+        """The entity's history (the worker counts a state's attempts in it)."""
+        return await self.engine.history(self.id)
 
     async def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
@@ -108,7 +126,13 @@ class AsyncWorker(CoreFace):
         keeper_period: timedelta | None = None,
     ) -> None:
         self.core = WorkerCore(
-            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
         )
         self.engine = engine
         self.keeper_period = keeper_period

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from fsm.errors import FsmError, LeaseLost
-from fsm.records import Snapshot
+from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease, LeaseKeeper
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
@@ -125,12 +125,33 @@ class Job(HeldEntity):
         return self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
 
     def fire(
-        self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+        self,
+        event: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
-        """Fire ``event`` under this job's lease; the job's snapshot follows."""
-        result = self.engine.fire(self.id, event, lease=self.held.check(), data=data, idempotency_key=idempotency_key)
+        """Fire ``event`` under this job's lease; the job's snapshot follows.  ``error`` and
+        ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff)."""
+        result = self.engine.fire(
+            self.id,
+            event,
+            lease=self.held.check(),
+            data=data,
+            idempotency_key=idempotency_key,
+            reason=reason,
+            error=error,
+            run_after=run_after,
+        )
         self.snapshot = result.snapshot
         return result
+
+    def history(self) -> list[HistoryRecord]:
+        """The entity's history (the worker counts a state's attempts in it)."""
+        return self.engine.history(self.id)
 
     def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
@@ -160,7 +181,13 @@ class Worker(CoreFace):
         keeper_period: timedelta | None = None,
     ) -> None:
         self.core = WorkerCore(
-            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
         )
         self.engine = engine
         self.keeper_period = keeper_period

@@ -26,11 +26,11 @@ from fsm.records import (
     Condition,
     CounterAtLeast,
     CounterBelow,
-    IdleFor,
     LeaseChange,
     LeaseStale,
     NewerSibling,
     Owned,
+    Unclaimed,
 )
 from stores.sql.binding import Layout
 from stores.sql.schema import ENTITY_COLUMNS, HISTORY_COLUMNS, HISTORY_MOVE_COLUMNS, decode_time, encode_sqlite_time
@@ -271,8 +271,8 @@ class Statements:
             )
         if isinstance(cond, Owned):
             return f"{lay.ref('lease_owner', a)} IS {'NOT NULL' if cond.held else 'NULL'}"
-        if isinstance(cond, IdleFor):
-            return f"{lay.ref('updated_at', a)} < {f.now_minus(f'idle{i}')}"
+        if isinstance(cond, Unclaimed):
+            return f"({lay.ref('lease_owner', a)} IS NULL AND {lay.ref('updated_at', a)} < {f.now_minus(f'wait{i}')})"
         if isinstance(cond, CounterBelow | CounterAtLeast):
             if cond.counter not in COUNTERS:
                 raise ValueError(f"unknown counter {cond.counter!r}; counters are {', '.join(COUNTERS)}")
@@ -288,8 +288,8 @@ class Statements:
         for i, c in enumerate(require):
             if isinstance(c, LeaseStale):
                 params[f"stale{i}"] = f.offset(now, -c.stale_after) if f.name == "sqlite" else c.stale_after
-            elif isinstance(c, IdleFor):
-                params[f"idle{i}"] = f.offset(now, -c.duration) if f.name == "sqlite" else c.duration
+            elif isinstance(c, Unclaimed):
+                params[f"wait{i}"] = f.offset(now, -c.max_wait) if f.name == "sqlite" else c.max_wait
             elif isinstance(c, CounterBelow | CounterAtLeast):
                 params[f"lim{i}"] = c.limit
 

@@ -106,7 +106,9 @@ def test_downgrade_to_base_drops_the_tables_and_create_true_builds_them_again(sq
     assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION
 
 
-def test_a_database_at_0001_upgrades_to_the_head_keeping_its_rows_and_their_place_in_line(sql_target: SqlTarget) -> None:
+def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in_line(
+    sql_target: SqlTarget,
+) -> None:
     engine = sql_target.engine()
     assert isinstance(engine, sa.Engine)
     reference = f"r{sql_target.prefix}"
