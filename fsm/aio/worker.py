@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
-from fsm.errors import FsmError
+from fsm.errors import FsmError, StoreUnavailable
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease
 from fsm.work.loop import (
@@ -60,6 +60,7 @@ class AsyncJob(HeldEntity):
     def __init__(self, engine: AsyncEngine, snapshot: Snapshot, held: HeldLease) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
+        self._writes: set[asyncio.Task[None]] = set()  # progress writes under way (kept alive)
 
     async def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
@@ -98,6 +99,21 @@ class AsyncJob(HeldEntity):
     async def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
         return await self.engine.progress(self.id)
+
+    def progress(self, details: Any) -> asyncio.Task[None]:
+        """Record progress details now: a task writes them at once under this job's lease
+        (``await job.progress(...)`` waits for the commit and raises ``Fenced`` for a fenced
+        holder); a store that cannot be reached leaves them to the keeper's next renewal."""
+        task = asyncio.get_running_loop().create_task(self._record_progress(details))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+    async def _record_progress(self, details: Any) -> None:
+        try:
+            await self.engine.record_progress(self.held.check(), details)
+        except StoreUnavailable:
+            self.held.progress(details)
 
     async def refresh(self) -> Snapshot:
         """Read the entity again (after the handler fired through other means)."""

@@ -29,6 +29,10 @@ is drained for :meth:`Worker.wake` (which a ``NOTIFY`` listener calls) or the po
 interval, whichever comes first.  Its logic is :class:`fsm.work.loop.WorkerCore`'s,
 shared with the asyncio face.
 
+``Worker(..., reap=True)`` also runs the reaper, under the leader lease, while ``run()``
+runs: a deployment of workers alone recovers from dead holders without a ``fsm reaper``
+process (see :func:`worker_reaper`).
+
 ``stop()`` (or SIGTERM under ``run()``) stops claiming, lets running handlers finish
 within ``grace``, then releases the leases still held, so another worker can claim
 them at once instead of waiting for the reaper; a handler still running then sees
@@ -47,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from fsm.errors import FsmError, LeaseLost
+from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease, LeaseKeeper
 from fsm.work.loop import (
@@ -66,12 +70,33 @@ from fsm.work.loop import (
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
+    from fsm.reaping import Reaper, ReaperConfig
 
 log = logging.getLogger("fsm.worker")
 
 M = TypeVar("M", bound=BaseModel)
 
 Handler = Callable[["Job"], Outcome]
+
+
+def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, object]) -> Reaper:
+    """The reaper a ``Worker(..., reap=...)`` runs: the engine's lifecycle and policy (one
+    source of truth with the claim window), under the leader lease, so that of many
+    workers one reaps at a time and a standby takes over when the leader dies.
+
+    ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
+    of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
+    interval and batch size, ``leader`` is always on."""
+    from fsm.reaping import Reaper, ReaperConfig  # the reaper's layer, imported when asked for
+    from fsm.reaping.service import validated_config
+
+    if isinstance(reap, bool):
+        config = ReaperConfig(interval=engine.policy.lease_ttl, leader=True)
+    elif isinstance(reap, ReaperConfig | Mapping):
+        config = validated_config(reap).model_copy(update={"leader": True})
+    else:
+        raise ConfigError(f"reap must be a bool or a ReaperConfig, not {type(reap).__name__}")
+    return Reaper(engine.store, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
 
 
 def stopping_error(held: HeldLease) -> LeaseLost:
@@ -105,10 +130,6 @@ class HeldEntity:
         """True once the lease is lost (taken over, expired, or the worker stopping past
         its grace): a long handler should check it between steps; ``held.reason`` says why."""
         return self.held.lost
-
-    def progress(self, details: Any) -> None:
-        """Progress details for the next renewal; the next owner reads them."""
-        self.held.progress(details)
 
 
 class Job(HeldEntity):
@@ -157,6 +178,18 @@ class Job(HeldEntity):
         """What the previous holder's keeper recorded, for a resumed job."""
         return self.engine.progress(self.id)
 
+    def progress(self, details: Any) -> None:
+        """Record progress details now, in their own write under this job's lease, so they
+        survive a crash right after; the next owner reads them (``previous_progress``).
+        A fenced holder gets ``Fenced``; a store that cannot be reached leaves them to the
+        keeper's next renewal (within a third of the TTL)."""
+        try:
+            self.engine.record_progress(self.held.check(), details)
+        except Fenced:
+            raise
+        except StoreUnavailable:
+            self.held.progress(details)
+
     def refresh(self) -> Snapshot:
         """Read the entity again (after the handler fired through other means)."""
         self.snapshot = self.engine.get(self.id)
@@ -179,6 +212,7 @@ class Worker(CoreFace):
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
+        reap: bool | ReaperConfig | Mapping[str, object] = False,
     ) -> None:
         self.core = WorkerCore(
             engine.table,
@@ -198,6 +232,8 @@ class Worker(CoreFace):
         self._changed = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
         self._woken = False
+        self.reaper: Reaper | None = None if reap is False else worker_reaper(engine, reap)
+        """The reaper this worker runs under the leader lease (``reap=``), or ``None``."""
 
     # -- one step ------------------------------------------------------------------------
 
@@ -287,6 +323,8 @@ class Worker(CoreFace):
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
+        if self.reaper is not None:
+            self.reaper.start()
         try:
             drive(self.core.loop(self))
         finally:
@@ -325,6 +363,8 @@ class Worker(CoreFace):
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.reaper is not None:
+            self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
 
     def __enter__(self) -> Worker:
         return self
@@ -346,4 +386,5 @@ __all__ = [
     "check_worker",
     "parse_outcome",
     "stopping_error",
+    "worker_reaper",
 ]

@@ -405,8 +405,7 @@ def test_mermaid_labels_carry_guards_actor_and_effects_for_every_job_branch() ->
     (legend,) = [lines for state, lines in doc.notes if state == "queued"]
     assert (
         "finalizing loop: reclaim [lease_stale, owned, reclaims_left] (reaper): reason=reclaimed, acquires lease, "
-        "reclaims+1"
-        in legend
+        "reclaims+1" in legend
     )
     assert ("running", "finalizing", "exited", ("holds_lease",), "worker") in parsed
     effects = {(src, dst, ev): eff for (src, dst, ev, _g, _a), eff in labels.items()}
@@ -604,9 +603,11 @@ def test_dot_edges_carry_guards_and_actor_and_reaper_edges_are_dashed_and_red() 
     assert len(dashed_colors) == len(solid_colors) == 1 and dashed_colors != solid_colors
     expires = sorted(plain(a["label"]) for _t, _h, a in edges if plain(a["label"]).startswith("expire"))
     assert expires == [
-        "expire [lease_stale, attempts_left] (reaper)\nreason=expired, clears lease",
-        "expire [lease_stale, reclaims_exhausted] (reaper)\nreason=expired",
-        "expire [lease_stale] (reaper)\nreason=expired",
+        "expire [lease_stale, owned, attempts_left] (reaper)\nreason=expired, clears lease",
+        "expire [lease_stale, owned, reclaims_exhausted] (reaper)\nreason=expired",
+        "expire [lease_stale, owned] (reaper)\nreason=expired",
+        "expire [lease_stale, unclaimed] (reaper)\nreason=unclaimed",
+        "expire [lease_stale, unclaimed] (reaper)\nreason=unclaimed",
     ]
 
 
