@@ -28,11 +28,13 @@ from blinker import Namespace, Signal
 
 from signals.payloads import (
     EffectPayload,
+    HandledPayload,
     HistoryModel,
     LeaseModel,
     LeasePayload,
     ReaperErrorPayload,
     ReaperTickPayload,
+    RefusedPayload,
     SnapshotModel,
     TransitionPayload,
 )
@@ -67,6 +69,17 @@ lease_lost: Signal = namespace.signal(
 )
 effect_recorded: Signal = namespace.signal(
     "effect_recorded", doc="A side effect's result was recorded for its key. Payload: EffectPayload."
+)
+write_refused: Signal = namespace.signal(
+    "write_refused",
+    doc="The fence refused a holder's late write (a fire, an effect's result, a renewal or a release under a "
+    "lease that is no longer current); nothing it wrote stands. Sent after the refusal, before the caller gets "
+    "the error. Payload: RefusedPayload.",
+)
+handled: Signal = namespace.signal(
+    "handled",
+    doc="A worker's handler finished (both faces' workers): its outcome, its event and its duration. "
+    "Payload: HandledPayload.",
 )
 reaper_tick: Signal = namespace.signal(
     "reaper_tick", doc="A reaper tick finished. Sender 'reaper'. Payload: ReaperTickPayload."
@@ -164,17 +177,20 @@ async def deliver(pending: Pending) -> int:
 
 __all__ = [
     "EffectPayload",
+    "HandledPayload",
     "HistoryModel",
     "LeaseModel",
     "LeasePayload",
     "ReaperErrorPayload",
     "ReaperTickPayload",
+    "RefusedPayload",
     "SnapshotModel",
     "TransitionPayload",
     "collecting",
     "deliver",
     "effect_recorded",
     "expired",
+    "handled",
     "lease_acquired",
     "lease_lost",
     "lease_renewed",
@@ -184,4 +200,5 @@ __all__ = [
     "reclaimed",
     "send",
     "transitioned",
+    "write_refused",
 ]

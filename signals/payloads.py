@@ -128,6 +128,42 @@ class EffectPayload(_Payload):
     result: Any = None
 
 
+class RefusedPayload(_Payload):
+    """Sent with ``write_refused``: a holder's late write that the fence refused.
+
+    ``operation`` names the write (``"fire"``, ``"effect"``, ``"renew"``, ``"release"``);
+    ``event`` is the event a refused fire tried, or a refused effect's key; ``error`` the refusal's type
+    (``LeaseLost``, ``StaleVersion``...).  No snapshot: building it would cost a read."""
+
+    kind: str
+    entity_id: str
+    owner: str
+    token: int
+    operation: str
+    error: str
+    detail: str
+    event: str | None = None
+
+
+class HandledPayload(_Payload):
+    """Sent with ``handled`` after each worker handler: what it led to and how long it ran.
+
+    ``outcome``: ``"completed"`` (its event fired), ``"failed"`` (it raised; the entity
+    was failed or released), ``"retry"`` (it raised and will run again), ``"fenced"``
+    (its lease was lost), ``"released"`` (it returned no outcome).  ``duration_s`` is the
+    handler's own time plus the firing of its event, on this process's monotonic clock."""
+
+    kind: str
+    entity_id: str
+    state: str
+    owner: str
+    token: int
+    outcome: str
+    duration_s: float
+    event: str | None = None
+    error: str | None = None
+
+
 class ReaperTickPayload(_Payload):
     """Sent with ``reaper_tick`` after each tick: counts of what the tick did."""
 
@@ -145,11 +181,13 @@ class ReaperErrorPayload(_Payload):
 
 __all__ = [
     "EffectPayload",
+    "HandledPayload",
     "HistoryModel",
     "LeaseModel",
     "LeasePayload",
     "ReaperErrorPayload",
     "ReaperTickPayload",
+    "RefusedPayload",
     "SnapshotModel",
     "TransitionPayload",
 ]

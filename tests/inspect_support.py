@@ -40,6 +40,8 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
     "--window-size=1400,1000",
+    # a hostile name resolving to this machine, as after DNS rebinding: the Host check must refuse it
+    "--host-resolver-rules=MAP evil.example 127.0.0.1",
 )
 HOSTILE_ID = "<script>window.__pwned=1</script>\"'&<b>x"
 HOSTILE_DATA = {"note": '<img src=x onerror="window.__pwned=2">', "quote": 'it\'s "quoted" </pre>'}
@@ -48,6 +50,10 @@ LONG_JOB = "job-long"
 """Renewed for minutes by one holder, reclaimed by the reaper when that holder died, resumed
 by another: the timeline's lease renewals."""
 FIRST_HOLDER, SECOND_HOLDER = "worker-b:host2:77", "worker-c:host3:19"
+FAILED_JOB = "job-failed"
+FAILURE = {"type": "GateFailed", "message": "merge-gate: 2 tests failed", "traceback": "Traceback (most recent)\n..."}
+ORPHAN = "job-orphan"
+"""A finalizer reclaimed by the reaper that no worker claimed: waiting for a worker."""
 
 
 def _problem() -> str | None:
@@ -142,10 +148,19 @@ class Served:
             jobs.run(snap.id, "merge-gate", lambda key: {"status": "passed"}, snap.lease)
             jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
             jobs.fire(snap.id, "complete", lease=snap.lease)
+        jobs.create(FAILED_JOB, data={"task": "deploy"})  # its gate fails: the failure reason column
+        [failing] = jobs.claim(1)
+        assert failing.lease is not None and failing.id == FAILED_JOB
+        jobs.fire(FAILED_JOB, "exited", lease=failing.lease, data={"exit_code": 0})
+        jobs.fire(FAILED_JOB, "fail", lease=failing.lease, data={"error": FAILURE})
         self.advance(timedelta(minutes=5))
         self.first.fire(LONG_JOB, "exited", lease=self.keeper.held.check(), data={"exit_code": 0})
         jobs.create("job-stuck", data={"task": "migrate"})
         [stuck] = jobs.claim(1)
+        jobs.create(ORPHAN, data={"task": "publish"})  # its finalizer dies and nobody resumes it
+        [orphan] = jobs.claim(1)
+        assert orphan.lease is not None and orphan.id == ORPHAN
+        jobs.fire(ORPHAN, "exited", lease=orphan.lease, data={"exit_code": 0})
         self.advance(timedelta(minutes=1))
         self.keeper = None  # the long job's first holder dies: its lease lapses, the reaper reclaims it
         jobs.create("job-live", data={"task": "index"})
@@ -174,35 +189,70 @@ class Served:
         self.advance(timedelta(seconds=50))  # the second holder's keeper renews too
         clock.set(datetime.now(UTC))  # later writes (the tests') happen now; a test renews through the keeper
 
-    def serve(self) -> str:
-        import uvicorn
-
+    def serve(self, **options: Any) -> str:
         from fsm.inspect.app import create_app
         from stores.sql import SqlStore
 
         reader = SqlStore(self.url, table_prefix=self.prefix, create=False)
-        app = create_app(reader, [JobLifecycle, PipelineLifecycle], refresh_ms=300)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                break
-            time.sleep(0.02)
+        options.setdefault("count_every", 0.2)
+        app = create_app(reader, [JobLifecycle, PipelineLifecycle], refresh_ms=300, **options)
         self.reader = reader
-        self.base = f"http://127.0.0.1:{port}"
+        self.server, self.thread, self.base = serve_asgi(app)
         return self.base
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.should_exit = True
-            if self.thread is not None:
-                self.thread.join(10)
+            stop_serving(self.server, self.thread)
             self.reader.close()
         self.store.close()
+
+
+def serve_asgi(app: Any) -> tuple[Any, threading.Thread, str]:
+    """``app`` served by uvicorn in a thread on a free loopback port: (server, thread, base URL)."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if server.started:
+            break
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def stop_serving(server: Any, thread: threading.Thread | None) -> None:
+    server.should_exit = True
+    if thread is not None:
+        thread.join(10)
+
+
+class Answer:
+    """One HTTP answer (any status), read whole."""
+
+    def __init__(self, status: int, headers: Any, body: str) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+def http(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, data: bytes | None = None) -> Answer:
+    """``url`` fetched with urllib (redirects not followed), whatever its status."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with opener.open(request, timeout=10) as response:
+            return Answer(response.status, response.headers, response.read().decode())
+    except urllib.error.HTTPError as err:
+        return Answer(err.code, err.headers, err.read().decode(errors="replace"))
 
 
 @pytest.fixture(name="served", params=["sqlite", "postgres"], scope="module")

@@ -61,6 +61,16 @@ def test_the_demo_tells_the_whole_story_with_real_processes(
     assert late is not None and int(late.group(1)) >= 5 and late.group(2) == "0"
     reaper = re.search(r"reaper: (\d+) ticks, moved job.reclaim=(\d+)$", out, re.M)
     assert reaper is not None and int(reaper.group(1)) > 10 and reaper.group(2) == "2"
+    # fsm inspect on the demo's tables: its reaper's ticks are recorded, and no time is in the future
+    from fsm.demo.pipelines import DEMO_PREFIX
+    from fsm.inspect.data import Filters, InspectorData
+
+    demo = SqlStore("sqlite:///fsm.db", table_prefix=DEMO_PREFIX, create=False)
+    seen = InspectorData(demo)
+    assert len(seen.reaper_ticks(limit=1000)) >= int(reaper.group(1)) + 1  # the stage's ticks and the pipelines'
+    now = demo.now()
+    assert all(s.updated_at <= now and s.created_at <= now for s in seen.entities(Filters(limit=500)).rows)
+    demo.close()
     assert "slow: completed; history start -> exited -> complete" in out
     assert out.count("history start -> exited -> reclaim -> complete") == 2
     assert re.search(r"invariants: I1 ok, I2 ok, I3 ok, I4 ok, I5 ok, I6 ok \(\d+ checks\)", out)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (6, ("fsm.cli", "fsm.commands", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
-    (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio")),
+    (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
     (4, ("fsm.engine",)),
     (
         3,

@@ -94,8 +94,12 @@ def test_stores_and_signals_export_their_pinned_names() -> None:
         "effect_recorded",
         "reaper_tick",
         "reaper_error",
+        "write_refused",
+        "handled",
         "namespace",
         "TransitionPayload",
+        "RefusedPayload",
+        "HandledPayload",
     } <= set(signals.__all__)
 
 
@@ -166,3 +170,20 @@ def test_the_async_faces_export_their_pinned_names() -> None:
     }
     for name in stores.aio.__all__:
         assert getattr(stores.aio, name) is not None, name
+
+
+def test_the_observe_package_exports_its_pinned_names_and_imports_no_opentelemetry() -> None:
+    import fsm.observe
+
+    assert set(fsm.observe.__all__) == {
+        "LOGGERS",
+        "Instrumentation",
+        "MetricsServer",
+        "active",
+        "instrument",
+        "serve_metrics",
+        "uninstrument",
+    }
+    code = "import fsm, fsm.observe, fsm.engine, fsm.work, fsm.reaping, sys; print('opentelemetry' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

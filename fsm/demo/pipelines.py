@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fsm.clock import ManualClock
+from fsm.clock import ManualClock, SystemClock
 from fsm.engine import Engine
 from fsm.lifecycles import PipelineLifecycle
 from fsm.reaping import Reaper
+from fsm.reaping.ticklog import TickLog
 from stores.base import Store
 from stores.factory import open_store
 
@@ -52,6 +53,7 @@ def pipelines_demo(store: Store, clock: ManualClock, run_id: str) -> list[str]:
     say(f"{new}: a newer run of the same branch starts while {old} still runs")
     clock.advance(timedelta(minutes=11))
     result = reaper.run_once()
+    TickLog(store).record(result, reaper.owner)  # fsm inspect shows it
     say(f"reaper tick at +61 min: {result.summary()}")
     say("  (expired: idle for 60 min; duplicate: a newer run of the same concurrency key is running)")
     for pid in (zombie, fresh, old, new):
@@ -63,6 +65,7 @@ def pipelines_demo(store: Store, clock: ManualClock, run_id: str) -> list[str]:
         lease = pipelines.fire(pid, "finish").lease
         pipelines.fire(pid, "succeed", lease=lease)
     say(f"  {fresh}, {new}: finished and succeeded under their finalizer leases")
+    clock.set(max(clock.now(), SystemClock().now()))  # what follows runs in real time
     return [zombie, fresh, old, new]
 
 

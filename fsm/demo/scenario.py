@@ -41,6 +41,7 @@ from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle
 from fsm.policy import Policy
 from fsm.reaping import Reaper, ReaperConfig
+from fsm.reaping.ticklog import TickLog
 from fsm.records import EFFECT_SUCCEEDED, EffectRecord, HistoryRecord
 from stores.sql import SqlStore, create_engine
 
@@ -240,6 +241,7 @@ class Stage:
             ReaperConfig(interval=timedelta(seconds=timing.interval)),
             owner="reaper",
         )
+        self.tick_log = TickLog(self.store)
         self.log = Log(self.directory, "stage")
         self.reader = EventReader(self.directory / EVENTS)
         self.children: list[Child] = []
@@ -253,6 +255,7 @@ class Stage:
     def _reap(self) -> None:
         while not self._stop.wait(self.timing.interval):
             result = self.reaper.run_once()  # never raises (I9)
+            self.tick_log.record(result, self.reaper.owner)  # fsm inspect shows the ticks; never raises
             moved = dict(result.moved)
             self.ticks.append((time.time(), moved))
             if moved or result.errors:

@@ -238,7 +238,7 @@ class Engine(EngineWork):
                 raise
         except Fenced as err:
             if lease is not None:
-                self._lease_lost(lease, err)
+                self._lease_lost(lease, err, "fire", event)
             raise
 
     def _fire(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import signals
@@ -10,7 +11,9 @@ from fsm.engine.arguments import check_ttl, lease_arg, text
 from fsm.engine.reads import EngineReads
 from fsm.errors import Fenced, LeaseLost, TransitionNotAllowed
 from fsm.records import Lease, LeaseRenewal, Snapshot
-from signals import LeasePayload
+from signals import LeasePayload, RefusedPayload
+
+log = logging.getLogger("fsm.engine")
 
 
 class EngineLeases(EngineReads):
@@ -69,7 +72,7 @@ class EngineLeases(EngineReads):
                 budget=self.policy.budget_for(snap.state),
             )
         except LeaseLost as err:
-            self._lease_lost(lease, err)
+            self._lease_lost(lease, err, "renew")
             raise
         renewed = new.lease
         assert renewed is not None
@@ -83,7 +86,7 @@ class EngineLeases(EngineReads):
         try:
             return self.store.release_lease(lease.entity_id, owner=lease.owner, token=lease.token)
         except LeaseLost as err:
-            self._lease_lost(lease, err)
+            self._lease_lost(lease, err, "release")
             raise
 
     def renewals(self, entity_id: str) -> list[LeaseRenewal]:
@@ -96,8 +99,45 @@ class EngineLeases(EngineReads):
         self.get(entity_id)
         return self.store.renewals(entity_id)
 
-    def _lease_lost(self, lease: Lease, err: Fenced) -> None:
-        announce_lease_lost(self.kind, self.store, lease, err)
+    def _lease_lost(self, lease: Lease, err: Fenced, operation: str = "fire", event: str | None = None) -> None:
+        """The fence refused a write made under ``lease``: log it (INFO, logger
+        ``fsm.engine``), send ``write_refused``, then ``lease_lost``.  Off the hot path:
+        only a refusal comes here."""
+        kind = self.kind
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "refused late %s of %s %s by %s (token %d): %s",
+                operation,
+                kind,
+                lease.entity_id,
+                lease.owner,
+                lease.token,
+                err,
+                extra={
+                    "entity": lease.entity_id,
+                    "kind": kind,
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "operation": operation,
+                    "event": event,
+                },
+            )
+        if signals.write_refused.receivers:
+            signals.send(
+                signals.write_refused,
+                kind,
+                lambda: RefusedPayload(
+                    kind=kind,
+                    entity_id=lease.entity_id,
+                    owner=lease.owner,
+                    token=lease.token,
+                    operation=operation,
+                    error=type(err).__name__,
+                    detail=str(err),
+                    event=event,
+                ),
+            )
+        announce_lease_lost(kind, self.store, lease, err)
 
 
 __all__ = ["EngineLeases"]

@@ -9,6 +9,7 @@ The keeper and the worker (:mod:`fsm.work`) are built on these.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +44,8 @@ M = TypeVar("M", bound=BaseModel)
 
 MAX_CLAIM = 1000
 
+log = logging.getLogger("fsm.engine")
+
 
 def claim_plan(table: CompiledTable) -> tuple[tuple[ClaimStart, ...], tuple[str, ...]]:
     """What a claim may take, read off the table.
@@ -62,6 +65,28 @@ def claim_plan(table: CompiledTable) -> tuple[tuple[ClaimStart, ...], tuple[str,
         if branch.holds_lease and branch.source not in resumes and branch.source not in table.finals:
             resumes.append(branch.source)
     return tuple(starts.values()), tuple(r for r in resumes if r not in starts)
+
+
+def _log_claims(kind: str, claimed: list[Snapshot]) -> None:
+    """One INFO line per claimed entity, its lease's owner and token as ``extra`` fields."""
+    for snap in claimed:
+        log.info(
+            "claimed %s %s in %s by %s (token %d, attempt %d)",
+            kind,
+            snap.id,
+            snap.state,
+            snap.lease_owner,
+            snap.lease_token,
+            snap.attempt,
+            extra={
+                "entity": snap.id,
+                "kind": kind,
+                "owner": snap.lease_owner,
+                "token": snap.lease_token,
+                "state": snap.state,
+                "attempt": snap.attempt,
+            },
+        )
 
 
 class EngineWork(EngineLeases):
@@ -92,6 +117,8 @@ class EngineWork(EngineLeases):
             ),
         )
         claimed = self.store.claim(request)
+        if claimed and log.isEnabledFor(logging.INFO):
+            _log_claims(self.kind, claimed)
         if claimed and signals.lease_acquired.receivers:
             for snap in claimed:
                 signals.send(signals.lease_acquired, self.kind, functools.partial(LeasePayload.of, self.kind, snap))
@@ -137,7 +164,7 @@ class EngineWork(EngineLeases):
             record, executed = self.store.run(entity_id, key, call, lease, retry_failed=retry_failed)
         except Fenced as err:
             if isinstance(err, LeaseLost):
-                self._lease_lost(lease, err)
+                self._lease_lost(lease, err, "effect", key)
             raise
         except Exception:
             self._announce_effect(entity_id, key, lease, None)  # the failure, if it was recorded

@@ -7,7 +7,10 @@
   ``<img>`` never runs script, whatever the SVG holds).
 
 Every response carries a Content-Security-Policy that allows only this server's script and
-style, so even a rendering mistake could not run injected script.
+style, so even a rendering mistake could not run injected script; the application sits
+behind :func:`fsm.inspect.security.secure` (the Host allowlist, the token, the headers on
+every response, errors included).  No input yields a 500: a bad id or filter (NUL, lone
+surrogates, too long, not a number) gets a 400 page that says what is wrong.
 """
 
 from __future__ import annotations
@@ -15,53 +18,71 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from fsm.errors import FsmError, UnknownEntity
-from fsm.inspect import assets, pages
-from fsm.inspect.data import Filters, InspectorData
+from fsm.errors import FsmError, InvalidArgument, UnknownEntity
+from fsm.inspect import assets, pages, views
+from fsm.inspect.data import BadInput, Filters, InspectorData, check_param
+from fsm.inspect.security import CSP, HEADERS, Tokens, allowed_hosts, secure
+from fsm.inspect.timeline import esc
 from fsm.lifecycle import Lifecycle
+from fsm.records import Snapshot
 from stores.factory import safe_url
 from stores.sql import SqlStore
 
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
 DIAGRAM_LAST = 4
 """Transitions listed in the diagram's entity box (the timeline has them all)."""
-HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 
 
-def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms: int = 2000) -> Starlette:
-    """The inspector over ``store``; ``lifecycles`` give the diagrams and the state order."""
-    data = InspectorData(store)
+def create_app(
+    store: SqlStore,
+    lifecycles: list[type[Lifecycle]],
+    *,
+    refresh_ms: int = 2000,
+    hosts: list[str] | None = None,
+    tokens: Tokens | None = None,
+    count_every: float = 5.0,
+) -> Any:
+    """The inspector over ``store`` (an ASGI application); ``lifecycles`` give the diagrams
+    and the state order.  ``hosts`` is the Host allowlist (default: loopback names only);
+    with ``tokens`` every request must hold the token (:mod:`fsm.inspect.security`).
+    ``count_every``: the least seconds between two recounts of the store (:mod:`fsm.inspect.cache`)."""
+    from fsm.engine.work import claim_plan
+
     by_kind = {lc.kind: lc for lc in lifecycles}
     leaves = {kind: list(lc.table.leaves) for kind, lc in by_kind.items()}
+    plans = {kind: claim_plan(lc.table) for kind, lc in by_kind.items()}
+    data = InspectorData(
+        store,
+        leaves,
+        resumes={kind: list(resumes) for kind, (_, resumes) in plans.items()},
+        claim_events={kind: {start.event for start in starts} for kind, (starts, _) in plans.items()},
+        count_every=count_every,
+    )
     database = safe_url(str(store.engine.url))
 
     def html(text: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(text, status_code=status, headers=HEADERS)
+        return HTMLResponse(text, status_code=status)
 
     def overview_fragment(request: Request) -> str:
         filters = Filters.of(request.query_params)
+        listed = data.entities(filters)
         return pages.overview(
             data.now(),
             data.counts(),
+            data.counts_cache.problem,
             leaves,
-            data.entities(filters),
+            listed,
             filters,
-            data.reaper_moves(),
+            data.last_failures(listed.rows),
             database,
-            data.expired_leases(),
+            data.flags(),
             data.reaper_ticks(),
+            data.activity(),
+            data.holders(),
         )
 
     def live_url(path: str, request: Request) -> str:
@@ -77,6 +98,12 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
     def overview(request: Request) -> Response:
         return html(overview_fragment(request))
 
+    def entity_id_of(request: Request) -> str:
+        entity_id = check_param("id", request.query_params.get("id", ""))
+        if not entity_id:
+            raise BadInput("give an entity id: /entity?id=..")
+        return entity_id
+
     def entity_fragment(entity_id: str) -> tuple[str, int]:
         try:
             for _ in range(3):  # two reads: a transition committing between them would tear the page
@@ -88,41 +115,67 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
         renewals = data.renewals(entity_id)
-        body = pages.entity_page(
-            data.now(), snap, history, effects, progress, renewals, has_diagram=snap.kind in by_kind
-        )
+        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap))
         return body, 200
 
+    def diagram_of(snap: Snapshot) -> str:
+        from fsm.diagram.graphviz_render import INSTALL_HINT, GraphvizNotFound, find_dot
+
+        lifecycle = by_kind.get(snap.kind)
+        if lifecycle is None:
+            return pages.NO_LIFECYCLE
+        try:
+            find_dot()
+        except GraphvizNotFound as err:
+            return views.transition_table(lifecycle, snap.state, f"{err.wanted}. {INSTALL_HINT}")
+        return pages.diagram_image(snap)
+
     def entity(request: Request) -> Response:
-        entity_id = request.query_params.get("id", "")
+        entity_id = entity_id_of(request)
         body, status = entity_fragment(entity_id)
         live = live_url("/fragment/entity", request)
         return html(pages.page(f"{entity_id} · fsm inspect", body, live=live, refresh_ms=refresh_ms), status)
 
     def entity_live(request: Request) -> Response:
-        body, status = entity_fragment(request.query_params.get("id", ""))
+        body, status = entity_fragment(entity_id_of(request))
         return html(body, status)
 
     def diagram(request: Request) -> Response:
         from fsm.diagram.export import render
         from fsm.diagram.extract import extract
 
-        entity_id = request.query_params.get("id", "")
+        entity_id = entity_id_of(request)
         try:
             snap = data.entity(entity_id)
             lifecycle = by_kind.get(snap.kind)
             if lifecycle is None or snap.deleted:
-                return Response("no diagram", status_code=404, headers=HEADERS, media_type="text/plain")
+                return Response("no diagram", status_code=404, media_type="text/plain")
             svg = render(extract(lifecycle, store=store, entity_id=entity_id, last=DIAGRAM_LAST), "svg")
         except FsmError as err:
-            return Response(f"no diagram: {err}", status_code=404, headers=HEADERS, media_type="text/plain")
-        return Response(svg, headers=HEADERS, media_type="image/svg+xml")
+            return Response(f"no diagram: {err}", status_code=404, media_type="text/plain")
+        return Response(svg, media_type="image/svg+xml")
 
     def script(request: Request) -> Response:
-        return Response(assets.SCRIPT, headers=HEADERS, media_type="text/javascript")
+        return Response(assets.SCRIPT, media_type="text/javascript")
 
     def style(request: Request) -> Response:
-        return Response(assets.STYLE, headers=HEADERS, media_type="text/css")
+        return Response(assets.STYLE, media_type="text/css")
+
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        return html(pages.error_page(400, "Bad request", esc(str(exc))), 400)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        titles = {404: "Not found", 405: "Method not allowed"}
+        detail = "This page is read-only: it answers GET only." if exc.status_code == 405 else esc(exc.detail)
+        title = titles.get(exc.status_code, "Error")
+        response = html(pages.error_page(exc.status_code, title, detail), exc.status_code)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return html(pages.error_page(500, "Internal error", "The inspector failed on this request."), 500)
 
     routes: list[Any] = [
         Route("/", index),
@@ -133,7 +186,14 @@ def create_app(store: SqlStore, lifecycles: list[type[Lifecycle]], *, refresh_ms
         Route("/static/inspect.js", script),
         Route("/static/inspect.css", style),
     ]
-    return Starlette(routes=routes)
+    handlers: dict[Any, Any] = {
+        BadInput: bad_input,
+        InvalidArgument: bad_input,
+        HTTPException: http_error,
+        500: server_error,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    return secure(app, hosts=hosts if hosts is not None else allowed_hosts("127.0.0.1"), tokens=tokens)
 
 
-__all__ = ["CSP", "create_app"]
+__all__ = ["CSP", "HEADERS", "create_app"]

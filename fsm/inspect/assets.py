@@ -70,12 +70,32 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .alert { color: #a11d0b; font-weight: 600; margin: 0 0 6px; }
 .alert a { color: inherit; }
 .entities td:not(.id), .reaper td:first-child { white-space: nowrap; }
+.entities td.id { min-width: 11em; }
+.entities td.held, .entities td.expired, .entities td.failure { white-space: normal; word-break: break-word; }
+.entities td.failure { min-width: 14em; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 8px; }
 .split { display: grid; grid-template-columns: minmax(320px, 1fr) minmax(320px, 1fr); gap: 12px; }
 .facts th { width: 130px; }
 pre { margin: 4px 0; white-space: pre-wrap; word-break: break-all; font-size: 12px; }
 pre.data { background: #fafbfc; border: 1px solid #eceef2; padding: 6px; max-height: 280px; overflow: auto; }
-img.diagram { max-width: 100%; }
+.diagram-box img.diagram { width: 100%; max-height: 75vh; object-fit: contain; min-height: 320px; }
+.diagram-fallback table.transitions tr.current td { background: #fff4d6; font-weight: 600; }
+.hint { color: #6b4e00; background: #fff8e1; border: 1px solid #f0d98a; border-radius: 4px; padding: 6px 8px; }
+.charts { display: flex; flex-wrap: wrap; gap: 14px; }
+figure.chart { margin: 0; padding: 6px; border: 1px solid #eceef2; border-radius: 4px; background: #fafbfc; }
+figure.chart figcaption { font-size: 12px; font-weight: 600; margin-bottom: 4px; }
+figure.chart svg { display: block; background: #fff; }
+figure.chart line.axis { stroke: #9aa5b8; }
+figure.chart rect { fill: #4a78c2; }
+.c-claims rect { fill: #16a085; } .c-latency rect { fill: #8e44ad; }
+.c-reaper rect, .c-ticks rect { fill: #c0392b; }
+.axis-labels { display: flex; justify-content: space-between; font-size: 11px; color: #6b7385; }
+tr.idle td { color: #6b7385; background: #fafbfc; }
+td.failure, td.error { color: #a11d0b; }
+.pager { margin: 6px 0 0; }
+.pager a { margin-right: 12px; }
+.problem { font-size: 15px; }
+details summary { cursor: pointer; color: #4a5366; }
 .timeline { list-style: none; padding: 0; margin: 0; }
 .timeline li { border-left: 3px solid #9aa5b8; padding: 4px 10px; margin: 0 0 6px; background: #fafbfc; }
 .timeline li.reaper { border-color: #c0392b; }

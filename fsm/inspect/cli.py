@@ -2,15 +2,24 @@
 
 Needs the ``inspect`` extra (``pip install 'fsm-lifecycles[inspect]'``: Starlette and
 uvicorn).  The store is opened without creating anything, and the page has no write action.
+
+Exposure: the Host header must be a loopback name, the bound address, or one given with
+``--allowed-host``.  Binding anything but loopback needs a token (``FSM_INSPECT_TOKEN``, or
+one made up and printed at start); requests then send ``Authorization: Bearer TOKEN`` or
+sign in once with the printed one-time URL, which sets a session cookie.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 from typing import Any
 
 from fsm.errors import ConfigError, StoreUnavailable
+
+TOKEN_ENV = "FSM_INSPECT_TOKEN"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -40,13 +49,38 @@ def register(subparsers: Any) -> None:
         help="a lifecycle of the store, for its diagram and state order (repeatable; the built-ins always)",
     )
     parser.add_argument("--refresh", type=float, default=2.0, help="seconds between live updates (default 2)")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients use to reach the page (repeatable; loopback names are always allowed)",
+    )
+    parser.add_argument(
+        "--require-token",
+        action="store_true",
+        help=f"ask for the token on loopback too (always asked when binding anything else; {TOKEN_ENV} sets it)",
+    )
     parser.set_defaults(func=handle)
 
 
-def build(args: argparse.Namespace) -> Any:
-    """The Starlette app for ``args`` (the store opened read-only)."""
+def tokens_for(args: argparse.Namespace) -> Any:
+    """The token the page asks for, or ``None`` on loopback without ``--require-token``."""
+    from fsm.inspect.security import Tokens, is_loopback
+
+    if is_loopback(args.host) and not args.require_token:
+        return None
+    token = os.environ.get(TOKEN_ENV, "")
+    if token and len(token) < 16:
+        raise ConfigError(f"{TOKEN_ENV} must be at least 16 characters")
+    return Tokens(token or secrets.token_urlsafe(32))
+
+
+def build(args: argparse.Namespace, tokens: Any = None) -> Any:
+    """The ASGI app for ``args`` (the store opened read-only)."""
     from fsm.diagram.refs import cwd_on_path, load_lifecycle
     from fsm.inspect.app import create_app
+    from fsm.inspect.security import allowed_hosts
     from stores.factory import open_store
     from stores.sql import SqlStore
 
@@ -56,7 +90,13 @@ def build(args: argparse.Namespace) -> Any:
         raise ConfigError("fsm inspect reads a database: give a sqlite:/// or postgresql:// URL")
     store = open_store(args.db, table_prefix=args.prefix, create=False)  # creates nothing
     assert isinstance(store, SqlStore)
-    return create_app(store, lifecycles, refresh_ms=max(200, int(args.refresh * 1000)))
+    return create_app(
+        store,
+        lifecycles,
+        refresh_ms=max(200, int(args.refresh * 1000)),
+        hosts=allowed_hosts(args.host, args.allowed_host),
+        tokens=tokens,
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -65,19 +105,36 @@ def handle(args: argparse.Namespace) -> int:
     except ImportError:
         print("fsm inspect needs the inspect extra: pip install 'fsm-lifecycles[inspect]'", file=sys.stderr)
         return 2
-    from stores.factory import safe_url
 
     try:
-        app = build(args)
+        tokens = tokens_for(args)
+        app = build(args, tokens)
     except (ConfigError, StoreUnavailable) as err:
         print(f"fsm inspect: {err}", file=sys.stderr)
         return 2
-    print(
-        f"fsm inspect: {safe_url(args.db)} at http://{args.host}:{args.port}/ (read-only; Ctrl-C stops)",
-        file=sys.stderr,
-    )
+    for line in announce(args, tokens):
+        print(line, file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "build", "register"]
+def announce(args: argparse.Namespace, tokens: Any) -> list[str]:
+    """What ``fsm inspect`` says at start: where, the warnings, how to sign in."""
+    from stores.factory import safe_url
+
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    base = f"http://{where}:{args.port}"
+    lines = [f"fsm inspect: {safe_url(args.db)} at {base}/ (read-only; Ctrl-C stops)"]
+    if args.host in {"0.0.0.0", "::"}:
+        lines.append(
+            f"fsm inspect: WARNING: --host {args.host} serves the page on every network interface; "
+            "it shows entity data and effect results. Name the hosts clients use with --allowed-host."
+        )
+    if tokens is not None:
+        if not os.environ.get(TOKEN_ENV):
+            lines.append(f"fsm inspect: token (set {TOKEN_ENV} to choose it): {tokens.token}")
+        lines.append(f"fsm inspect: sign in once (this URL works one time): {base}/login?code={tokens.new_code()}")
+    return lines
+
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "TOKEN_ENV", "announce", "build", "register", "tokens_for"]

@@ -9,17 +9,34 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fsm.errors import MalformedRow
+from fsm.errors import FsmError, MalformedRow
+from fsm.inspect.activity import Activity, ActivitySql, Holder
+from fsm.inspect.cache import Cached, Recomputed
+from fsm.inspect.listing import Listed, ListingSql
+from fsm.limits import text_problem
 from fsm.records import PROGRESS_KEY, RENEWALS_KEPT, RENEWALS_KEY, EffectRecord, HistoryRecord, LeaseRenewal, Snapshot
 from stores.ledger import renewals_of
 from stores.sql import SqlStore
-from stores.sql.rows import snapshot_of
-from stores.sql.schema import decode_time
+from stores.sql.rows import history_of
+from stores.sql.schema import HISTORY_COLUMNS, decode_time
 
 LEADER_KIND = "fsm.leader"
 TICKS_KIND = "fsm.reaper"
 TICKS_ID = "fsm-reaper-ticks"
 MAX_ROWS = 500
+
+
+class BadInput(FsmError, ValueError):
+    """A query parameter the inspector cannot use (the page answers 400 with this message)."""
+
+
+def check_param(name: str, value: str, *, limit: int = 255) -> str:
+    """``value`` if it can be a bound parameter on every store (no NUL, no lone surrogate,
+    at most ``limit`` characters), else :class:`BadInput` naming ``name``."""
+    problem = text_problem(value, limit=limit, empty=True)
+    if problem is not None:
+        raise BadInput(f"{name} {problem}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -29,35 +46,64 @@ class Filters:
     kind: str = ""
     state: str = ""
     text: str = ""
-    """A substring of the id or of the lease holder."""
+    """A prefix of the id (``q``)."""
+    holder: str = ""
+    """Only this lease holder's entities (``holder``)."""
     limit: int = 100
     expired: bool = False
     """Only entities whose holder's lease has expired (stuck until the reaper moves them)."""
+    data_path: str = ""
+    """A data field (``data``: ``key`` or ``key.sub``) that must equal :attr:`data_value`."""
+    data_value: str = ""
+    after: tuple[str, str] | None = None
+    """The keyset position the page starts after (``after_t``, ``after_id``)."""
 
     @classmethod
     def of(cls, query: Any) -> Filters:
-        try:
-            limit = int(query.get("limit", 100))
-        except ValueError:
-            limit = 100
+        """The filters of a query string; :class:`BadInput` for one no store could take."""
+        raw = str(query.get("limit", "") or "100")
+        if not raw.isdigit() or len(raw) > 6:
+            raise BadInput(f"limit must be a whole number from 1 to {MAX_ROWS}, not {raw[:20]!r}")
+        path = check_param("data", str(query.get("data", "")))
+        if path and (any(not key for key in path.split(".")) or '"' in path or "\\" in path):
+            raise BadInput("data must be a field name or a dotted path (a.b), without quotes or backslashes")
+        after = None
+        after_t, after_id = str(query.get("after_t", "")), check_param("after_id", str(query.get("after_id", "")))
+        if after_id:
+            if after_t:
+                try:
+                    when = datetime.fromisoformat(check_param("after_t", after_t, limit=40))
+                except ValueError:
+                    raise BadInput(f"after_t must be a timestamp, not {after_t[:40]!r}") from None
+                if when.tzinfo is None:
+                    raise BadInput("after_t must carry its UTC offset")
+            after = (after_t, after_id)
         return cls(
-            kind=str(query.get("kind", ""))[:200],
-            state=str(query.get("state", ""))[:200],
-            text=str(query.get("q", ""))[:200],
-            limit=max(1, min(limit, MAX_ROWS)),
+            kind=check_param("kind", str(query.get("kind", ""))),
+            state=check_param("state", str(query.get("state", ""))),
+            text=check_param("q", str(query.get("q", ""))),
+            holder=check_param("holder", str(query.get("holder", ""))),
+            limit=max(1, min(int(raw), MAX_ROWS)),
             expired=query.get("expired", "") == "1",
+            data_path=path,
+            data_value=check_param("value", str(query.get("value", "")), limit=10_000) if path else "",
+            after=after,
         )
 
-
-@dataclass(frozen=True)
-class ReaperMove:
-    entity_id: str
-    kind: str
-    event: str
-    source: str
-    target: str
-    reason: str | None
-    at: datetime
+    def query(self, **changes: Any) -> dict[str, str]:
+        """These filters as query parameters (with ``changes``), for links."""
+        found = {
+            "kind": self.kind,
+            "state": self.state,
+            "q": self.text,
+            "holder": self.holder,
+            "expired": "1" if self.expired else "",
+            "data": self.data_path,
+            "value": self.data_value if self.data_path else "",
+            "limit": str(self.limit) if self.limit != 100 else "",
+        }
+        found.update(changes)
+        return {k: v for k, v in found.items() if v}
 
 
 @dataclass(frozen=True)
@@ -83,89 +129,171 @@ class RenewalLog:
         return ""
 
 
-class InspectorData:
-    """The inspector's reads over one :class:`stores.sql.SqlStore` (opened read-only)."""
+@dataclass(frozen=True)
+class Flags:
+    """Per kind: entities whose holder's lease expired, and entities waiting for a worker
+    (in a state whose work needs a holder, with none: reclaimed or released), each counted
+    up to :data:`FLAG_CAP` (``FLAG_CAP`` means "at least")."""
 
-    def __init__(self, store: SqlStore) -> None:
+    expired: dict[str, int]
+    waiting: dict[str, dict[str, int]]
+
+
+FLAG_CAP = 1000
+
+
+class InspectorData:
+    """The inspector's reads over one :class:`stores.sql.SqlStore` (opened read-only).
+
+    None of them scans the store per page: the counts come from a cache whose age the page
+    shows (:mod:`fsm.inspect.cache`), everything else from index walks bounded by what
+    they show (:mod:`fsm.inspect.listing`, :mod:`fsm.inspect.activity`).
+    """
+
+    def __init__(
+        self,
+        store: SqlStore,
+        leaves: dict[str, list[str]] | None = None,
+        *,
+        resumes: dict[str, list[str]] | None = None,
+        claim_events: dict[str, set[str]] | None = None,
+        count_every: float = 5.0,
+    ) -> None:
         self.store = store
         sql = store._sql
         lay, f = sql.L, store._f
         self._f = f
         self._E, self._H = sql.E, sql.H
         self._ref = lay.ref
-        self._cols = sql.cols_e
+        self.leaves = leaves or {}
+        self.resumes = resumes or {}
         kind = lay.ref("kind", "e")
+        self._base: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND}
         live = f"NOT {lay.ref('deleted', 'e')} AND {kind} <> {f.p('leader')} AND {kind} <> {f.p('ticks')}"
         self._live = live
         self._counts = (
             f"SELECT {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}, COUNT(*) FROM {sql.E} AS e "
             f"WHERE {live} GROUP BY {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}"
         )
-        exp = lay.ref("lease_expires_at", "e")
-        self._stale = (
-            f"SELECT {lay.ref('kind', 'e')}, COUNT(*) FROM {sql.E} AS e WHERE {live} "
-            f"AND {lay.ref('lease_owner', 'e')} IS NOT NULL AND {exp} < {f.now} GROUP BY {lay.ref('kind', 'e')}"
-        )
         self._ticks = (
             f"SELECT seq, at, data FROM {sql.H} WHERE entity_id = {f.p('id')} ORDER BY seq DESC LIMIT {f.p('limit')}"
         )
-        self._moves = (
-            f"SELECT h.entity_id, {lay.ref('kind', 'e')}, h.event, h.source, h.target, h.reason, h.at "
-            f"FROM {sql.H} AS h JOIN {sql.E} AS e ON {lay.ref('id', 'e')} = h.entity_id "
-            f"WHERE h.actor = 'reaper' ORDER BY h.at DESC, h.entity_id LIMIT {f.p('limit')}"
-        )
+        self.listing = ListingSql(store, live, self._base)
+        self.activity_sql = ActivitySql(store, live, self._base, claim_events or {})
+        self.counts_cache: Recomputed[dict[str, dict[str, int]]] = Recomputed(self._count, floor=count_every)
+        self.activity_cache: Recomputed[Activity] = Recomputed(self._activity, floor=max(count_every, 2.0))
 
     def now(self) -> datetime:
         return self.store.now()
 
-    def counts(self) -> dict[str, dict[str, int]]:
-        """``{kind: {state: n}}`` of live entities (the reaper's leader row left out)."""
+    def _count(self) -> dict[str, dict[str, int]]:
         found: dict[str, dict[str, int]] = {}
-        for kind, state, n in self.store._run(self._counts, {"leader": LEADER_KIND, "ticks": TICKS_KIND}):
+        for kind, state, n in self.store._run(self._counts, self._base):
             found.setdefault(str(kind), {})[str(state)] = int(n)
         return found
 
-    def expired_leases(self) -> dict[str, int]:
-        """``{kind: n}`` of entities whose holder's lease expired: stuck until the reaper moves them."""
-        params: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND}
+    def counts(self) -> Cached[dict[str, dict[str, int]]]:
+        """``{kind: {state: n}}`` of live entities (the reaper's reserved rows left out), cached."""
+        return self.counts_cache.get()
+
+    def pairs(self, kind: str = "", state: str = "") -> list[tuple[str, str]]:
+        """The (kind, state) pairs to walk: every pair counted or declared, narrowed by the filters."""
+        known = {(k, s) for k, states in self.counts().value.items() for s in states}
+        known |= {(k, s) for k, states in self.leaves.items() for s in states}
+        if kind and state:
+            return [(kind, state)]
+        return sorted((k, s) for k, s in known if (not kind or k == kind) and (not state or s == state))
+
+    def flags(self) -> Flags:
+        """Expired leases and work waiting for a worker, per kind: walks of the lease index,
+        each bounded by :data:`FLAG_CAP` rows (never a count of the store)."""
+        f, ref = self._f, self._ref
+        exp, owner = ref("lease_expires_at", "e"), ref("lease_owner", "e")
+        params: dict[str, Any] = dict(self._base)
         now = self.store._now()
         if now is not None:
-            params["now"] = self._f.time(now)
-        return {str(kind): int(n) for kind, n in self.store._run(self._stale, params)}
-
-    def entities(self, filters: Filters) -> list[Snapshot]:
-        """Live entities matching ``filters``, most recently updated first."""
-        f, ref = self._f, self._ref
-        where = self._live
-        params: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND, "limit": filters.limit}
-        if filters.kind:
-            where += f" AND {ref('kind', 'e')} = {f.p('kind')}"
-            params["kind"] = filters.kind
-        if filters.state:
-            where += f" AND {ref('state', 'e')} = {f.p('state')}"
-            params["state"] = filters.state
-        if filters.expired:
-            where += f" AND {ref('lease_owner', 'e')} IS NOT NULL AND {ref('lease_expires_at', 'e')} < {f.now}"
-            now = self.store._now()
-            if now is not None:
-                params["now"] = f.time(now)
-        if filters.text:
-            pattern = "%" + filters.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            where += (
-                f" AND ({ref('id', 'e')} LIKE {f.p('text')} ESCAPE '\\' "
-                f"OR {ref('lease_owner', 'e')} LIKE {f.p('text')} ESCAPE '\\')"
-            )
-            params["text"] = pattern
-        sql = (
-            f"SELECT {self._cols} FROM {self._E} AS e WHERE {where} "
-            f"ORDER BY {ref('updated_at', 'e')} DESC, {ref('id', 'e')} LIMIT {f.p('limit')}"
+            params["now"] = f.time(now)
+        parts, labels = [], []
+        pairs = self.pairs()
+        for i, (kind, state) in enumerate(pairs):
+            params[f"k{i}"], params[f"s{i}"] = kind, state
+            where = f"{ref('kind', 'e')} = {f.p(f'k{i}')} AND {ref('state', 'e')} = {f.p(f's{i}')} AND {self._live}"
+            parts.append(f"{where} AND {owner} IS NOT NULL AND {exp} < {f.now}")
+            labels.append(("expired", kind, state))
+            if state in self.resumes.get(kind, ()):
+                parts.append(f"{where} AND {owner} IS NULL")  # a reclaim keeps a backstop expiry
+                labels.append(("waiting", kind, state))
+        if not parts:
+            return Flags({}, {})
+        params["cap"] = FLAG_CAP
+        sql = " UNION ALL ".join(
+            f"SELECT {i}, COUNT(*) FROM (SELECT 1 AS one FROM {self._E} AS e WHERE {w} LIMIT {f.p('cap')}) AS c{i}"
+            for i, w in enumerate(parts)
         )
-        found = []
-        for row in self.store._run(sql, params):
-            try:
-                found.append(snapshot_of(row))
-            except Exception:  # a malformed row is shown in the counts, not in the table
+        expired: dict[str, int] = {}
+        waiting: dict[str, dict[str, int]] = {}
+        for i, n in self.store._run(sql, params):
+            what, kind, state = labels[int(i)]
+            if not n:
                 continue
+            if what == "expired":
+                expired[kind] = min(FLAG_CAP, expired.get(kind, 0) + int(n))
+            else:
+                waiting.setdefault(kind, {})[state] = int(n)
+        return Flags(expired, waiting)
+
+    def entities(self, filters: Filters) -> Listed:
+        """One page of live entities matching ``filters`` (:mod:`fsm.inspect.listing`)."""
+        return self.listing.run(
+            self.pairs(filters.kind, filters.state),
+            limit=filters.limit,
+            prefix=filters.text,
+            holder=filters.holder,
+            expired=filters.expired,
+            data_path=filters.data_path,
+            data_value=filters.data_value,
+            after=self._after(filters.after),
+        )
+
+    def _after(self, after: tuple[str, str] | None) -> tuple[Any, str] | None:
+        if after is None:
+            return None
+        at, entity_id = after
+        if not at:
+            return ("", entity_id)
+        when = datetime.fromisoformat(at)
+        return (self._f.time(when), entity_id)
+
+    def _activity(self) -> Activity:
+        return self.activity_sql.activity(self.pairs(), self.store.now())
+
+    def activity(self) -> Cached[Activity]:
+        return self.activity_cache.get()
+
+    def holders(self) -> list[Holder]:
+        return self.activity_sql.holders(self.pairs())
+
+    def last_failures(self, snaps: list[Snapshot]) -> dict[str, HistoryRecord]:
+        """For the listed entities that failed or retried: their latest transition that records
+        a reason or an error (primary key reads of those entities' history only)."""
+        ids = [s.id for s in snaps if s.state == "failed" or s.attempt > 1]
+        if not ids:
+            return {}
+        f = self._f
+        cols = ", ".join(f"h.{c}" for c in HISTORY_COLUMNS)
+        rows = self.store._run(
+            f"SELECT {cols} FROM {self._H} AS h WHERE {f.in_ids('h.entity_id', 'ids')} ORDER BY h.entity_id, h.seq",
+            {"ids": f.ids(ids)},
+        )
+        found: dict[str, HistoryRecord] = {}
+        for row in rows:
+            try:
+                h = history_of(row)
+            except MalformedRow:
+                continue
+            error = h.data.get("error") if isinstance(h.data, dict) else None
+            if h.reason or error:
+                found[h.entity_id] = h
         return found
 
     def entity(self, entity_id: str) -> Snapshot:
@@ -189,8 +317,9 @@ class InspectorData:
         except MalformedRow as err:
             return RenewalLog([], record.attempts, problem=err.reason)
 
-    def reaper_ticks(self, limit: int = 20) -> list[ReaperTick]:
-        """The reaper's latest recorded ticks (its tick log, :mod:`fsm.reaping.ticklog`), newest first."""
+    def reaper_ticks(self, limit: int = 60) -> list[ReaperTick]:
+        """The reaper's latest recorded ticks (its tick log, :mod:`fsm.reaping.ticklog`), newest
+        first: a primary key walk of one reserved entity's history."""
         found = []
         for seq, at, data in self.store._run(self._ticks, {"id": TICKS_ID, "limit": limit}):
             try:
@@ -200,19 +329,17 @@ class InspectorData:
                 continue
         return found
 
-    def reaper_moves(self, limit: int = 50) -> list[ReaperMove]:
-        """The reaper's latest transitions (from history: what the store records of it)."""
-        rows = self.store._run(self._moves, {"limit": limit})
-        return [ReaperMove(str(r[0]), str(r[1]), r[2], r[3], r[4], r[5], decode_time(r[6])) for r in rows]
-
 
 __all__ = [
+    "FLAG_CAP",
     "LEADER_KIND",
     "TICKS_ID",
     "TICKS_KIND",
+    "BadInput",
     "Filters",
+    "Flags",
     "InspectorData",
-    "ReaperMove",
     "ReaperTick",
     "RenewalLog",
+    "check_param",
 ]

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from itertools import groupby
-from typing import Any
 from urllib.parse import urlencode
 
-from fsm.inspect.data import Filters, ReaperMove, ReaperTick, RenewalLog
+from fsm.inspect.activity import Activity, Holder
+from fsm.inspect.cache import Cached
+from fsm.inspect.data import FLAG_CAP, Filters, Flags, ReaperTick, RenewalLog
+from fsm.inspect.listing import Listed
 from fsm.inspect.timeline import age, esc, pretty_json, span, stamp, timeline
+from fsm.inspect.views import (
+    activity_section,
+    attempts_section,
+    cache_note,
+    failure_of,
+    holders_section,
+    moves_section,
+    ticks_section,
+)
 from fsm.records import EffectRecord, HistoryRecord, Snapshot
 
 
@@ -38,25 +48,38 @@ def page(title: str, body: str, *, live: str, refresh_ms: int) -> str:
 # -- the overview ------------------------------------------------------------------------------
 
 
-def counts_section(counts: dict[str, dict[str, int]], leaves: dict[str, list[str]], expired: dict[str, int]) -> str:
-    if not counts:
-        return "<section><h2>Counts</h2><p class=empty>No entities in this store yet.</p></section>"
-    parts = ["<section><h2>Counts by lifecycle and state</h2><div class=cards>"]
-    for kind in sorted(counts):
-        states = leaves.get(kind) or sorted(counts[kind])
-        extra = [s for s in sorted(counts[kind]) if s not in states]
-        total = sum(counts[kind].values())
-        head = f"<h3>{esc(kind)} <span class=total>{total} total</span></h3>"
-        stuck = expired.get(kind, 0)
+def counts_section(
+    counts: Cached[dict[str, dict[str, int]]], leaves: dict[str, list[str]], flags: Flags, problem: str | None
+) -> str:
+    found = counts.value
+    note = cache_note(counts, "counts", problem)
+    if not found:
+        return f"<section><h2>Counts {note}</h2><p class=empty>No entities in this store yet.</p></section>"
+    parts = [f"<section class=counts><h2>Counts by lifecycle and state {note}</h2><div class=cards>"]
+    for kind in sorted(found):
+        states = leaves.get(kind) or sorted(found[kind])
+        extra = [s for s in sorted(found[kind]) if s not in states]
+        total = sum(found[kind].values())
+        head = f"<h3>{esc(kind)} <span class=total>{total:,} total</span></h3>"
+        stuck = flags.expired.get(kind, 0)
         if stuck:
+            shown = f"{stuck:,}+" if stuck >= FLAG_CAP else f"{stuck:,}"
             head += (
                 f"<p class=alert data-expired='{esc(kind)}' title='their holder stopped renewing; the reaper moves "
                 f"them at its next tick'><a href='{esc('/?' + urlencode({'kind': kind, 'expired': '1'}))}'>"
-                f"{stuck} with an expired lease</a></p>"
+                f"{shown} with an expired lease</a></p>"
+            )
+        for state, n in sorted(flags.waiting.get(kind, {}).items()):
+            shown = f"{n:,}+" if n >= FLAG_CAP else f"{n:,}"
+            head += (
+                f"<p class=alert data-waiting='{esc(kind)}/{esc(state)}' title='in {esc(state)} with no holder: "
+                "reclaimed or released, waiting for a worker to claim and resume it'>"
+                f"<a href='{esc('/?' + urlencode({'kind': kind, 'state': state}))}'>{shown} {esc(state)} waiting "
+                "for a worker</a></p>"
             )
         parts.append(f"<div class=card data-kind='{esc(kind)}'>{head}<table>")
         for state in [*states, *extra]:
-            n = counts[kind].get(state, 0)
+            n = found[kind].get(state, 0)
             url = "/?" + urlencode({"kind": kind, "state": state})
             unknown = " class=unknown title='not a state of the lifecycle'" if state in extra else ""
             parts.append(
@@ -75,8 +98,11 @@ def filter_form(filters: Filters, kinds: Iterable[str]) -> str:
     return (
         "<form class=filters method=get action=/>"
         f"<label>lifecycle <select name=kind><option value=''>all</option>{options}</select></label>"
-        f"<label>state <input name=state value='{esc(filters.state)}' size=12></label>"
-        f"<label>id or holder contains <input name=q value='{esc(filters.text)}' size=24></label>"
+        f"<label>state <input name=state value='{esc(filters.state)}' size=10></label>"
+        f"<label>id starts with <input name=q value='{esc(filters.text)}' size=16></label>"
+        f"<label>holder <input name=holder value='{esc(filters.holder)}' size=16></label>"
+        f"<label>data field <input name=data value='{esc(filters.data_path)}' size=10 placeholder='task'></label>"
+        f"<label>= <input name=value value='{esc(filters.data_value)}' size=12></label>"
         f"<label>rows <input name=limit value='{filters.limit}' size=4></label>"
         f"<label><input type=checkbox name=expired value=1{' checked' if filters.expired else ''}> "
         "expired leases only</label>"
@@ -103,118 +129,78 @@ def lease_cells(now: datetime, snap: Snapshot) -> str:
     )
 
 
-def entities_section(now: datetime, snaps: list[Snapshot], filters: Filters, kinds: list[str]) -> str:
+ORDERS = {
+    "updated": "most recently updated first",
+    "id": "by id",
+    "expiry": "soonest lease expiry first",
+}
+
+
+def entities_section(
+    now: datetime, listed: Listed, filters: Filters, kinds: list[str], last: dict[str, HistoryRecord]
+) -> str:
     head = (
         "<tr><th>id</th><th>lifecycle</th><th>state</th><th>in state for</th><th>created</th>"
-        "<th>lease holder</th><th>lease expiry</th><th>attempt</th><th>reclaims</th></tr>"
+        "<th>lease holder</th><th>lease expiry</th><th>attempt</th><th>reclaims</th><th>failure reason</th></tr>"
     )
     rows = []
-    for s in snaps:
+    for s in listed.rows:
+        failure = failure_of(last.get(s.id)) if s.state == "failed" or s.attempt > 1 else ""
         rows.append(
             f"<tr data-id='{esc(s.id)}'><td class=id><a href='{esc(entity_url(s.id))}'>{esc(s.id)}</a></td>"
             f"<td>{esc(s.kind)}</td><td><span class='state s-{esc(s.state)}'>{esc(s.state)}</span></td>"
             f"<td title='{esc(stamp(s.state_entered_at))}'>{esc(span(now - s.state_entered_at))}</td>"
             f"<td title='{esc(stamp(s.created_at))}'>{esc(age(now, s.created_at))}</td>"
-            f"{lease_cells(now, s)}<td class=n>{s.attempt}</td><td class=n>{s.reclaims}</td></tr>"
+            f"{lease_cells(now, s)}<td class=n>{s.attempt}</td><td class=n>{s.reclaims}</td>"
+            f"<td class=failure>{esc(failure)}</td></tr>"
         )
-    body = "".join(rows) or "<tr><td colspan=9 class=empty>No entity matches.</td></tr>"
-    shown = f"{len(snaps)} shown, most recently updated first" + (
-        " (limit reached)" if len(snaps) >= filters.limit else ""
-    )
+    body = "".join(rows) or "<tr><td colspan=10 class=empty>No entity matches.</td></tr>"
+    shown = f"{len(listed.rows)} shown, {ORDERS[listed.order]}"
+    if listed.searched_to == "all":
+        shown += "; the data search looked at every row"
+    elif listed.searched_to:
+        when = datetime.fromisoformat(listed.searched_to)
+        shown += f"; the data search looked at the rows updated since {stamp(when)} (next page: older ones)"
+    if filters.after is not None:
+        shown += " (a later page)"
+    pager = []
+    if filters.after is not None:
+        pager.append(f"<a class=first href='{esc('/?' + urlencode(filters.query()))}'>← first page</a>")
+    if listed.more is not None:
+        at, entity_id = listed.more
+        nxt = filters.query(after_t=at, after_id=entity_id)
+        pager.append(f"<a class=next rel=next href='{esc('/?' + urlencode(nxt))}'>next page →</a>")
+    elif listed.order == "expiry" and len(listed.rows) >= filters.limit:
+        pager.append("<span class=muted>(the first rows only: narrow by lifecycle or state)</span>")
     return (
-        f"<section><h2>Entities <span class=muted>{esc(shown)}</span></h2>{filter_form(filters, kinds)}"
-        f"<table class=entities>{head}{body}</table></section>"
-    )
-
-
-def _count(summary: dict[str, Any], key: str) -> str:
-    value = summary.get(key, 0)
-    bad = " bad" if key in {"errors", "bad_rows"} and value else ""
-    return f"<td class='n{bad}'>{esc(value)}</td>"
-
-
-def ticks_section(now: datetime, ticks: list[ReaperTick]) -> str:
-    """The reaper's tick log: what each tick did, failures in red."""
-    if not ticks:
-        return (
-            "<section class=ticks><h2>Reaper: recent ticks</h2><p class=empty>No tick recorded. "
-            "<code>fsm reaper</code> records each tick; a reaper embedded in an application records "
-            "them with <code>TickLog(store).record(result, reaper.owner)</code>.</p></section>"
-        )
-    head = (
-        "<tr><th>when</th><th>reaper</th><th class=n>moved</th><th>what moved</th><th class=n>lost races</th>"
-        "<th class=n>refused</th><th class=n>bad rows</th><th class=n>errors</th><th class=n>took</th></tr>"
-    )
-    rows = []
-    for t in ticks:
-        s = t.summary
-        moved = s.get("moved") if isinstance(s.get("moved"), dict) else {}
-        assert isinstance(moved, dict)
-        total = sum(v for v in moved.values() if isinstance(v, int))
-        what = ", ".join(f"{k} {v}" for k, v in moved.items()) or "nothing"
-        if s.get("leading") is False:
-            what = "skipped: another reaper leads"
-        elif s.get("enabled") is False:
-            what = "skipped: disabled"
-
-        rows.append(
-            f"<tr data-tick='{t.seq}'><td title='{esc(stamp(t.at))}'>{esc(age(now, t.at))}</td>"
-            f"<td class=id>{esc(s.get('owner', ''))}</td><td class=n>{total}</td><td>{esc(what)}</td>"
-            f"{_count(s, 'lost_races')}{_count(s, 'refused')}{_count(s, 'bad_rows')}{_count(s, 'errors')}"
-            f"<td class=n>{esc(s.get('duration_ms', ''))} ms</td></tr>"
-        )
-    return (
-        "<section class=ticks><h2>Reaper: recent ticks <span class=muted>newest first</span></h2>"
-        f"<table>{head}{''.join(rows)}</table></section>"
-    )
-
-
-def reaper_section(now: datetime, moves: list[ReaperMove]) -> str:
-    """The reaper's recent work, one row per batch (its moves share one commit time)."""
-    if not moves:
-        return (
-            "<section class=reaper><h2>Reaper: recent moves</h2><p class=empty>The reaper has moved nothing yet "
-            "(it records its moves in each entity's history).</p></section>"
-        )
-    rows = []
-    for at, group in groupby(moves, key=lambda m: m.at):
-        batch = list(group)
-        summary: dict[str, int] = {}
-        for m in batch:
-            label = f"{m.kind} {m.event} {m.source}→{m.target}" + (f" ({m.reason})" if m.reason else "")
-            summary[label] = summary.get(label, 0) + 1
-        what = "; ".join(f"{n} x {label}" for label, n in summary.items())
-        ids = ", ".join(m.entity_id for m in batch[:5]) + (f" and {len(batch) - 5} more" if len(batch) > 5 else "")
-        rows.append(
-            f"<tr><td title='{esc(stamp(at))}'>{esc(age(now, at))}</td><td class=n>{len(batch)}</td>"
-            f"<td>{esc(what)}</td><td class=id>{esc(ids)}</td></tr>"
-        )
-    return (
-        "<section class=reaper><h2>Reaper: recent moves <span class=muted>(grouped by commit)</span></h2>"
-        "<table><tr><th>when</th><th>moved</th><th>what</th><th>entities</th></tr>"
-        + "".join(rows)
-        + "</table></section>"
+        f"<section class=list><h2>Entities <span class=muted>{esc(shown)}</span></h2>{filter_form(filters, kinds)}"
+        f"<table class=entities>{head}{body}</table><p class=pager>{' '.join(pager)}</p></section>"
     )
 
 
 def overview(
     now: datetime,
-    counts: dict[str, dict[str, int]],
+    counts: Cached[dict[str, dict[str, int]]],
+    counts_problem: str | None,
     leaves: dict[str, list[str]],
-    snaps: list[Snapshot],
+    listed: Listed,
     filters: Filters,
-    moves: list[ReaperMove],
+    last: dict[str, HistoryRecord],
     database: str,
-    expired: dict[str, int],
+    flags: Flags,
     ticks: list[ReaperTick],
+    activity: Cached[Activity],
+    holders: list[Holder],
 ) -> str:
-    kinds = sorted(set(counts) | set(leaves))
+    kinds = sorted(set(counts.value) | set(leaves))
     return (
         f"<p class=meta>Store <code>{esc(database)}</code> · database time {esc(stamp(now))}</p>"
-        + counts_section(counts, leaves, expired)
+        + counts_section(counts, leaves, flags, counts_problem)
+        + entities_section(now, listed, filters, kinds, last)
         + ticks_section(now, ticks)
-        + entities_section(now, snaps, filters, kinds)
-        + reaper_section(now, moves)
+        + activity_section(activity, ticks)
+        + holders_section(now, holders)
+        + moves_section(now, activity.value)
     )
 
 
@@ -234,6 +220,19 @@ def last_renewal(now: datetime, renewals: RenewalLog) -> str:
     )
 
 
+def diagram_image(snap: Snapshot) -> str:
+    """The lifecycle's diagram (an ``<img>``: never runs script), full width, opening full size."""
+    svg = "/diagram.svg?" + urlencode({"id": snap.id, "v": snap.version})
+    return (
+        f"<a href='{esc(svg)}' target=_blank rel=noopener title='open the diagram full size'>"
+        f"<img class=diagram alt='diagram of {esc(snap.kind)} with {esc(snap.state)} highlighted' "
+        f"src='{esc(svg)}'></a>"
+    )
+
+
+NO_LIFECYCLE = "<p class=empty>No diagram: this lifecycle was not given to fsm inspect (--lifecycle MODULE:Class).</p>"
+
+
 def entity_page(
     now: datetime,
     snap: Snapshot,
@@ -241,13 +240,17 @@ def entity_page(
     effects: list[EffectRecord],
     progress: EffectRecord | None,
     renewals: RenewalLog,
-    has_diagram: bool,
+    diagram: str,
 ) -> str:
+    """One entity; ``diagram`` is the markup of its diagram section (image, fallback, or why none)."""
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
     entered = snap.state_entered_at
+    waiting = ""
+    if snap.lease_owner is None and snap.reclaims and snap.state not in {"completed", "failed", "queued"}:
+        waiting = " <span class=alert>waiting for a worker</span>"
     facts = [
         ("lifecycle", esc(snap.kind)),
-        ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}"),
+        ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}{waiting}"),
         ("in state for", f"<span title='{esc(stamp(entered))}'>{esc(span(now - entered))}</span>"),
         ("version", str(snap.version)),
         ("attempt", str(snap.attempt)),
@@ -259,14 +262,6 @@ def entity_page(
     ]
     lease = "<table class=facts>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     lease += f"<tr><th>lease</th>{lease_cells(now, snap)}</tr></table>"
-    svg = "/diagram.svg?" + urlencode({"id": snap.id, "v": snap.version})
-    diagram = (
-        f"<a href='{esc(svg)}' target=_blank rel=noopener title='open the diagram full size'>"
-        f"<img class=diagram alt='diagram of {esc(snap.kind)} with {esc(snap.state)} highlighted' "
-        f"src='{esc(svg)}'></a>"
-        if has_diagram
-        else "<p class=empty>No diagram: this lifecycle was not given to fsm inspect (--lifecycle MODULE:Class).</p>"
-    )
     effect_rows = "".join(
         f"<tr><td>{esc(e.key)}</td><td class='{esc(e.status)}'>{esc(e.status)}</td><td class=n>{e.lease_token}</td>"
         f"<td class=n>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td>"
@@ -283,11 +278,26 @@ def entity_page(
     return (
         f"<p class=meta><a href=/>← all entities</a> · database time {esc(stamp(now))}</p>"
         f"<h1 class=id>{esc(snap.id)}</h1>"
-        f"<div class=split><section><h2>Now</h2>{lease}<h2>Data</h2><pre class=data>{esc(pretty_json(snap.data))}</pre>"
-        f"</section><section><h2>Diagram</h2>{diagram}</section></div>"
+        f"<div class=split><section><h2>Now</h2>{lease}</section><section><h2>Data</h2>"
+        f"<pre class=data>{esc(pretty_json(snap.data))}</pre></section></div>"
+        f"{attempts_section(now, history)}"
         f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
-        f"{timeline(now, history, effects, progress, renewals.entries)}"
-        f"</section><section><h2>Recorded effects</h2>{effect_table}</section>"
+        f"{timeline(now, history, effects, progress, renewals.entries)}</section>"
+        f"<section class=diagram-box><h2>Diagram</h2>{diagram}</section>"
+        f"<section><h2>Recorded effects</h2>{effect_table}</section>"
+    )
+
+
+def error_page(status: int, title: str, detail_html: str) -> str:
+    """A whole error page (``detail_html`` is trusted markup: callers escape what they put in it)."""
+    body = (
+        f"<p class=meta><a href=/>← all entities</a></p><h1>{status} · {esc(title)}</h1>"
+        f"<p class=problem data-status='{status}'>{detail_html}</p>"
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{status} {esc(title)} · fsm inspect</title><link rel=stylesheet href=/static/inspect.css></head>"
+        f"<body><header><a class=home href=/>fsm inspect</a></header><main>{body}</main></body></html>"
     )
 
 
@@ -297,4 +307,4 @@ def not_found(entity_id: str) -> str:
     )
 
 
-__all__ = ["age", "entity_page", "esc", "not_found", "overview", "page"]
+__all__ = ["NO_LIFECYCLE", "age", "diagram_image", "entity_page", "error_page", "esc", "not_found", "overview", "page"]

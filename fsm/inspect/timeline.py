@@ -122,7 +122,7 @@ def _line(now: datetime, event: Event, after: Event | None = None) -> str:
         data = f"<pre>{esc(pretty_json(h.data))}</pre>" if h.data else ""
         return (
             f"<li class='ev {kind}' data-seq='{h.seq}'>{_when(now, h.at)}<span class=tag>"
-            f"{'reaper tick' if kind == 'reaper' else 'transition'}</span> "
+            f"{'reaper move' if kind == 'reaper' else 'transition'}</span> "
             f"<b>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</b> "
             f"<span class=muted>{esc(', '.join(facts))}</span>{data}</li>"
         )
@@ -177,7 +177,7 @@ def timeline(
 ) -> str:
     """The timeline as an ordered list, newest first."""
     lines = events(history, effects, progress, renewals)
-    later: list[Event | None] = [*lines[1:], None]
+    later: list[Event | None] = [*lines[1:], None] if lines else []  # an entity never fired has no line
     body = "".join(_line(now, e, after) for e, after in reversed(list(zip(lines, later, strict=True))))
     body = body or "<li class=empty>Nothing recorded yet.</li>"
     return f"<ol class=timeline>{body}</ol>"

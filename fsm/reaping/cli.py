@@ -50,6 +50,19 @@ def register(sub: Any) -> None:
         help="do not record each tick's summary in the store (what fsm inspect shows as the reaper's ticks)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT (needs the otel extra; 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics endpoint binds (default: %(default)s)",
+    )
+    parser.add_argument(
         "--lifecycle",
         action="append",
         metavar="MODULE:Class",
@@ -90,12 +103,15 @@ def run(args: argparse.Namespace) -> int:
         store = open_readonly(args.db, args.prefix, "fsm reaper")
         reaper = Reaper(store, lifecycles, config)
         tick_log = TickLog(store) if getattr(args, "tick_log", True) else None
+        metrics = _serve_metrics(args)
     except (FsmError, ReadOnlyStoreError) as err:
         print(f"fsm reaper: error: {err}", file=sys.stderr)
         return 2
     kinds = ", ".join(lc.kind for lc in lifecycles)
     mode = "dry run" if args.dry_run else "live"
     print(f"reaper {reaper.owner} on {safe_url(args.db)} for {kinds} ({mode})", flush=True)
+    if metrics is not None:
+        print(f"metrics on {metrics.url}", flush=True)
     ticks = 0
     try:
         if args.once:
@@ -122,6 +138,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         reaper.stop()  # resigns the leader lease, so another reaper leads at its next tick
+        if metrics is not None:
+            metrics.close()
+
+
+def _serve_metrics(args: argparse.Namespace) -> Any:
+    """The Prometheus endpoint asked for with ``--metrics-port``, or None."""
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return None
+    from fsm.observe import serve_metrics
+
+    return serve_metrics(port, getattr(args, "metrics_host", "127.0.0.1"))
 
 
 __all__ = ["load_lifecycle", "register", "run"]

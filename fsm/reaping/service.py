@@ -343,7 +343,18 @@ class Reaper:
             return
         kind = rule.engine.kind
         for r in records:
-            log.info(MOVE_LINE, kind, r.entity_id, r.source, r.target, r.event, r.reason, r.seq, r.lease_token)
+            log.info(
+                MOVE_LINE,
+                kind,
+                r.entity_id,
+                r.source,
+                r.target,
+                r.event,
+                r.reason,
+                r.seq,
+                r.lease_token,
+                extra=_move_fields(kind, r.entity_id, r, r.lease_token),
+            )
 
     @staticmethod
     def _log_move(rule: Rule, snap: Snapshot, record: HistoryRecord) -> None:
@@ -357,6 +368,7 @@ class Reaper:
             record.reason,
             snap.version,
             snap.lease_token,
+            extra=_move_fields(rule.engine.kind, snap.id, record, snap.lease_token),
         )
 
     def _bad_row(self, entity_id: str, err: BaseException, result: ReapResult) -> None:
@@ -408,6 +420,22 @@ class Reaper:
             result = self.run_once()
             log.info("reaper tick: %s", result.summary())
             stop.wait(interval)
+
+
+def _move_fields(kind: str, entity_id: str, record: HistoryRecord, token: int | None) -> dict[str, object]:
+    """The ``extra`` fields of a move's INFO line: a reclaim's ``token`` is the one that
+    fenced the dead holder; ``owner`` is None (the reaper never becomes the owner)."""
+    return {
+        "entity": entity_id,
+        "kind": kind,
+        "owner": None,
+        "token": token,
+        "event": record.event,
+        "source": record.source,
+        "target": record.target,
+        "reason": record.reason,
+        "actor": "reaper",
+    }
 
 
 def validated_config(config: ReaperConfig | Mapping[str, object] | None) -> ReaperConfig:

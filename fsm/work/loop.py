@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +33,7 @@ from fsm.errors import ConfigError, Fenced, FsmError
 from fsm.policy import Policy
 from fsm.records import Actor, Snapshot, error_record
 from fsm.table import CompiledTable
+from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, report
 
 log = logging.getLogger("fsm.worker")
 
@@ -267,7 +269,9 @@ class WorkerCore:
                 self.count("finished")
                 return
             state = job.state
+            started = time.perf_counter()  # report() logs each outcome and sends ``handled``
             try:
+                event: str | None = None
                 outcome = yield step(handler, job)
                 if outcome is not None:
                     event, data = parse_outcome(outcome)
@@ -275,15 +279,16 @@ class WorkerCore:
                 elif job.state == state:
                     yield step(job.refresh)  # the handler may have fired through other means
                     if job.state == state:
-                        log.warning("handler for %s of %s returned no outcome; releasing it", state, job.id)
+                        report(self.kind, job, state, RELEASED, started)
                         yield from self.release(job)
                         return
+                report(self.kind, job, state, COMPLETED, started, event=event)
             except Fenced as err:
-                log.info("lease of %s lost in %s, the handler stops: %s", job.id, state, err)
+                report(self.kind, job, state, FENCED, started, error=err)
                 self.count("fenced")
                 return
             except Exception as err:
-                log.exception("handler for %s of %s raised", state, job.id)
+                report(self.kind, job, state, FAILED, started, error=err)
                 self.count("failed", f"{job.id}: {type(err).__name__}: {err}")
                 yield from self.after_error(job, err)
                 return

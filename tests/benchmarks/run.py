@@ -1,6 +1,6 @@
 """Run the benchmarks.
 
-    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio] [--pg-url URL] [--big] [--json FILE]
+    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio,inspect] [--pg-url URL] [--big] [--json FILE]
 
 - ``fire``: in-memory ``fire`` vs python-statemachine and ``transitions`` (fast: the CI smoke run);
 - ``sql``: ``fire`` through SqlStore vs the fastest honest raw driver code on the same tables,
@@ -9,7 +9,9 @@
   seeds/000's own way and one set-based ``UPDATE .. RETURNING``, SQLite and PostgreSQL;
 - ``scale``: 1, 2 and 4 reaper processes on 100,000 stale rows (PostgreSQL only);
 - ``aio``: ``AsyncEngine`` fire from 8 tasks vs the sync engine from 8 threads vs raw async
-  psycopg from 8 tasks (PostgreSQL only).
+  psycopg from 8 tasks (PostgreSQL only);
+- ``inspect``: ``fsm inspect``'s page times at 100,000 entities (``--big``: also 1,000,000),
+  SQLite and PostgreSQL, against the 100 ms target.
 
 The PostgreSQL parts run only on the database named by ``--pg-url`` (or the
 ``FSM_BENCH_POSTGRES_URL`` environment variable), never on a default: use a database of
@@ -39,6 +41,7 @@ SUITES = {
     "reaper": "bench_reaper",
     "scale": "bench_scale",
     "aio": "bench_aio",
+    "inspect": "bench_inspect",
 }
 
 

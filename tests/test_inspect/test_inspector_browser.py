@@ -97,13 +97,36 @@ def test_the_filters_narrow_the_table(browser: Any, served: Served) -> None:
     browser.get(served.base + "/?" + urlencode({"kind": "job", "state": "completed"}))
     ids = sorted(rows_by_id(browser))
     assert ids == ["job-done-0", "job-done-1", "job-done-2"]
-    browser.get(served.base + "/?" + urlencode({"q": "host1"}))
-    ids = list(rows_by_id(browser))
-    assert ids == ["job-live"]
+    browser.get(served.base + "/?" + urlencode({"q": "job-done-"}))  # an id prefix
+    assert sorted(rows_by_id(browser)) == ["job-done-0", "job-done-1", "job-done-2"]
+    browser.get(served.base + "/?" + urlencode({"holder": "worker-a:host1:4242"}))
+    assert list(rows_by_id(browser)) == ["job-live"]
     browser.get(served.base + "/?" + urlencode({"expired": "1"}))
     assert list(rows_by_id(browser)) == ["pipe-deploy-41"]
     browser.get(served.base + "/?" + urlencode({"q": "' OR 1=1 --"}))  # a bound parameter, not SQL
     assert rows_by_id(browser) == {}
+    browser.get(served.base + "/?" + urlencode({"data": "task", "value": "index"}))  # a data field
+    assert list(rows_by_id(browser)) == ["job-live"]
+    browser.get(served.base + "/?" + urlencode({"data": "task", "value": "' OR 1=1 --"}))
+    assert rows_by_id(browser) == {}
+    browser.get(served.base + "/?" + urlencode({"data": "exit_code", "value": "0", "state": "completed"}))
+    assert sorted(rows_by_id(browser)) == ["job-done-0", "job-done-1", "job-done-2"]  # a number, as text
+
+
+def test_pages_go_on_by_keyset_and_cover_every_entity_once(browser: Any, served: Served) -> None:
+    every = {s.id for s in served.jobs.entities()} | {s.id for s in served.pipelines.entities()}
+    browser.get(served.base + "/?" + urlencode({"limit": "3"}))
+    seen: list[str] = []
+    for _ in range(20):
+        page = list(rows_by_id(browser))
+        assert len(page) <= 3
+        seen += page
+        nxt = browser.execute_script("const a = document.querySelector('a.next'); return a ? a.href : null")
+        if not nxt:
+            break
+        browser.get(nxt)
+    assert len(seen) == len(set(seen)) and set(seen) == every
+    assert "first page" in text(browser, "p.pager")
 
 
 def test_an_entitys_page_shows_its_timeline_effects_and_diagram(browser: Any, served: Served, artifacts: Path) -> None:
@@ -121,7 +144,7 @@ def test_an_entitys_page_shows_its_timeline_effects_and_diagram(browser: Any, se
 
     browser.get(served.base + "/entity?" + urlencode({"id": "job-stuck"}))
     story = text(browser, "ol.timeline")
-    assert "REAPER TICK" in story.upper() and "expire" in story
+    assert "REAPER MOVE" in story.upper() and "expire" in story
     browser.get(served.base + "/entity?" + urlencode({"id": "job-live"}))
     story = text(browser, "ol.timeline")
     assert "LEASE RENEWAL" in story.upper() and "indexing" in story
@@ -205,3 +228,146 @@ def test_the_inspector_has_no_write_action(served: Served) -> None:
         assert refused.value.code == 405
     with urllib.request.urlopen(served.base + "/", timeout=5) as response:
         assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+
+
+def test_a_rebound_hostile_name_gets_no_data(browser: Any, served: Served) -> None:
+    """DNS rebinding: evil.example resolves to this machine (the browser's resolver rule), so
+    a hostile page could read the inspector as same-origin; the Host check refuses it."""
+    port = served.base.rsplit(":", 1)[1]
+    browser.get(f"http://evil.example:{port}/")
+    body = text(browser, "body")
+    assert "Invalid host header" in body and "job-live" not in body
+    browser.get(f"http://localhost:{port}/")
+    assert "job-live" in rows_by_id(browser)
+
+
+def test_bad_input_gets_a_4xx_page_in_the_browser(browser: Any, served: Served) -> None:
+    browser.get(served.base + "/entity?id=a%00b")
+    assert text(browser, "p.problem").startswith("id must not contain NUL")
+    assert text(browser, "h1").startswith("400")
+    browser.get(served.base + "/?q=%00")
+    assert text(browser, "h1").startswith("400") and "q must not contain NUL" in text(browser, "p.problem")
+    browser.get(served.base + "/no/such/page")
+    assert text(browser, "h1").startswith("404")
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-queued-0"}))  # never fired: shown, not a 500
+    assert text(browser, "h1.id") == "job-queued-0"
+
+
+def test_a_guarded_page_opens_once_from_its_one_time_url(browser: Any, served: Served, artifacts: Path) -> None:
+    from inspect_support import serve_asgi, stop_serving
+
+    from fsm import JobLifecycle, PipelineLifecycle
+    from fsm.inspect.app import create_app
+    from fsm.inspect.security import Tokens
+
+    tokens = Tokens("a-long-enough-bearer-token-for-tests")
+    server, thread, base = serve_asgi(create_app(served.reader, [JobLifecycle, PipelineLifecycle], tokens=tokens))
+    try:
+        browser.get(base + "/")
+        assert text(browser, "h1").startswith("401") and "job-live" not in text(browser, "body")
+        code = tokens.new_code()
+        browser.get(f"{base}/login?code={code}")  # sets the cookie, then goes to the overview
+        assert browser.current_url == base + "/"
+        assert "job-live" in rows_by_id(browser)
+        browser.get(base + "/entity?" + urlencode({"id": "job-live"}))
+        assert text(browser, "h1.id") == "job-live"
+        browser.delete_all_cookies()
+        browser.get(f"{base}/login?code={code}")  # used: refused, no cookie
+        assert text(browser, "h1").startswith("403")
+        browser.get(base + "/")
+        assert text(browser, "h1").startswith("401")
+        browser.save_screenshot(str(artifacts / "signin-refused.png"))
+    finally:
+        stop_serving(server, thread)
+
+
+def test_the_overview_answers_operators_questions(browser: Any, served: Served, artifacts: Path) -> None:
+    from inspect_support import FAILED_JOB, FAILURE, ORPHAN
+
+    browser.get(served.base + "/")
+    # work waiting for a worker: the reclaimed finalizer nobody claimed
+    orphan = served.jobs.get(ORPHAN)
+    assert orphan.state == "finalizing" and orphan.lease_owner is None
+    assert text(browser, "p[data-waiting='job/finalizing']").startswith("1 finalizing waiting for a worker")
+    # the failure reason column
+    assert f"{FAILURE['type']}: {FAILURE['message']}" in rows_by_id(browser)[FAILED_JOB]
+    # workers and holders: each owner with what it holds and its last renewal
+    holders = dict(
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll('tr[data-holder]')).map(r => "
+            "[r.getAttribute('data-holder'), r.innerText])"
+        )
+    )
+    assert SECOND_HOLDER in holders and LONG_JOB in holders[SECOND_HOLDER]
+    assert "job-live" in holders["worker-a:host1:4242"] and "ago" in holders["worker-a:host1:4242"]
+    assert "pipe-deploy-41" in holders["ci-runner-7"] and "lapsed" in holders["ci-runner-7"]
+    # the charts count what history holds
+    entities = [*served.jobs.entities(), *served.pipelines.entities()]
+    kinds = {s.id: s.kind for s in entities}
+    CLAIMS = {("job", "start"), ("pipeline", "finish")}  # noqa: N806
+    history = [h for s in entities for h in served.store.history(s.id)]
+    wanted = {
+        "transitions": len(history),
+        # a claim is a lease-taking start: a job's start, a pipeline's finish (its finalizer lease)
+        "claims": sum(1 for h in history if (kinds[h.entity_id], h.event) in CLAIMS),
+        "reaper": sum(1 for h in history if h.actor == "reaper"),
+    }
+
+    def totals() -> dict[str, int]:
+        pairs = browser.execute_script(
+            "return Array.from(document.querySelectorAll('figure[data-chart]')).map(f => "
+            "[f.getAttribute('data-chart'), f.getAttribute('data-total')])"
+        )
+        return {k: int(float(v.replace(",", ""))) for k, v in pairs if k in wanted}
+
+    wait_for(lambda: totals() == wanted)
+    assert len(texts(browser, "figure[data-chart] svg rect")) > 0
+    browser.save_screenshot(str(artifacts / f"overview-operators-{served.url.split(':')[0]}.png"))
+
+
+def test_an_entitys_page_lists_each_attempts_error(browser: Any, served: Served) -> None:
+    from inspect_support import FAILED_JOB, FAILURE
+
+    browser.get(served.base + "/entity?" + urlencode({"id": FAILED_JOB}))
+    attempts = text(browser, "section.attempts")
+    assert f"{FAILURE['type']}: {FAILURE['message']}" in attempts and "fail: finalizing → failed" in attempts
+    assert attrs(browser, "section.attempts details", "open") == [None]  # the traceback, folded
+    browser.get(served.base + "/entity?" + urlencode({"id": "job-stuck"}))
+    assert "expire: running → queued" in text(browser, "section.attempts")  # the reaper's reason
+
+
+def test_without_graphviz_the_diagram_is_a_transition_table(
+    browser: Any, served: Served, artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsm.diagram.graphviz_render import DOT_ENV
+
+    monkeypatch.setenv(DOT_ENV, "no-such-dot-program")  # the server runs in this process
+    browser.get(served.base + "/entity?" + urlencode({"id": LONG_JOB}))
+    assert texts(browser, "img.diagram") == []
+    current = set(attrs(browser, "table.transitions tr.current", "data-from"))
+    assert current and current <= {"finalizing", "active"}  # the current state's (and its parent's) rows
+    events = texts(browser, "table.transitions tr.current td:first-child")
+    assert "complete" in events and "reclaim" in events
+    assert "install Graphviz" in text(browser, "p.hint")
+    browser.execute_script("document.querySelector('section.diagram-box').scrollIntoView()")
+    browser.save_screenshot(str(artifacts / f"diagram-fallback-{served.url.split(':')[0]}.png"))
+    monkeypatch.delenv(DOT_ENV)
+    browser.get(served.base + "/entity?" + urlencode({"id": LONG_JOB}))
+    width = "const i = document.querySelector('img.diagram'); return i && i.complete ? i.naturalWidth : 0"
+    assert wait_for(lambda: browser.execute_script(width)) > 0
+
+
+def test_idle_ticks_are_folded_into_one_row(browser: Any, served: Served) -> None:
+    from fsm import ReapResult
+    from fsm.reaping.ticklog import TickLog
+
+    log = TickLog(served.store)
+    for _ in range(20):
+        assert log.record(ReapResult(duration_s=0.001), "reaper:ops-1:77")
+    browser.get(served.base + "/")
+    assert attrs(browser, "tr[data-idle-ticks]", "data-idle-ticks")[0] == "20"
+    assert "20 idle ticks" in text(browser, "section.ticks")
+    assert len(texts(browser, "section.ticks tr")) <= 10
+    # the entities come before the reaper's sections: idle ticks never push them down
+    order = browser.execute_script("return Array.from(document.querySelectorAll('main section')).map(s => s.className)")
+    assert order.index("list") < order.index("ticks")

@@ -1,0 +1,285 @@
+"""The overview's operator sections: charts, holders, the reaper's ticks (idle ones folded)
+and moves, and the entity page's attempts and diagram fallback.  Every database value goes
+through :func:`esc`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from fsm.inspect.activity import Activity, Holder
+from fsm.inspect.cache import Cached
+from fsm.inspect.charts import bars
+from fsm.inspect.data import ReaperTick
+from fsm.inspect.timeline import age, clock, esc, span, stamp
+from fsm.records import HistoryRecord
+
+ROWS_OF_TICKS = 8
+"""Rows the ticks table shows (idle ticks folded first)."""
+
+
+def cache_note(cached: Cached[Any], what: str, problem: str | None = None) -> str:
+    """ "counts as of 4s ago (took 120 ms)", and why the last recount failed, if it did."""
+    age_s = cached.age()
+    note = f"{what} as of {span(timedelta(seconds=age_s))} ago · took {cached.took * 1000:.0f} ms"
+    trouble = f" <span class=expired>last recount failed: {esc(problem)}</span>" if problem else ""
+    return f"<span class=muted data-age='{age_s:.1f}'>{esc(note)}</span>{trouble}"
+
+
+def error_of(data: Any) -> str:
+    """The error a history row's data records (``error``: text, or ``{type, message}``), or ''."""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    if isinstance(error, dict):
+        kind, message = error.get("type") or "", error.get("message") or ""
+        return f"{kind}: {message}" if kind and message else str(kind or message)
+    return "" if error is None else str(error)
+
+
+def traceback_of(data: Any) -> str:
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    found = error.get("traceback") if isinstance(error, dict) else data.get("traceback")
+    return found if isinstance(found, str) else ""
+
+
+def failure_of(last: HistoryRecord | None) -> str:
+    """What the list shows in its failure column: the last transition's reason and error."""
+    if last is None:
+        return ""
+    parts = [p for p in (last.reason or "", error_of(last.data)) if p]
+    return " · ".join(parts)
+
+
+# -- charts ------------------------------------------------------------------------------------
+
+
+def activity_section(cached: Cached[Activity], ticks: list[ReaperTick]) -> str:
+    a = cached.value
+    scope = (
+        f"the newest {a.sampled:,} entities changed in the hour (more changed)"
+        if a.capped
+        else f"every entity changed in the hour ({a.sampled:,})"
+    )
+    per_tick = [float(_moved(t.summary)) for t in reversed(ticks)]
+    charts = [
+        bars("Transitions per minute", [float(v) for v in a.transitions], css="c-transitions", name="transitions"),
+        bars("Claims per minute", [float(v) for v in a.claims], css="c-claims", name="claims"),
+        bars("Claim latency, median", a.latency, unit=" s", css="c-latency", name="latency"),
+        bars("Reaper moves per minute", [float(v) for v in a.reaper], css="c-reaper", name="reaper"),
+    ]
+    if per_tick:
+        first = ticks[-1].at
+        charts.append(
+            bars(
+                "Reaper: moved per tick",
+                per_tick,
+                css="c-ticks",
+                name="ticks",
+                minute_labels=(clock(first, a.now), "latest tick"),
+            )
+        )
+    return (
+        "<section class=activity><h2>Last hour <span class=muted>from "
+        f"{esc(scope)}</span> {cache_note(cached, 'charts')}</h2><div class=charts>{''.join(charts)}</div></section>"
+    )
+
+
+def _moved(summary: dict[str, Any]) -> int:
+    moved = summary.get("moved")
+    return sum(v for v in moved.values() if isinstance(v, int)) if isinstance(moved, dict) else 0
+
+
+# -- holders -----------------------------------------------------------------------------------
+
+
+def holders_section(now: datetime, holders: list[Holder]) -> str:
+    if not holders:
+        return (
+            "<section class=holders><h2>Workers holding leases</h2>"
+            "<p class=empty>No lease is held right now.</p></section>"
+        )
+    rows = []
+    for h in holders:
+        ids = ", ".join(f"<a href='{esc('/entity?' + urlencode({'id': i}))}'>{esc(i)}</a>" for i in h.ids) + (
+            f" and {h.held - len(h.ids)} more" if h.held > len(h.ids) else ""
+        )
+        lapsed = f"<span class=expired>{h.expired} lapsed</span>" if h.expired else ""
+        renewal = (
+            f"<span title='{esc(stamp(h.last_renewal))}'>{esc(age(now, h.last_renewal))}</span>"
+            if h.last_renewal is not None
+            else "<span class=muted>none logged</span>"
+        )
+        link = "/?" + urlencode({"holder": h.owner})
+        rows.append(
+            f"<tr data-holder='{esc(h.owner)}'><td class=id><a href='{esc(link)}'>{esc(h.owner)}</a></td>"
+            f"<td class=n>{h.held}</td><td>{lapsed}</td><td>{renewal}</td>"
+            f"<td title='{esc(stamp(h.soonest))}'>{esc(age(now, h.soonest))}</td><td class=id>{ids}</td></tr>"
+        )
+    return (
+        "<section class=holders><h2>Workers holding leases <span class=muted>owners with a lease, most held "
+        "first</span></h2><table><tr><th>owner</th><th class=n>holds</th><th></th><th>last renewal</th>"
+        f"<th>soonest expiry</th><th>what it holds</th></tr>{''.join(rows)}</table></section>"
+    )
+
+
+# -- the reaper --------------------------------------------------------------------------------
+
+
+def _idle(summary: dict[str, Any]) -> bool:
+    keys = ("lost_races", "refused", "bad_rows", "errors")
+    return _moved(summary) == 0 and not any(summary.get(k) for k in keys) and summary.get("leading") is not False
+
+
+def _count(summary: dict[str, Any], key: str) -> str:
+    value = summary.get(key, 0)
+    bad = " bad" if key in {"errors", "bad_rows"} and value else ""
+    return f"<td class='n{bad}'>{esc(value)}</td>"
+
+
+def ticks_section(now: datetime, ticks: list[ReaperTick]) -> str:
+    """The reaper's tick log, newest first: runs of idle ticks (nothing moved, nothing went
+    wrong) folded into one line, so a quiet reaper takes one row, failures in red."""
+    if not ticks:
+        return (
+            "<section class=ticks><h2>Reaper: recent ticks</h2><p class=empty>No tick recorded. "
+            "<code>fsm reaper</code> records each tick; a reaper embedded in an application records "
+            "them with <code>TickLog(store).record(result, reaper.owner)</code>.</p></section>"
+        )
+    groups: list[list[ReaperTick]] = []
+    for t in ticks:
+        if groups and _idle(t.summary) and _idle(groups[-1][-1].summary):
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    head = (
+        "<tr><th>when</th><th>reaper</th><th class=n>moved</th><th>what moved</th><th class=n>lost races</th>"
+        "<th class=n>refused</th><th class=n>bad rows</th><th class=n>errors</th><th class=n>took</th></tr>"
+    )
+    rows = []
+    for group in groups[:ROWS_OF_TICKS]:
+        t = group[0]
+        s = t.summary
+        if len(group) > 1:
+            owners = sorted({str(g.summary.get("owner", "")) for g in group})
+            rows.append(
+                f"<tr class=idle data-idle-ticks='{len(group)}'><td title='{esc(stamp(t.at))}'>{esc(age(now, t.at))}"
+                f"</td><td class=id>{esc(', '.join(owners))}</td><td class=n>0</td><td colspan=6 class=muted>"
+                f"{len(group)} idle ticks, {esc(clock(group[-1].at, now))} - {esc(clock(t.at, now))}: nothing to move"
+                "</td></tr>"
+            )
+            continue
+        moved = s.get("moved") if isinstance(s.get("moved"), dict) else {}
+        assert isinstance(moved, dict)
+        what = ", ".join(f"{k} {v}" for k, v in moved.items()) or "nothing"
+        if s.get("leading") is False:
+            what = "skipped: another reaper leads"
+        elif s.get("enabled") is False:
+            what = "skipped: disabled"
+        rows.append(
+            f"<tr data-tick='{t.seq}'><td title='{esc(stamp(t.at))}'>{esc(age(now, t.at))}</td>"
+            f"<td class=id>{esc(s.get('owner', ''))}</td><td class=n>{_moved(s)}</td><td>{esc(what)}</td>"
+            f"{_count(s, 'lost_races')}{_count(s, 'refused')}{_count(s, 'bad_rows')}{_count(s, 'errors')}"
+            f"<td class=n>{esc(s.get('duration_ms', ''))} ms</td></tr>"
+        )
+    more = len(groups) - ROWS_OF_TICKS
+    tail = f"<p class=muted>{more} older rows not shown.</p>" if more > 0 else ""
+    return (
+        "<section class=ticks><h2>Reaper: recent ticks <span class=muted>newest first, idle ticks folded</span></h2>"
+        f"<table>{head}{''.join(rows)}</table>{tail}</section>"
+    )
+
+
+def moves_section(now: datetime, activity: Activity) -> str:
+    """The reaper's moves of the last hour (from the sample), one row per commit."""
+    moves = activity.moves
+    if not moves:
+        return (
+            "<section class=reaper><h2>Reaper: recent moves</h2><p class=empty>The reaper moved nothing in the "
+            "last hour (it records its moves in each entity's history).</p></section>"
+        )
+    rows = []
+    batches: dict[datetime, list[Any]] = {}
+    for m in moves:
+        batches.setdefault(m.at, []).append(m)
+    for at, batch in list(batches.items())[:20]:
+        summary: dict[str, int] = {}
+        for m in batch:
+            label = f"{m.kind} {m.event} {m.source}→{m.target}" + (f" ({m.reason})" if m.reason else "")
+            summary[label] = summary.get(label, 0) + 1
+        what = "; ".join(f"{n} x {label}" for label, n in summary.items())
+        ids = ", ".join(m.entity_id for m in batch[:5]) + (f" and {len(batch) - 5} more" if len(batch) > 5 else "")
+        rows.append(
+            f"<tr><td title='{esc(stamp(at))}'>{esc(age(now, at))}</td><td class=n>{len(batch)}</td>"
+            f"<td>{esc(what)}</td><td class=id>{esc(ids)}</td></tr>"
+        )
+    return (
+        "<section class=reaper><h2>Reaper: recent moves <span class=muted>(the last hour, grouped by commit)"
+        "</span></h2><table><tr><th>when</th><th>moved</th><th>what</th><th>entities</th></tr>"
+        + "".join(rows)
+        + "</table></section>"
+    )
+
+
+# -- one entity --------------------------------------------------------------------------------
+
+
+def attempts_section(now: datetime, history: list[HistoryRecord]) -> str:
+    """Each attempt's error: every transition that records an error or a reason."""
+    failed = [h for h in history if error_of(h.data) or (h.reason and h.target != h.source)]
+    if not failed:
+        return "<section class=attempts><h2>Errors by attempt</h2><p class=empty>No error recorded.</p></section>"
+    rows = []
+    for h in reversed(failed):
+        data = h.data if isinstance(h.data, dict) else {}
+        attempt = data.get("attempt", "")
+        trace = traceback_of(h.data)
+        detail = f"<details><summary>traceback</summary><pre>{esc(trace)}</pre></details>" if trace else ""
+        rows.append(
+            f"<tr data-attempt-seq='{h.seq}'><td title='{esc(stamp(h.at))}'>{esc(age(now, h.at))}</td>"
+            f"<td class=n>{esc(attempt)}</td><td>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</td>"
+            f"<td>{esc(h.actor)}</td><td>{esc(h.reason or '')}</td>"
+            f"<td class=error>{esc(error_of(h.data))}{detail}</td></tr>"
+        )
+    return (
+        "<section class=attempts><h2>Errors by attempt <span class=muted>newest first</span></h2><table>"
+        "<tr><th>when</th><th class=n>attempt</th><th>transition</th><th>by</th><th>reason</th><th>error</th></tr>"
+        f"{''.join(rows)}</table></section>"
+    )
+
+
+def transition_table(lifecycle: Any, state: str, problem: str) -> str:
+    """The diagram's fallback without Graphviz: the lifecycle's transitions as a table, the
+    rows out of the current state (or one of its parents) marked, and how to get the picture."""
+    table = lifecycle.table
+    active = set(table.configurations.get(state, (state,)))
+    rows = []
+    for b in table.declared:
+        here = b.source in active or b.declared_on in active
+        guards = ", ".join(b.guard_names)
+        rows.append(
+            f"<tr class='{'current' if here else ''}' data-from='{esc(b.source)}'><td>{esc(b.event)}</td>"
+            f"<td>{esc(b.source)}</td><td>{esc(b.target)}</td><td>{esc(b.actor_name)}</td><td>{esc(guards)}</td></tr>"
+        )
+    return (
+        f"<div class=diagram-fallback><p class=meta>Current state: <span class='state s-{esc(state)}'>{esc(state)}"
+        f"</span>; its transitions are marked.</p><table class=transitions><tr><th>event</th><th>from</th><th>to</th>"
+        f"<th>by</th><th>guards</th></tr>{''.join(rows)}</table>"
+        f"<p class=hint>No picture: {esc(problem)}</p></div>"
+    )
+
+
+__all__ = [
+    "activity_section",
+    "attempts_section",
+    "cache_note",
+    "error_of",
+    "failure_of",
+    "holders_section",
+    "moves_section",
+    "ticks_section",
+    "transition_table",
+]
