@@ -28,11 +28,13 @@ class ReaperConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    interval: timedelta = Field(DEFAULT_INTERVAL, description="time between two ticks")
-    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=100_000, strict=True, description="candidates per keyset page")
-    enabled: bool = Field(True, strict=True, description="kill switch: off means a tick touches nothing")
-    leader: bool = Field(False, strict=True, description="one reaper at a time: tick only while leading")
-    leader_ttl: timedelta | None = Field(None, description="leader lease lifetime (default: 3 x interval)")
+    interval: timedelta = Field(default=DEFAULT_INTERVAL, description="time between two ticks")
+    batch_size: int = Field(
+        default=DEFAULT_BATCH_SIZE, ge=1, le=100_000, strict=True, description="candidates per keyset page"
+    )
+    enabled: bool = Field(default=True, strict=True, description="kill switch: off means a tick touches nothing")
+    leader: bool = Field(default=False, strict=True, description="one reaper at a time: tick only while leading")
+    leader_ttl: timedelta | None = Field(default=None, description="leader lease lifetime (default: 3 x interval)")
 
     @field_validator("interval", mode="before")
     @classmethod

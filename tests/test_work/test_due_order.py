@@ -56,9 +56,12 @@ def test_resumed_work_comes_before_due_starts(any_store: Store, clock: ManualClo
     jobs.fire("fin", "exited", lease=snap.lease)
     for i in range(3):
         jobs.create(f"q{i}")
+    assert not jobs.waiting_for_worker("fin") and jobs.waiting_for_worker("q0")
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
     assert Reaper(any_store, [JobLifecycle], clock=clock).run_once().moved == {"job.reclaim": 1}
+    assert jobs.waiting_for_worker("fin")  # reclaimed, nobody claimed it yet: the inspector flags it
     assert [s.id for s in Engine(JobLifecycle, any_store, clock=clock, owner="second").claim(2)] == ["fin", "q0"]
+    assert not jobs.waiting_for_worker("fin")
 
 
 def test_a_due_time_must_be_an_aware_time_or_a_delay(any_store: Store, clock: ManualClock) -> None:

@@ -68,6 +68,13 @@ def test_a_connection_error_twice_then_success_completes_with_both_errors_in_his
     assert all("flaky" in e["traceback"] for e in errors if e)
     assert all(h.owner == engine.owner for h in retries)  # who held it, beside the token
     assert worker.stats.retried == 2 and worker.stats.failed == 2
+    from fsm.inspect.timeline import timeline
+    from fsm.inspect.views import attempts_section
+
+    table = attempts_section(clock.now(), engine.history("j1"))
+    assert "ConnectionError: database went away (1)" in table and "ConnectionError: database went away (2)" in table
+    line = timeline(clock.now(), engine.history("j1"), [], None, [])  # the entity page's timeline rows
+    assert "attempt 2: ConnectionError: database went away (2)" in line
 
 
 def test_spent_attempts_fail_the_entity_with_reason_error_and_the_last_error(
