@@ -33,7 +33,7 @@ from fsm.errors import ConfigError, Fenced, FsmError
 from fsm.policy import Policy
 from fsm.records import Actor, Snapshot, error_record
 from fsm.table import CompiledTable
-from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, report
+from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
 
 log = logging.getLogger("fsm.worker")
 
@@ -288,17 +288,17 @@ class WorkerCore:
                 self.count("fenced")
                 return
             except Exception as err:
-                report(self.kind, job, state, FAILED, started, error=err)
                 self.count("failed", f"{job.id}: {type(err).__name__}: {err}")
-                yield from self.after_error(job, err)
+                retried = yield from self.after_error(job, err)
+                report(self.kind, job, state, RETRY if retried else FAILED, started, error=err)
                 return
 
-    def after_error(self, job: JobFace, err: Exception) -> Steps:
+    def after_error(self, job: JobFace, err: Exception) -> Generator[Call, Any, bool]:
         """A handler error is an attempt, recorded with its error in the history row of the
         transition it causes: ``retry`` (due again after the backoff) while the state's
         :class:`~fsm.policy.RetryPolicy` retries it and attempts remain, else ``fail`` with
         reason ``error``; a lifecycle that lets the worker fire neither gets the lease back
-        (the reaper's budgets bound what follows)."""
+        (the reaper's budgets bound what follows).  Returns whether it retried."""
         state, token = job.state, job.snapshot.lease_token
         retry = self.policy.retry_for(state)
         can_retry = retry is not None and self.may_fire(state, "retry")
@@ -315,17 +315,17 @@ class WorkerCore:
             try:
                 yield step(job.fire, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}")
                 self.count("retried")
-                log.info("retrying %s in %s after attempt %d failed in %s", job.id, delay, attempt, state)
-                return
+                return True
             except FsmError as fire_err:
                 log.warning("could not retry %s after its handler raised: %s", job.id, fire_err)
         if self.may_fire(state, "fail"):
             try:
                 yield step(job.fire, "fail", reason="error", error=error, idempotency_key=f"worker-fail:{token}")
-                return
+                return False
             except FsmError as fire_err:
                 log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
         yield from self.release(job)
+        return False
 
     def release(self, job: JobFace) -> Steps:
         try:
