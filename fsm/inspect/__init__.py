@@ -1,10 +1,14 @@
-"""``fsm inspect``: a read-only, live web page of a store (the ``inspect`` extra).
+"""``fsm inspect``: a live web page of a store (the ``inspect`` extra), read-only unless
+``--allow-actions``.
 
-- ``data``: the read-only queries (bound parameters only);
-- ``pages``: the HTML, every database value escaped;
-- ``timeline``: one entity's timeline (transitions, reaper moves, effects, lease renewals folded by holder);
-- ``app``: the Starlette application (GET only, a strict Content-Security-Policy);
-- ``cli``: the ``fsm inspect`` subcommand.
+- ``data``: the reads (bound parameters only), over ``listing`` (the entity table's index
+  walks and keyset pages), ``activity`` (the charts' bounded sample, the holders) and
+  ``cache`` (values recomputed off the request path, their age shown);
+- ``pages``, ``views``, ``charts``, ``timeline``: the HTML and inline SVG, every database
+  value escaped;
+- ``security``: the Host allowlist, the token, the headers on every answer;
+- ``actions``: the opt-in operator actions (declared ``operator_override`` transitions);
+- ``app``: the Starlette application; ``cli``: the ``fsm inspect`` subcommand.
 """
 
 from __future__ import annotations

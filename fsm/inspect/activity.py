@@ -73,6 +73,8 @@ class Holder:
     latest: datetime
     last_renewal: datetime | None
     expired: int
+    all_ids: tuple[str, ...] = ()
+    """Every entity it holds (read), soonest expiry first: the holder filter's rows."""
 
 
 class ActivitySql:
@@ -152,7 +154,8 @@ class ActivitySql:
         return found
 
     def holders(self, pairs: list[tuple[str, str]], limit: int = 50) -> list[Holder]:
-        """Owners holding leases (lapsed ones too, counted apart), most held first."""
+        """Owners holding leases (lapsed ones too, counted apart), most held first; the last
+        renewal is looked up for the first ``limit`` owners."""
         if not pairs:
             return []
         p, ref = self.f.p, self.ref
@@ -173,8 +176,8 @@ class ActivitySql:
         by_owner: dict[str, list[tuple[str, datetime, int]]] = defaultdict(list)
         for owner, entity_id, expires, lapsed in rows:
             by_owner[str(owner)].append((str(entity_id), decode_time(expires), int(lapsed)))
-        ranked = sorted(by_owner.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
-        shown = [e for _, held in ranked for e, _, _ in held[:20]]
+        ranked = sorted(by_owner.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        shown = [e for _, held in ranked[:limit] for e, _, _ in held[:20]]
         renewed: dict[str, datetime] = {}
         if shown:
             for entity_id, at in self.store._run(
@@ -196,6 +199,7 @@ class ActivitySql:
                     max(x for _, x, _ in held),
                     max(times) if times else None,
                     sum(d for _, _, d in held),
+                    tuple(e for e, _, _ in sorted(held, key=lambda h: (h[1], h[0]))),
                 )
             )
         return found

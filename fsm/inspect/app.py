@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from fsm.errors import FsmError, InvalidArgument, UnknownEntity
-from fsm.inspect import assets, pages, views
+from fsm.errors import ConfigError, FsmError, InvalidArgument, UnknownEntity
+from fsm.inspect import actions, assets, pages, views
 from fsm.inspect.data import BadInput, Filters, InspectorData, check_param
 from fsm.inspect.security import CSP, HEADERS, Tokens, allowed_hosts, secure
 from fsm.inspect.timeline import esc
@@ -45,11 +46,15 @@ def create_app(
     hosts: list[str] | None = None,
     tokens: Tokens | None = None,
     count_every: float = 5.0,
+    allow_actions: bool = False,
 ) -> Any:
     """The inspector over ``store`` (an ASGI application); ``lifecycles`` give the diagrams
     and the state order.  ``hosts`` is the Host allowlist (default: loopback names only);
     with ``tokens`` every request must hold the token (:mod:`fsm.inspect.security`).
-    ``count_every``: the least seconds between two recounts of the store (:mod:`fsm.inspect.cache`)."""
+    ``count_every``: the least seconds between two recounts of the store (:mod:`fsm.inspect.cache`).
+    ``allow_actions`` adds the operator actions (:mod:`fsm.inspect.actions`); it needs ``tokens``."""
+    if allow_actions and tokens is None:
+        raise ConfigError("operator actions need the token: give tokens (fsm inspect --allow-actions asks for it)")
     from fsm.engine.work import claim_plan
 
     by_kind = {lc.kind: lc for lc in lifecycles}
@@ -60,9 +65,12 @@ def create_app(
         leaves,
         resumes={kind: list(resumes) for kind, (_, resumes) in plans.items()},
         claim_events={kind: {start.event for start in starts} for kind, (starts, _) in plans.items()},
+        finals={kind: lc.table.finals for kind, lc in by_kind.items()},
         count_every=count_every,
     )
+    attempt_starts = {k: frozenset(s.event for s in starts if s.bump_attempt) for k, (starts, _) in plans.items()}
     database = safe_url(str(store.engine.url))
+    badge = "operator actions on" if allow_actions else "read-only"
 
     def html(text: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(text, status_code=status)
@@ -92,7 +100,9 @@ def create_app(
     def index(request: Request) -> Response:
         body = overview_fragment(request)
         return html(
-            pages.page("fsm inspect", body, live=live_url("/fragment/overview", request), refresh_ms=refresh_ms)
+            pages.page(
+                "fsm inspect", body, live=live_url("/fragment/overview", request), refresh_ms=refresh_ms, badge=badge
+            )
         )
 
     def overview(request: Request) -> Response:
@@ -104,7 +114,11 @@ def create_app(
             raise BadInput("give an entity id: /entity?id=..")
         return entity_id
 
-    def entity_fragment(entity_id: str) -> tuple[str, int]:
+    def csrf_of(request: Request) -> str:
+        assert tokens is not None
+        return actions.csrf_token(tokens.token, str(request.scope.get("state", {}).get("who", "")))
+
+    def entity_fragment(entity_id: str, request: Request) -> tuple[str, int]:
         try:
             for _ in range(3):  # two reads: a transition committing between them would tear the page
                 snap = data.entity(entity_id)
@@ -115,7 +129,13 @@ def create_app(
             return pages.not_found(entity_id), 404
         effects, progress = data.effects(entity_id)
         renewals = data.renewals(entity_id)
-        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap))
+        starts = attempt_starts.get(snap.kind, frozenset())
+        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap), starts)
+        lifecycle = by_kind.get(snap.kind)
+        if allow_actions and lifecycle is not None:
+            marker = "<section><h2>Timeline"
+            forms = actions.actions_section(snap, actions.actions_for(lifecycle, snap), csrf_of(request))
+            body = body.replace(marker, forms + marker, 1)
         return body, 200
 
     def diagram_of(snap: Snapshot) -> str:
@@ -132,12 +152,13 @@ def create_app(
 
     def entity(request: Request) -> Response:
         entity_id = entity_id_of(request)
-        body, status = entity_fragment(entity_id)
+        body, status = entity_fragment(entity_id, request)
         live = live_url("/fragment/entity", request)
-        return html(pages.page(f"{entity_id} · fsm inspect", body, live=live, refresh_ms=refresh_ms), status)
+        title = f"{entity_id} · fsm inspect"
+        return html(pages.page(title, body, live=live, refresh_ms=refresh_ms, badge=badge), status)
 
     def entity_live(request: Request) -> Response:
-        body, status = entity_fragment(entity_id_of(request))
+        body, status = entity_fragment(entity_id_of(request), request)
         return html(body, status)
 
     def diagram(request: Request) -> Response:
@@ -160,6 +181,20 @@ def create_app(
 
     def style(request: Request) -> Response:
         return Response(assets.STYLE, media_type="text/css")
+
+    async def action(request: Request) -> Response:
+        if not actions.same_origin(request.headers.get("origin"), request.headers.get("host")):
+            return html(pages.error_page(403, "Refused", "The form came from another site."), 403)
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
+            return html(pages.error_page(415, "Refused", "Send the action as a form."), 415)
+        try:
+            form = actions.parse_form(await request.body())
+            snap = await run_in_threadpool(
+                actions.fire_action, form, lifecycles=by_kind, store=store, expected_csrf=csrf_of(request)
+            )
+        except actions.Refused as err:
+            return html(pages.error_page(err.status, "Action refused", esc(str(err))), err.status)
+        return RedirectResponse(actions.entity_location(snap.id), status_code=303)
 
     async def bad_input(request: Request, exc: Exception) -> Response:
         return html(pages.error_page(400, "Bad request", esc(str(exc))), 400)
@@ -186,6 +221,8 @@ def create_app(
         Route("/static/inspect.js", script),
         Route("/static/inspect.css", style),
     ]
+    if allow_actions:
+        routes.append(Route(actions.ACTION_PATH, action, methods=["POST"]))
     handlers: dict[Any, Any] = {
         BadInput: bad_input,
         InvalidArgument: bad_input,

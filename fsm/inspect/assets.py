@@ -17,6 +17,10 @@ SCRIPT = """\
     if (active && live.contains(active) && (active.tagName === 'INPUT' || active.tagName === 'SELECT')) {
       return;  // never swap the form under the user's cursor
     }
+    var edited = Array.prototype.some.call(live.querySelectorAll('form.action input'), function (i) {
+      return i.value !== i.defaultValue;
+    });
+    if (edited) { return; }  // nor an action form the operator has started to fill in
     busy = true;
     fetch(live.getAttribute('data-src'), {headers: {'Accept': 'text/html'}, cache: 'no-store'})
       .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })
@@ -87,8 +91,8 @@ figure.chart figcaption { font-size: 12px; font-weight: 600; margin-bottom: 4px;
 figure.chart svg { display: block; background: #fff; }
 figure.chart line.axis { stroke: #9aa5b8; }
 figure.chart rect { fill: #4a78c2; }
-.c-claims rect { fill: #16a085; } .c-latency rect { fill: #8e44ad; }
-.c-reaper rect, .c-ticks rect { fill: #c0392b; }
+figure.c-claims rect { fill: #16a085; } figure.c-latency rect { fill: #8e44ad; }
+figure.c-reaper rect, figure.c-ticks rect { fill: #c0392b; }
 .axis-labels { display: flex; justify-content: space-between; font-size: 11px; color: #6b7385; }
 tr.idle td { color: #6b7385; background: #fafbfc; }
 td.failure, td.error { color: #a11d0b; }

@@ -36,9 +36,9 @@ def bars(
     step = WIDTH / n
     rects = []
     for i, v in enumerate(values):
-        if v is None or v <= 0:
+        if v is None or (v <= 0 and not unit):  # a count of 0 draws nothing; a measured 0 s draws a sliver
             continue
-        h = max(1.0, (HEIGHT - 12) * v / top)
+        h = max(1.5, (HEIGHT - 12) * v / top)
         rects.append(
             f"<rect x='{i * step:.1f}' y='{HEIGHT - h:.1f}' width='{max(1.0, step - 1):.1f}' height='{h:.1f}'>"
             f"<title>{esc(minute_labels[0])} + {i} min: {esc(_number(v))}{esc(unit)}</title></rect>"

@@ -61,6 +61,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help=f"ask for the token on loopback too (always asked when binding anything else; {TOKEN_ENV} sets it)",
     )
+    parser.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="let operators fire the lifecycles' declared operator_override transitions from the page "
+        "(each recorded, naming the operator; needs the token, asked for even on loopback)",
+    )
     parser.set_defaults(func=handle)
 
 
@@ -68,7 +74,7 @@ def tokens_for(args: argparse.Namespace) -> Any:
     """The token the page asks for, or ``None`` on loopback without ``--require-token``."""
     from fsm.inspect.security import Tokens, is_loopback
 
-    if is_loopback(args.host) and not args.require_token:
+    if is_loopback(args.host) and not args.require_token and not getattr(args, "allow_actions", False):
         return None
     token = os.environ.get(TOKEN_ENV, "")
     if token and len(token) < 16:
@@ -96,6 +102,7 @@ def build(args: argparse.Namespace, tokens: Any = None) -> Any:
         refresh_ms=max(200, int(args.refresh * 1000)),
         hosts=allowed_hosts(args.host, args.allowed_host),
         tokens=tokens,
+        allow_actions=bool(getattr(args, "allow_actions", False)),
     )
 
 
@@ -122,9 +129,11 @@ def announce(args: argparse.Namespace, tokens: Any) -> list[str]:
     """What ``fsm inspect`` says at start: where, the warnings, how to sign in."""
     from stores.factory import safe_url
 
-    where = f"[{args.host}]" if ":" in args.host else args.host
+    reach = "127.0.0.1" if args.host in {"0.0.0.0", "::"} else args.host  # a wildcard is no name to visit
+    where = f"[{reach}]" if ":" in reach else reach
     base = f"http://{where}:{args.port}"
-    lines = [f"fsm inspect: {safe_url(args.db)} at {base}/ (read-only; Ctrl-C stops)"]
+    mode = "operator actions allowed" if getattr(args, "allow_actions", False) else "read-only"
+    lines = [f"fsm inspect: {safe_url(args.db)} at {base}/ ({mode}; Ctrl-C stops)"]
     if args.host in {"0.0.0.0", "::"}:
         lines.append(
             f"fsm inspect: WARNING: --host {args.host} serves the page on every network interface; "
@@ -133,7 +142,10 @@ def announce(args: argparse.Namespace, tokens: Any) -> list[str]:
     if tokens is not None:
         if not os.environ.get(TOKEN_ENV):
             lines.append(f"fsm inspect: token (set {TOKEN_ENV} to choose it): {tokens.token}")
-        lines.append(f"fsm inspect: sign in once (this URL works one time): {base}/login?code={tokens.new_code()}")
+        other = " (or through a name given with --allowed-host)" if reach != args.host else ""
+        lines.append(
+            f"fsm inspect: sign in once (this URL works one time){other}: {base}/login?code={tokens.new_code()}"
+        )
     return lines
 
 

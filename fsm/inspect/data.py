@@ -69,7 +69,7 @@ class Filters:
             raise BadInput("data must be a field name or a dotted path (a.b), without quotes or backslashes")
         after = None
         after_t, after_id = str(query.get("after_t", "")), check_param("after_id", str(query.get("after_id", "")))
-        if after_id:
+        if after_id or after_t:  # a data search goes on from a time alone (after_id empty)
             if after_t:
                 try:
                     when = datetime.fromisoformat(check_param("after_t", after_t, limit=40))
@@ -157,6 +157,7 @@ class InspectorData:
         *,
         resumes: dict[str, list[str]] | None = None,
         claim_events: dict[str, set[str]] | None = None,
+        finals: dict[str, frozenset[str]] | None = None,
         count_every: float = 5.0,
     ) -> None:
         self.store = store
@@ -166,6 +167,7 @@ class InspectorData:
         self._E, self._H = sql.E, sql.H
         self._ref = lay.ref
         self.leaves = leaves or {}
+        self.finals: dict[str, frozenset[str]] = dict(finals or {})
         self.resumes = resumes or {}
         kind = lay.ref("kind", "e")
         self._base: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND}
@@ -182,6 +184,10 @@ class InspectorData:
         self.activity_sql = ActivitySql(store, live, self._base, claim_events or {})
         self.counts_cache: Recomputed[dict[str, dict[str, int]]] = Recomputed(self._count, floor=count_every)
         self.activity_cache: Recomputed[Activity] = Recomputed(self._activity, floor=max(count_every, 2.0))
+        self.flags_cache: Recomputed[Flags] = Recomputed(self._flags, floor=min(count_every, 2.0))
+        self.holders_cache: Recomputed[list[Holder]] = Recomputed(
+            lambda: self.activity_sql.holders(self.leased_pairs()), floor=min(count_every, 2.0)
+        )
 
     def now(self) -> datetime:
         return self.store.now()
@@ -204,9 +210,18 @@ class InspectorData:
             return [(kind, state)]
         return sorted((k, s) for k, s in known if (not kind or k == kind) and (not state or s == state))
 
-    def flags(self) -> Flags:
-        """Expired leases and work waiting for a worker, per kind: walks of the lease index,
-        each bounded by :data:`FLAG_CAP` rows (never a count of the store)."""
+    def leased_pairs(self, kind: str = "", state: str = "") -> list[tuple[str, str]]:
+        """The pairs whose rows may hold a lease: a final state's never do (a final transition
+        clears the lease), so its rows, most of a big store, are never walked for leases."""
+        return [(k, s) for k, s in self.pairs(kind, state) if s not in self.finals.get(k, ())]
+
+    def flags(self) -> Cached[Flags]:
+        """Expired leases and work waiting for a worker, per kind (cached like the holders)."""
+        return self.flags_cache.get()
+
+    def _flags(self) -> Flags:
+        """Walks of the lease index over the non-final pairs, each stopping after
+        :data:`FLAG_CAP` matches (never a count of the store)."""
         f, ref = self._f, self._ref
         exp, owner = ref("lease_expires_at", "e"), ref("lease_owner", "e")
         params: dict[str, Any] = dict(self._base)
@@ -214,11 +229,11 @@ class InspectorData:
         if now is not None:
             params["now"] = f.time(now)
         parts, labels = [], []
-        pairs = self.pairs()
+        pairs = self.leased_pairs()
         for i, (kind, state) in enumerate(pairs):
             params[f"k{i}"], params[f"s{i}"] = kind, state
             where = f"{ref('kind', 'e')} = {f.p(f'k{i}')} AND {ref('state', 'e')} = {f.p(f's{i}')} AND {self._live}"
-            parts.append(f"{where} AND {owner} IS NOT NULL AND {exp} < {f.now}")
+            parts.append(f"{where} AND {owner} IS NOT NULL AND {exp} IS NOT NULL AND {exp} < {f.now}")
             labels.append(("expired", kind, state))
             if state in self.resumes.get(kind, ()):
                 parts.append(f"{where} AND {owner} IS NULL")  # a reclaim keeps a backstop expiry
@@ -243,9 +258,20 @@ class InspectorData:
         return Flags(expired, waiting)
 
     def entities(self, filters: Filters) -> Listed:
-        """One page of live entities matching ``filters`` (:mod:`fsm.inspect.listing`)."""
+        """One page of live entities matching ``filters`` (:mod:`fsm.inspect.listing`).
+
+        A holder's entities come from the cached holders (what it held then, re-read by
+        primary key and kept only while it still holds them); a holder the cache does not
+        know yet is looked for by a walk of the lease index."""
+        if filters.holder and not filters.expired and not filters.text and not filters.data_path:
+            known = {h.owner: h for h in self.holders().value}.get(filters.holder)
+            if known is not None:
+                return self.listing.held(
+                    known.all_ids, filters.holder, filters.limit, self.leased_pairs(filters.kind, filters.state)
+                )
+        leases = filters.expired or filters.holder
         return self.listing.run(
-            self.pairs(filters.kind, filters.state),
+            self.leased_pairs(filters.kind, filters.state) if leases else self.pairs(filters.kind, filters.state),
             limit=filters.limit,
             prefix=filters.text,
             holder=filters.holder,
@@ -270,8 +296,9 @@ class InspectorData:
     def activity(self) -> Cached[Activity]:
         return self.activity_cache.get()
 
-    def holders(self) -> list[Holder]:
-        return self.activity_sql.holders(self.pairs())
+    def holders(self) -> Cached[list[Holder]]:
+        """The owners holding leases (cached like the charts: it reads every leased row)."""
+        return self.holders_cache.get()
 
     def last_failures(self, snaps: list[Snapshot]) -> dict[str, HistoryRecord]:
         """For the listed entities that failed or retried: their latest transition that records

@@ -30,7 +30,7 @@ from typing import Any
 from fsm.records import Snapshot
 from stores.sql.rows import snapshot_of
 
-SCAN = 2000
+SCAN = 1000
 """Rows of each (kind, state) a data field search examines per page, at most."""
 
 
@@ -93,7 +93,12 @@ class ListingSql:
             f"CASE json_type({column}, {p('dpath')}) WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
             f"ELSE CAST(json_extract({column}, {p('dpath')}) AS TEXT) END"
         )
-        return f"CASE WHEN json_valid({column}) THEN {typed} END = {p('dvalue')}"
+        found = f"CASE WHEN json_valid({column}) THEN {typed} END = {p('dvalue')}"
+        if value and all(c not in value for c in '"\\') and all(ord(c) >= 0x20 for c in value):
+            # a value JSON writes as it is appears verbatim in the row's text: a C-level
+            # substring test skips most rows before any JSON is parsed
+            found = f"instr({column}, {p('dvalue')}) > 0 AND {found}"
+        return found
 
     def run(
         self,
@@ -136,23 +141,22 @@ class ListingSql:
             more = self._key(rows[limit - 1]) if len(rows) > limit else None
             return Listed(self._decode(rows[:limit]), more=more)
         # the data search: each pair's walk stops at the cursor, the newest of the full pairs'
-        # SCAN-th rows, so each examines at most SCAN rows, and every row newer than the cursor
-        # is examined in every pair (the next page goes on from the cursor: no gap, no repeat)
-        ends = self._merged(pairs, dict(params), extra, order, outer, 1, keys_only=True, offset=SCAN - 1)
-        cursor = max(((u, i) for u, i in ends), default=None)
+        # SCAN-th ``updated_at``, so each examines about SCAN rows, and every row updated at
+        # or after the cursor is examined in every pair; the next page starts strictly
+        # before it (no gap, no repeat, ties at the cursor included here)
+        newest_first = f"{ref('updated_at')} DESC"
+        ends = self._merged(pairs, dict(params), extra, newest_first, "fsm_u DESC", 1, keys_only=True, offset=SCAN - 1)
+        cursor = max((u for u, _ in ends), default=None)
         bound = ""
         if cursor is not None:
-            params["wu"], params["wi"] = cursor
-            bound = (
-                f" AND {ref('updated_at')} >= {p('wu')} AND ({ref('updated_at')} > {p('wu')} "
-                f"OR {ref('id')} >= {p('wi')})"
-            )
+            params["wu"] = cursor
+            bound = f" AND {ref('updated_at')} >= {p('wu')}"
         match = " AND " + self.data_match(ref("data"), params, data_path, data_value)
         rows = self._merged(pairs, params, extra + bound + match, order, outer, limit + 1)
-        window = self._text(cursor[0]) if cursor is not None else ""
+        window = self._text(cursor) if cursor is not None else ""
         if len(rows) > limit:
             return Listed(self._decode(rows[:limit]), more=self._key(rows[limit - 1]), searched_to=window or "all")
-        more = (window, str(cursor[1])) if cursor is not None else None
+        more = (window, "") if cursor is not None else None
         return Listed(self._decode(rows), more=more, searched_to=window or "all")
 
     @staticmethod
@@ -200,6 +204,22 @@ class ListingSql:
         if keys_only:
             return [(r[0], r[1]) for r in self.store._run(sql, params)]
         return list(self.store._run(sql, params))
+
+    def held(self, ids: tuple[str, ...], holder: str, limit: int, pairs: list[tuple[str, str]]) -> Listed:
+        """The entities ``ids`` still held by ``holder``, soonest expiry first (primary key reads)."""
+        if not ids:
+            return Listed([], order="expiry")
+        p, ref = self.f.p, self.ref
+        params: dict[str, Any] = {**self.base, "ids": self.f.ids(list(ids[: 10 * limit])), "holder": holder}
+        params["limit"] = limit
+        rows = self.store._run(
+            f"SELECT {self.cols} FROM {self.E} AS e WHERE {self.f.in_ids(ref('id'), 'ids')} AND {self.live} "
+            f"AND {ref('lease_owner')} = {p('holder')} ORDER BY {ref('lease_expires_at')}, {ref('id')} "
+            f"LIMIT {p('limit')}",
+            params,
+        )
+        wanted = set(pairs)
+        return Listed([s for s in self._decode(rows) if (s.kind, s.state) in wanted], order="expiry")
 
     def _by_id(
         self,

@@ -33,12 +33,12 @@ def entity_url(entity_id: str) -> str:
     return "/entity?" + urlencode({"id": entity_id})
 
 
-def page(title: str, body: str, *, live: str, refresh_ms: int) -> str:
+def page(title: str, body: str, *, live: str, refresh_ms: int, badge: str = "read-only") -> str:
     """A whole page; the element ``#live`` is refreshed from ``live`` every ``refresh_ms``."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{esc(title)}</title><link rel=stylesheet href=/static/inspect.css></head><body>"
-        "<header><a class=home href=/>fsm inspect</a> <span class=ro>read-only</span>"
+        f"<header><a class=home href=/>fsm inspect</a> <span class=ro>{esc(badge)}</span>"
         "<span id=status class=status>live</span></header>"
         f"<main id=live data-src='{esc(live)}' data-every='{int(refresh_ms)}'>{body}</main>"
         "<script src=/static/inspect.js></script></body></html>"
@@ -49,10 +49,15 @@ def page(title: str, body: str, *, live: str, refresh_ms: int) -> str:
 
 
 def counts_section(
-    counts: Cached[dict[str, dict[str, int]]], leaves: dict[str, list[str]], flags: Flags, problem: str | None
+    counts: Cached[dict[str, dict[str, int]]],
+    leaves: dict[str, list[str]],
+    cached_flags: Cached[Flags],
+    problem: str | None,
 ) -> str:
-    found = counts.value
+    found, flags = counts.value, cached_flags.value
     note = cache_note(counts, "counts", problem)
+    if flags.expired or flags.waiting:
+        note += " <span class=muted>·</span> " + cache_note(cached_flags, "flags")
     if not found:
         return f"<section><h2>Counts {note}</h2><p class=empty>No entities in this store yet.</p></section>"
     parts = [f"<section class=counts><h2>Counts by lifecycle and state {note}</h2><div class=cards>"]
@@ -187,10 +192,10 @@ def overview(
     filters: Filters,
     last: dict[str, HistoryRecord],
     database: str,
-    flags: Flags,
+    flags: Cached[Flags],
     ticks: list[ReaperTick],
     activity: Cached[Activity],
-    holders: list[Holder],
+    holders: Cached[list[Holder]],
 ) -> str:
     kinds = sorted(set(counts.value) | set(leaves))
     return (
@@ -241,8 +246,10 @@ def entity_page(
     progress: EffectRecord | None,
     renewals: RenewalLog,
     diagram: str,
+    starts: frozenset[str] = frozenset(),
 ) -> str:
-    """One entity; ``diagram`` is the markup of its diagram section (image, fallback, or why none)."""
+    """One entity; ``diagram`` is the markup of its diagram section (image, fallback, or why
+    none); ``starts`` the events that begin an attempt."""
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
     entered = snap.state_entered_at
     waiting = ""
@@ -280,7 +287,7 @@ def entity_page(
         f"<h1 class=id>{esc(snap.id)}</h1>"
         f"<div class=split><section><h2>Now</h2>{lease}</section><section><h2>Data</h2>"
         f"<pre class=data>{esc(pretty_json(snap.data))}</pre></section></div>"
-        f"{attempts_section(now, history)}"
+        f"{attempts_section(now, history, starts)}"
         f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
         f"{timeline(now, history, effects, progress, renewals.entries)}</section>"
         f"<section class=diagram-box><h2>Diagram</h2>{diagram}</section>"

@@ -41,7 +41,7 @@ CSP = (
 HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # never sent to another site; a same-origin form keeps its Origin
     "x-frame-options": "DENY",
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
@@ -187,7 +187,9 @@ class TokenGate:
             response.headers["www-authenticate"] = 'Bearer realm="fsm inspect"'
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {})["auth"] = how
+        state = scope.setdefault("state", {})
+        state["auth"] = how
+        state["who"] = "bearer" if how == "bearer" else _cookie(headers)  # what a CSRF token is bound to
         await self.app(scope, receive, send)
 
     def login(self, scope: Scope, headers: Headers) -> Response:

@@ -17,6 +17,8 @@ from fsm.records import HistoryRecord
 
 ROWS_OF_TICKS = 8
 """Rows the ticks table shows (idle ticks folded first)."""
+HOLDERS_SHOWN = 50
+"""Owners the holders table shows (most held first)."""
 
 
 def cache_note(cached: Cached[Any], what: str, problem: str | None = None) -> str:
@@ -68,9 +70,9 @@ def failure_of(last: HistoryRecord | None) -> str:
 def activity_section(cached: Cached[Activity], ticks: list[ReaperTick]) -> str:
     a = cached.value
     scope = (
-        f"the newest {a.sampled:,} entities changed in the hour (more changed)"
+        f"the newest {a.sampled:,} entities changed in the hour; more changed"
         if a.capped
-        else f"every entity changed in the hour ({a.sampled:,})"
+        else f"all {a.sampled:,} entities changed in the hour"
     )
     per_tick = [float(_moved(t.summary)) for t in reversed(ticks)]
     charts = [
@@ -91,8 +93,8 @@ def activity_section(cached: Cached[Activity], ticks: list[ReaperTick]) -> str:
             )
         )
     return (
-        "<section class=activity><h2>Last hour <span class=muted>from "
-        f"{esc(scope)}</span> {cache_note(cached, 'charts')}</h2><div class=charts>{''.join(charts)}</div></section>"
+        f"<section class=activity><h2>Last hour <span class=muted>(from {esc(scope)}) ·</span> "
+        f"{cache_note(cached, 'charts')}</h2><div class=charts>{''.join(charts)}</div></section>"
     )
 
 
@@ -104,14 +106,16 @@ def _moved(summary: dict[str, Any]) -> int:
 # -- holders -----------------------------------------------------------------------------------
 
 
-def holders_section(now: datetime, holders: list[Holder]) -> str:
+def holders_section(now: datetime, cached: Cached[list[Holder]]) -> str:
+    holders = cached.value
+    note = cache_note(cached, "holders")
     if not holders:
         return (
-            "<section class=holders><h2>Workers holding leases</h2>"
+            f"<section class=holders><h2>Workers holding leases {note}</h2>"
             "<p class=empty>No lease is held right now.</p></section>"
         )
     rows = []
-    for h in holders:
+    for h in holders[:HOLDERS_SHOWN]:
         ids = ", ".join(f"<a href='{esc('/entity?' + urlencode({'id': i}))}'>{esc(i)}</a>" for i in h.ids) + (
             f" and {h.held - len(h.ids)} more" if h.held > len(h.ids) else ""
         )
@@ -127,10 +131,12 @@ def holders_section(now: datetime, holders: list[Holder]) -> str:
             f"<td class=n>{h.held}</td><td>{lapsed}</td><td>{renewal}</td>"
             f"<td title='{esc(stamp(h.soonest))}'>{esc(age(now, h.soonest))}</td><td class=id>{ids}</td></tr>"
         )
+    hidden = len(holders) - HOLDERS_SHOWN
+    more = f"<p class=muted>{hidden} more owners not shown.</p>" if hidden > 0 else ""
     return (
         "<section class=holders><h2>Workers holding leases <span class=muted>owners with a lease, most held "
-        "first</span></h2><table><tr><th>owner</th><th class=n>holds</th><th></th><th>last renewal</th>"
-        f"<th>soonest expiry</th><th>what it holds</th></tr>{''.join(rows)}</table></section>"
+        f"first</span> {note}</h2><table><tr><th>owner</th><th class=n>holds</th><th></th><th>last renewal</th>"
+        f"<th>soonest expiry</th><th>what it holds</th></tr>{''.join(rows)}</table>{more}</section>"
     )
 
 
@@ -235,15 +241,22 @@ def moves_section(now: datetime, activity: Activity) -> str:
 # -- one entity --------------------------------------------------------------------------------
 
 
-def attempts_section(now: datetime, history: list[HistoryRecord]) -> str:
-    """Each attempt's error: every transition that records an error or a reason."""
+def attempts_section(now: datetime, history: list[HistoryRecord], starts: frozenset[str] = frozenset()) -> str:
+    """Each attempt's error: every transition that records an error or a reason, with the
+    attempt it ended (the ``attempt`` its error or data records, else the attempt-counting
+    starts ``starts`` seen so far)."""
+    numbers, seen = {}, 0
+    for h in history:
+        seen += h.event in starts
+        numbers[h.seq] = seen
     failed = [h for h in history if error_of(recorded(h)) or (h.reason and h.target != h.source)]
     if not failed:
         return "<section class=attempts><h2>Errors by attempt</h2><p class=empty>No error recorded.</p></section>"
     rows = []
     for h in reversed(failed):
-        data = recorded(h) if isinstance(recorded(h), dict) else {}
-        attempt = data.get("attempt", "")
+        found = recorded(h)
+        data = found if isinstance(found, dict) else {}
+        attempt = data.get("attempt") or numbers.get(h.seq) or ""
         trace = traceback_of(data)
         detail = f"<details><summary>traceback</summary><pre>{esc(trace)}</pre></details>" if trace else ""
         rows.append(

@@ -74,6 +74,7 @@ def test_every_answer_carries_the_security_headers(served: Served) -> None:
         answer = http(served.base + path)
         assert answer.status == 200, path
         secured(answer)
+    assert "counts as of" in http(served.base + "/").body  # the cache's age, on the page
     missing = http(served.base + "/no/such/page")
     assert missing.status == 404 and "Not found" in missing.body
     secured(missing)
@@ -197,7 +198,7 @@ def test_binding_anything_but_loopback_needs_a_token_and_0000_warns(monkeypatch:
     assert "WARNING: --host 0.0.0.0" in said
     assert f"token (set {TOKEN_ENV} to choose it): {tokens.token}" in said
     [code] = tokens.codes
-    assert f"/login?code={code}" in said  # the one-time URL it printed works
+    assert f"http://127.0.0.1:8765/login?code={code}" in said  # a URL to visit, not 0.0.0.0; it works once
     assert tokens.redeem(code) is not None and tokens.redeem(code) is None
 
     monkeypatch.setenv(TOKEN_ENV, TOKEN)

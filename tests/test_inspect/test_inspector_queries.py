@@ -28,6 +28,7 @@ def inspector(store: SqlStore) -> InspectorData:
         {lc.kind: list(lc.table.leaves) for lc in LIFECYCLES},
         resumes={k: list(r) for k, (_, r) in plans.items()},
         claim_events={k: {s.event for s in starts} for k, (starts, _) in plans.items()},
+        finals={lc.kind: lc.table.finals for lc in LIFECYCLES},
         count_every=0.0,
     )
 
@@ -137,7 +138,7 @@ def test_work_waiting_for_a_worker_is_flagged(store: SqlStore) -> None:
     assert snap.lease is not None
     jobs.fire(snap.id, "exited", lease=snap.lease, data={"exit_code": 0})
     jobs.release_lease(snap.lease)  # a stopping worker hands the finalizer back: nobody holds it
-    flags = inspector(store).flags()
+    flags = inspector(store).flags().value
     assert flags.waiting == {"job": {"finalizing": 1}}
 
 
@@ -157,8 +158,8 @@ def _plans(store: SqlStore, data: InspectorData) -> list[str]:
         data.entities(Filters(kind="job", state="queued"))
         data.entities(Filters(holder="x"))
         data.entities(Filters(data_path="task", data_value="build"))
-        data.flags()
-        data.holders()
+        data.flags_cache.refresh()
+        data.holders_cache.refresh()
     finally:
         store._run = run  # type: ignore[method-assign]
     plans = []
