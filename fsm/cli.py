@@ -20,6 +20,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -87,6 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fsm demo | head`: the reader left; not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the user's wish, not a crash to show
+        print(f"fsm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug (ours, or in a user's lifecycle module): one line; the stack with -v
+        if args.verbose:
+            traceback.print_exc()
+        print(
+            f"fsm {args.command}: unexpected error: {type(err).__name__}: {err}"
+            + ("" if args.verbose else " (run with -v for the traceback)"),
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from fsm.errors import ConfigError
+
 
 @runtime_checkable
 class Clock(Protocol):
@@ -56,11 +58,41 @@ class ManualClock:
             return self._now
 
     def set(self, when: datetime) -> None:
-        """Jump to ``when`` (never backwards)."""
+        """Jump to ``when`` (never backwards), an aware datetime."""
+        if not isinstance(when, datetime) or when.utcoffset() is None:
+            raise ValueError(f"ManualClock.set needs an aware datetime (tzinfo=UTC), not {when!r}")
         with self._lock:
             if when < self._now:
                 raise ValueError("a clock only moves forward")
             self._now = when
+
+
+def read_clock(clock: Clock) -> datetime:
+    """``clock.now()`` under the one rule every store applies to the time it is given: an
+    aware ``datetime``, returned in UTC.
+
+    Anything else (``None``, a naive datetime, a string, a number, a bare ``date``) is a
+    ``ConfigError`` naming the clock, raised before the store reads or writes anything,
+    so a broken clock never stores a time the other stores would refuse or read another way
+    (a naive time taken as the session's zone on PostgreSQL, refused by SQLite).
+    """
+    value = clock.now()
+    if value.__class__ is datetime and value.tzinfo is UTC:  # every clock of ours: no work
+        return value
+    if not isinstance(value, datetime):
+        raise ConfigError(
+            f"the clock {clock!r} returned {_shown(value)}, not a datetime: now() must return an aware datetime"
+        )
+    if value.utcoffset() is None:
+        raise ConfigError(
+            f"the clock {clock!r} returned a naive datetime ({value!r}): now() must return an aware one (tzinfo=UTC)"
+        )
+    return value.astimezone(UTC)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def new_owner_id(prefix: str = "") -> str:
@@ -73,4 +105,4 @@ def new_owner_id(prefix: str = "") -> str:
     return f"{prefix}{base}" if prefix else base
 
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "new_owner_id"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "new_owner_id", "read_clock"]

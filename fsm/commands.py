@@ -6,9 +6,10 @@
     fsm migrate current postgresql+psycopg://app@db/app  # the revision they are at
     fsm show job-42 --db sqlite:///fsm.db                # the entity, its lease, history, effects
 
-A command that only reads (``fsm show``, ``fsm reaper``, ``fsm diagram --db``) opens the
-store with ``create=False``: a mistyped SQLite path or a wrong ``--prefix`` is an error
-naming what was looked for, never a new empty database.  Errors go to stderr; exit code 2.
+A command that opens an existing store (``fsm show``, ``fsm diagram --db`` and ``fsm
+inspect`` read it, ``fsm reaper`` moves its entities) opens it with ``create=False``: a
+mistyped SQLite path or a wrong ``--prefix`` is an error naming what was looked for and the
+prefixes that are there, never a new empty database.  Errors go to stderr; exit code 2.
 """
 
 from __future__ import annotations
@@ -31,21 +32,123 @@ class ReadOnlyStoreError(Exception):
     """A store a read-only command could not open; the message says what to check."""
 
 
+MISSING_TABLES = "no fsm-lifecycles tables with prefix"
+"""How a store opened with ``create=False`` begins its message when the prefix has no tables."""
+
+
 def open_readonly(url: str, prefix: str, prog: str) -> Store:
-    """The store at ``url`` opened without creating anything (a file, tables, a migration)."""
+    """The store at ``url`` opened without creating anything (a file, tables, a migration).
+
+    Every refusal is one message, wrapped once: the store's own (which names the URL),
+    and, when the prefix has no tables, the prefixes this database does have and the flag
+    that selects one (``fsm demo`` writes ``fsm_demo_*``, a reader defaults to ``fsm_``).
+    """
     import stores
 
     try:
         return stores.open_store(url, table_prefix=prefix, create=False)
     except ConfigError as err:
-        raise ReadOnlyStoreError(
-            f"{err} ({prog} only reads a store and creates nothing; the tables looked for are "
-            f"{prefix}entities and {prefix}history)"
-        ) from err
-    except FsmError as err:
-        raise ReadOnlyStoreError(f"cannot open {stores.safe_url(url)}: {err}") from err
+        message = str(err)
+        if message.startswith(MISSING_TABLES):
+            message = f"{MISSING_TABLES} {prefix!r} in {stores.safe_url(url)}; {_prefixes_hint(url, prefix, prog)}"
+        elif message.startswith("no database file"):
+            message += f": check the URL ({prog} opens an existing store)"
+        raise ReadOnlyStoreError(message) from err
+    except FsmError as err:  # unreachable, corrupt: the message names the database already
+        raise ReadOnlyStoreError(str(err)) from err
     except ImportError as err:
         raise ReadOnlyStoreError(f"cannot open {stores.safe_url(url)}: {err}") from err
+
+
+def table_prefixes(url: str) -> list[str]:
+    """The table prefixes of fsm-lifecycles stores in the database at ``url`` (an existing
+    database: this connects, and on SQLite would create a missing file): each ``P`` with
+    ``P``entities, ``P``history and ``P``alembic_version tables, sorted."""
+    import sqlalchemy as sa
+
+    from stores.sql import create_engine
+
+    engine = create_engine(url)
+    try:
+        names = set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    suffix = "alembic_version"
+    found = (n.removesuffix(suffix) for n in names if n.endswith(suffix))
+    return sorted(p for p in found if f"{p}entities" in names and f"{p}history" in names)
+
+
+def _prefixes_hint(url: str, prefix: str, prog: str) -> str:
+    """Which prefixes the database holds, and how to pick one; a best effort (never raises)."""
+    try:
+        found = table_prefixes(url)
+    except Exception:  # only a hint: the store's own refusal is what matters
+        found = None
+    if found:
+        shown = ", ".join(repr(p) for p in found)
+        return f"it holds the tables of prefix {shown}: select them with --prefix {found[0]} ({prog} creates nothing)"
+    looked = f"{prefix}entities and {prefix}history"
+    if found is None:
+        return f"check the URL and --prefix (looked for: {looked}; {prog} creates nothing)"
+    return (
+        f"nor under any other prefix: check the URL, or create them with `fsm migrate upgrade URL --prefix {prefix}` "
+        f"({prog} creates nothing)"
+    )
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` (an unknown host, a port in use, no
+    permission), found before it starts: its own failure would be a log line and exit 3."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        return f"unknown host {host!r} ({err})"
+    family, kind, proto, _, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as err:
+        return f"cannot listen on {host}:{port}: {err.strerror or err}"
+    return None
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least a microsecond (a smaller
+    one is no duration: it rounds to zero)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 1e-6:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, at least 0.000001, not {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, zero or more (``--list -1`` is refused)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {value}")
+    return value
 
 
 def register(sub: Any) -> None:

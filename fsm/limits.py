@@ -116,10 +116,11 @@ def duration_problem(value: object) -> str | None:
         seconds_ok = value > timedelta()
         too_long = value > MAX_DURATION
     else:
-        seconds_ok = value > 0
         too_long = value > MAX_DURATION.total_seconds()
+        # a timedelta counts microseconds: fewer seconds than that round to a zero duration
+        seconds_ok = value > 0 and (too_long or timedelta(seconds=value) > timedelta())
     if not seconds_ok:
-        return f"must be a positive duration, not {_shown(value)}"
+        return f"must be a positive duration (at least a microsecond), not {_shown(value)}"
     if too_long:
         return f"must be at most {MAX_DURATION.days} days, not {_shown(value)}"
     return None

@@ -12,7 +12,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.clock import Clock, SystemClock
+from fsm.clock import Clock, SystemClock, read_clock
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
@@ -73,7 +73,9 @@ class MemoryStore(LedgerRun):
         self._by_concurrency_key: dict[tuple[str, str], list[str]] = {}
 
     def now(self) -> datetime:
-        return self.clock.now()
+        """The clock's time, checked (:func:`fsm.clock.read_clock`): a clock returning
+        ``None`` or a naive datetime is a ``ConfigError`` before anything is written."""
+        return read_clock(self.clock)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class MemoryStore(LedgerRun):
         with self._lock:
             if entity.id in self._rows:
                 raise EntityExists(entity.id)
-            now = self.clock.now()
+            now = self.now()
             row = Snapshot(
                 id=entity.id,
                 kind=entity.kind,
@@ -174,7 +176,7 @@ class MemoryStore(LedgerRun):
                 raise LeaseLost(
                     entity_id, expected_token=write.expect_token, found_token=row.lease_token, owner=write.expect_owner
                 )
-            now = self.clock.now()
+            now = self.now()
             for condition in write.require:
                 if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
@@ -231,7 +233,7 @@ class MemoryStore(LedgerRun):
     ) -> list[Snapshot]:
         check_page(kind, state, limit, after_id)
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             found = sorted(
                 (
                     row
@@ -250,7 +252,7 @@ class MemoryStore(LedgerRun):
         check_batch_write(batch)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             for entity_id in batch.ids:
                 row = self._rows.get(entity_id)
                 if (
@@ -270,7 +272,7 @@ class MemoryStore(LedgerRun):
         check_int("limit", limit, low=1, high=1_000_000)
         moved: list[tuple[Snapshot, HistoryRecord]] = []
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             for row in list(self._rows.values()):
                 if len(moved) >= limit:
                     break
@@ -309,7 +311,7 @@ class MemoryStore(LedgerRun):
             row = self._live(entity_id)
             if row.version != expect_version:
                 raise StaleVersion(entity_id, expected=expect_version, found=row.version)
-            now = self.clock.now()
+            now = self.now()
             if row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at >= now:
                 raise LeaseLost(
                     entity_id,
@@ -338,7 +340,7 @@ class MemoryStore(LedgerRun):
         check_lease_args(entity_id, owner, token=check_int("token", token), ttl=check_store_ttl(ttl), budget=budget)
         with self._lock:
             row = self._live(entity_id)
-            now = self.clock.now()
+            now = self.now()
             if row.lease_owner != owner or row.lease_token != token:
                 raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
             if row.lease_expires_at is None or row.lease_expires_at < now:
@@ -392,7 +394,7 @@ class MemoryStore(LedgerRun):
         check_id("entity id", entity_id)
         with self._lock:
             row = self._live(entity_id)
-            new = row._replace(deleted=True, updated_at=self.clock.now())
+            new = row._replace(deleted=True, updated_at=self.now())
             self._rows[entity_id] = new
             return new
 
@@ -436,7 +438,7 @@ class MemoryStore(LedgerRun):
             if existing is not None and existing.status not in replace:
                 return existing, False
             attempts = 1 if existing is None else existing.attempts + 1
-            record = EffectRecord(entity_id, key, status, token, attempts, stored, self.clock.now())
+            record = EffectRecord(entity_id, key, status, token, attempts, stored, self.now())
             effects[key] = record
             return record, True
 
@@ -446,7 +448,7 @@ class MemoryStore(LedgerRun):
         resumes = set(request.resumes)
         claimed: list[Snapshot] = []
         with self._lock:
-            now = self.clock.now()
+            now = self.now()
             waiting = sorted(
                 (
                     r

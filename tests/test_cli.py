@@ -85,6 +85,18 @@ def test_the_demo_tells_the_whole_story_with_real_processes(
             ElementTree.parse(diagram)
         assert f"lifecycle-job-{name}{diagram.suffix}" in out
     assert (tmp_path / "fsm.db").exists()
+    # JobData.gates is filled: each job's row holds its four gates' results, run or replayed
+    demo = SqlStore("sqlite:///fsm.db", table_prefix="fsm_demo_", create=False)
+    try:
+        jobs = demo.entities("job")
+        assert len(jobs) == 3 and {j.state for j in jobs} == {"completed"}
+        for job in jobs:
+            assert list(job.data["gates"]) == list(gates), job.id
+            assert all(g["status"] == "passed" and g["detail"] for g in job.data["gates"].values()), job.id
+    finally:
+        demo.close()
+    # and it says how to look closer: the demo's tables need their prefix
+    assert "--prefix fsm_demo_" in out and "fsm show job-" in out
 
 
 def test_the_demo_needs_a_store_its_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,15 +163,16 @@ def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(
     from stores.sql.migrations.__main__ import main as migrations
 
     missing = f"{tmp_path}/missing.db"
-    assert migrations(["current", f"sqlite:///{missing}"]) == 1 and not os.path.exists(missing)
-    assert migrations(["upgrade", "notaurl"]) == 1
+    assert migrations(["current", f"sqlite:///{missing}"]) == 2 and not os.path.exists(missing)
+    assert migrations(["upgrade", "notaurl"]) == 2  # refused input: 2, as every fsm command
     assert "Could not parse" in capsys.readouterr().err
     empty = f"{tmp_path}/empty.db"
     open(empty, "w").close()
-    assert migrations(["stamp", f"sqlite:///{empty}"]) == 1
+    assert migrations(["stamp", f"sqlite:///{empty}"]) == 2
     assert "there are none here" in capsys.readouterr().err
     ok = f"sqlite:///{tmp_path}/ok.db"
     assert migrations(["upgrade", ok]) == 0 and "upgrade: done" in capsys.readouterr().out
-    assert migrations(["downgrade", ok, "nope"]) == 1
+    assert migrations(["downgrade", ok, "nope"]) == 2
+    assert "python -m stores.migrations: error: cannot downgrade to 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         migrations(["upgrade", ok, "--prefix", "x y;"])

@@ -119,6 +119,22 @@ bad_reap = st.one_of(
     st.integers(), st.floats(), st.lists(short, min_size=1, max_size=2), st.binary(min_size=1, max_size=4)
 )
 """Refused as ``Worker(reap=...)`` (a bool, a ReaperConfig or its mapping)."""
+bad_state = st.one_of(
+    st.sampled_from(["bogus", "", "active", "'; DROP TABLE fsm_entities; --", "queued\x00", "QUEUED", "running "]),
+    st.none(),
+    non_strings,
+)
+"""Refused as a snapshot's state: no leaf state of the job lifecycle (``active`` is its compound)."""
+bad_clock = st.one_of(
+    st.none(),
+    st.datetimes(),  # naive
+    st.dates(),
+    st.text(max_size=8),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.builds(_Opaque),
+)
+"""What a broken clock's ``now()`` returns instead of an aware datetime (the store's clock)."""
 
 # -- the entry points --------------------------------------------------------------------------
 
@@ -138,6 +154,14 @@ class World:
         assert lease is not None
         self.lease: Lease = self.jobs.renew_lease(lease)  # so f's renewal log has an entry to keep
         self.fresh = f"n-{uuid.uuid4().hex[:8]}"  # what a refused create must not have created
+
+    def with_clock(self, value: Any, call: Callable[[], object]) -> object:
+        """``call()`` while the store's clock returns ``value``."""
+        self.clock.now = lambda: value  # type: ignore[method-assign]
+        try:
+            return call()
+        finally:
+            del self.clock.now
 
     def state(self) -> Any:
         store = self.store
@@ -314,6 +338,18 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("store.entities(kind)", bad_id, lambda w, v: w.store.entities(v)),
     ("store.entities(limit)", bad_token, lambda w, v: w.store.entities("job", limit=v)),
     ("store.count_states", bad_id, lambda w, v: w.store.count_states(v)),
+    # a snapshot the caller holds, in a state the lifecycle does not have (issue 18)
+    ("configuration(state)", bad_state, lambda w, v: w.jobs.configuration(w.store.get(w.q)._replace(state=v))),
+    ("configuration(entity)", non_strings, lambda w, v: w.jobs.configuration(v)),
+    ("allowed_events(state)", bad_state, lambda w, v: w.jobs.allowed_events(w.store.get(w.f)._replace(state=v))),
+    ("fire(snapshot.state)", bad_state, lambda w, v: w.jobs.fire(w.store.get(w.q)._replace(state=v), "exited")),
+    # the store's clock returning no aware datetime: refused before anything is written
+    ("clock: create", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.create(w.fresh))),
+    ("clock: fire", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.fire(w.q, "start"))),
+    ("clock: renew_lease", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.renew_lease(w.lease))),
+    ("clock: run", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.run(w.f, "gate", lambda key: 1, w.lease))),
+    ("clock: claim", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.claim(1))),
+    ("clock: soft_delete", bad_clock, lambda w, v: w.with_clock(v, lambda: w.store.soft_delete(w.q))),
 ]
 
 
@@ -358,6 +394,8 @@ def test_every_entry_point_refuses_its_whole_class_once(any_store: Store, clock:
         id(non_strings): 42,
         id(bad_due): datetime(2026, 1, 1),
         id(bad_reap): 42,
+        id(bad_state): "bogus",
+        id(bad_clock): None,
     }
     world = World(any_store, clock)
     for name, values, call in ENTRY_POINTS:

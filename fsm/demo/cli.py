@@ -178,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         out.say(f"  {path.name}")
     out.say(f"  (event logs of the processes: {work.name}/; store: {safe_url(args.db)}, tables {DEMO_PREFIX}*)")
+    # the next commands a new user types read the demo's tables only with their prefix
+    db = "" if args.db == DEFAULT_URL else f" --db {safe_url(args.db)}"
+    out.say(f"look closer (the demo's tables need --prefix {DEMO_PREFIX}):")
+    if stories:
+        out.say(f"  fsm show {stories[0].job_id}{db} --prefix {DEMO_PREFIX}")
+    out.say(f"  fsm reaper --once --dry-run{db} --prefix {DEMO_PREFIX}")
+    out.say(f"  fsm inspect --db {safe_url(args.db)} --prefix {DEMO_PREFIX}")
     return 1 if broken(findings) else 0
 
 

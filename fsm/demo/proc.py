@@ -134,6 +134,7 @@ def worker_main(cfg: dict[str, Any], log: Log) -> int:
         previous = job.previous_progress()
         if previous is not None:
             log("resumed", job=job.id, token=token, progress=previous)
+        results: dict[str, GateResult] = {}  # JobData.gates: each gate's result, run or replayed
         for index, gate in enumerate(GATES):
             job.progress({"gate": gate})
             ran: list[bool] = []
@@ -146,7 +147,7 @@ def worker_main(cfg: dict[str, Any], log: Log) -> int:
                 return GateResult(status="passed", detail=f"{gate} by {cfg['name']}")
 
             try:
-                job.run(gate, call, model=GateResult)
+                results[gate] = job.run(gate, call, model=GateResult)
             except Fenced as err:
                 what = f"result of {gate}" if ran else f"run of {gate}"
                 log("refused", job=job.id, token=token, what=what, error=type(err).__name__, gate=gate)
@@ -154,7 +155,9 @@ def worker_main(cfg: dict[str, Any], log: Log) -> int:
                     insist(engine, job, index, log)
                 raise
             log("gate-done" if ran else "gate-replayed", job=job.id, gate=gate, token=token)
-        job.fire("complete")
+        # the recorded results go into the job's data with the transition that ends it, so the
+        # row itself says what its gates found (`fsm show`, the inspector), not only the ledger
+        job.fire("complete", data={"gates": {g: r.model_dump(exclude_none=True) for g, r in results.items()}})
         log("fired", job=job.id, token=token, event="complete")
 
     worker = Worker(

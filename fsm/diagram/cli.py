@@ -33,8 +33,8 @@ from fsm.diagram.check import Status, check
 from fsm.diagram.export import FORMATS, TEXT_FORMATS, format_for_path, render, write_dir
 from fsm.diagram.extract import DEFAULT_LAST, extract
 from fsm.diagram.model import Diagram
-from fsm.diagram.refs import BUILTINS, cwd_on_path, load_lifecycle
-from fsm.errors import ConfigError, FsmError
+from fsm.diagram.refs import BUILTINS, cwd_on_path, load_lifecycle_here
+from fsm.errors import FsmError
 from fsm.lifecycle import Lifecycle
 
 PROG = "fsm diagram"
@@ -177,17 +177,13 @@ def _database_errors() -> tuple[type[BaseException], ...]:
 def _entity_diagram(lifecycle: type[Lifecycle], args: argparse.Namespace) -> Diagram:
     """The lifecycle with the stored entity ``--id`` overlaid, the store only read."""
     import stores  # the store layer only when an entity is asked for
+    from fsm.commands import ReadOnlyStoreError, open_readonly
 
     url, prefix = args.db, args.prefix or DEFAULT_PREFIX
     try:
-        store = stores.open_store(url, table_prefix=prefix, create=False)
-    except ConfigError as err:
-        raise UsageError(
-            f"{err} [fsm diagram --db only reads a store, it creates nothing: check the URL, and --prefix "
-            f"(the tables looked for are {prefix}entities and {prefix}history)]"
-        ) from err
-    except ImportError as err:
-        raise UsageError(f"cannot open store {stores.safe_url(url)}: {err}") from err
+        store = open_readonly(url, prefix, "fsm diagram --db")  # the one opener: one message everywhere
+    except ReadOnlyStoreError as err:
+        raise UsageError(str(err)) from err
     except _database_errors() as err:
         raise UsageError(f"cannot read {stores.safe_url(url)}: {err} (is it an fsm-lifecycles store?)") from err
     try:
@@ -220,7 +216,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.format and implied and args.format != implied:
         raise UsageError(f"--format {args.format} does not match --out {args.out} (a {implied} file name)")
     fmt = args.format or implied or "mermaid"
-    lifecycle = load_lifecycle(args.refs[0])
+    lifecycle = load_lifecycle_here(args.refs[0])
     diagram = _entity_diagram(lifecycle, args) if args.db is not None else extract(lifecycle)
     data = render(diagram, fmt)
     if args.out:

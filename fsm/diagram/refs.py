@@ -63,4 +63,12 @@ def cwd_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
-__all__ = ["BUILTINS", "LifecycleNotFound", "cwd_on_path", "load_lifecycle", "ref_of"]
+def load_lifecycle_here(ref: str) -> type[Lifecycle]:
+    """The command line's one loader (``fsm diagram``, ``fsm inspect``, ``fsm reaper``):
+    :func:`load_lifecycle` with the current directory first on ``sys.path``, so that
+    ``--lifecycle etl:EtlRun`` run in the folder holding ``etl.py`` finds it in every command."""
+    cwd_on_path()
+    return load_lifecycle(ref)
+
+
+__all__ = ["BUILTINS", "LifecycleNotFound", "cwd_on_path", "load_lifecycle", "load_lifecycle_here", "ref_of"]

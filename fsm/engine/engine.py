@@ -254,7 +254,13 @@ class Engine(EngineWork):
         held: Snapshot | None = None,
         extra: Attempt | None = None,
     ) -> FireResult:
-        if held is not None and held.kind == self.kind and held.state in self.table.configurations:
+        # a str check first: a hand-made snapshot's unhashable state must not reach the dict
+        if (
+            held is not None
+            and held.kind == self.kind
+            and held.state.__class__ is str
+            and held.state in self.table.configurations
+        ):
             snap = held
         else:
             held = None

@@ -17,7 +17,8 @@ import secrets
 import sys
 from typing import Any
 
-from fsm.errors import ConfigError, StoreUnavailable
+from fsm.commands import ReadOnlyStoreError, listen_problem, open_readonly, port, positive_seconds
+from fsm.errors import ConfigError, FsmError
 
 TOKEN_ENV = "FSM_INSPECT_TOKEN"
 
@@ -40,7 +41,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)"
     )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument(
         "--lifecycle",
         action="append",
@@ -48,7 +49,9 @@ def register(subparsers: Any) -> None:
         metavar="MODULE:Class",
         help="a lifecycle of the store, for its diagram and state order (repeatable; the built-ins always)",
     )
-    parser.add_argument("--refresh", type=float, default=2.0, help="seconds between live updates (default 2)")
+    parser.add_argument(
+        "--refresh", type=positive_seconds, default=2.0, help="seconds between live updates (default 2)"
+    )
     parser.add_argument(
         "--allowed-host",
         action="append",
@@ -84,17 +87,15 @@ def tokens_for(args: argparse.Namespace) -> Any:
 
 def build(args: argparse.Namespace, tokens: Any = None) -> Any:
     """The ASGI app for ``args`` (the store opened read-only)."""
-    from fsm.diagram.refs import cwd_on_path, load_lifecycle
+    from fsm.diagram.refs import load_lifecycle_here
     from fsm.inspect.app import create_app
     from fsm.inspect.security import allowed_hosts
-    from stores.factory import open_store
     from stores.sql import SqlStore
 
-    cwd_on_path()
-    lifecycles = [load_lifecycle(ref) for ref in (*BUILT_INS, *args.lifecycle)]
+    lifecycles = [load_lifecycle_here(ref) for ref in (*BUILT_INS, *args.lifecycle)]
     if args.db == "memory://":
         raise ConfigError("fsm inspect reads a database: give a sqlite:/// or postgresql:// URL")
-    store = open_store(args.db, table_prefix=args.prefix, create=False)  # creates nothing
+    store = open_readonly(args.db, args.prefix, "fsm inspect")  # creates nothing
     assert isinstance(store, SqlStore)
     return create_app(
         store,
@@ -116,8 +117,12 @@ def handle(args: argparse.Namespace) -> int:
     try:
         tokens = tokens_for(args)
         app = build(args, tokens)
-    except (ConfigError, StoreUnavailable) as err:
-        print(f"fsm inspect: {err}", file=sys.stderr)
+    except (FsmError, ReadOnlyStoreError) as err:  # a lifecycle not found, a store not opened
+        print(f"fsm inspect: error: {err}", file=sys.stderr)
+        return 2
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:
+        print(f"fsm inspect: error: {problem}", file=sys.stderr)
         return 2
     for line in announce(args, tokens):
         print(line, file=sys.stderr)

@@ -10,7 +10,8 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from fsm.diagram.refs import load_lifecycle
+from fsm.commands import count
+from fsm.diagram.refs import load_lifecycle, load_lifecycle_here
 from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from fsm.reaping.config import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, ReapResult
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print what a tick would move; move nothing")
     parser.add_argument(
         "--list",
-        type=int,
+        type=count,
         default=DEFAULT_LIST,
         metavar="N",
         dest="list_limit",
@@ -89,13 +90,14 @@ def _print_tick(tick: int, result: ReapResult, list_limit: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit codes: 0 ticks ran; 1 ``--once`` and the tick failed (see the log); 2 bad settings
-    or a store that cannot be opened (it is opened read-only: nothing is created)."""
+    or a store that cannot be opened (it is opened without creating anything: tables come
+    from ``fsm migrate upgrade``, a deploy step)."""
     from fsm.commands import ReadOnlyStoreError, open_readonly
     from stores import safe_url
 
     try:
         lifecycles = (
-            [load_lifecycle(s) for s in args.lifecycle] if args.lifecycle else [PipelineLifecycle, JobLifecycle]
+            [load_lifecycle_here(s) for s in args.lifecycle] if args.lifecycle else [PipelineLifecycle, JobLifecycle]
         )
         config = validated_config(  # seconds as given: NaN, inf or a century+ is a ConfigError, not a crash
             {"interval": args.interval, "batch_size": args.batch_size, "leader": args.leader}
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         reaper = Reaper(store, lifecycles, config)
         tick_log = TickLog(store) if getattr(args, "tick_log", True) else None
         metrics = _serve_metrics(args)
-    except (FsmError, ReadOnlyStoreError) as err:
+    except (FsmError, ReadOnlyStoreError, ValueError) as err:  # ValueError: a setting refused below the config
         print(f"fsm reaper: error: {err}", file=sys.stderr)
         return 2
     kinds = ", ".join(lc.kind for lc in lifecycles)

@@ -265,7 +265,9 @@ def add_missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) 
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
-    with _begin(bind) as conn:
+    from stores.sql.connections import reaching  # here: connections imports this module's users
+
+    with reaching(bind.engine.url, "add the binding's columns to"), _begin(bind) as conn:
         inspector = sa.inspect(conn)
         existing = _existing_columns(inspector, binding)
         absent_mapped = [p for n, p in binding.columns.items() if p not in existing]

@@ -342,6 +342,24 @@ def sqlite_write(slot: _Slot) -> Iterator[Any]:
         raise
 
 
+@contextlib.contextmanager
+def reaching(url: sa.URL, doing: str) -> Iterator[None]:
+    """Driver errors met while ``doing`` something to the database at ``url`` outside a
+    store's own calls (adding a binding's columns, reading or running migrations), as the
+    typed errors a store raises: a file that is not a database -> ``StoreCorrupt``; the
+    database down, refusing the connection or locked -> ``StoreUnavailable``; any other
+    refusal (no permission to alter a table...) -> ``ConfigError``.  The message names the
+    database (password hidden) and the driver's first line, never the driver's class."""
+    try:
+        yield
+    except sa.exc.DBAPIError as err:
+        if is_corrupt(err):
+            raise StoreCorrupt(database_name(url), reason=reason_of(err)) from err
+        if isinstance(err, sa.exc.OperationalError | sa.exc.InterfaceError):
+            raise StoreUnavailable(f"cannot {doing} {database_name(url)}: {reason_of(err)}") from err
+        raise ConfigError(f"the database {database_name(url)} refused to {doing}: {reason_of(err)}") from err
+
+
 def reason_of(err: BaseException) -> str:
     orig = getattr(err, "orig", None)
     text = str(orig if orig is not None else err).strip()
@@ -359,6 +377,7 @@ __all__ = [
     "is_corrupt",
     "is_memory",
     "is_undecodable",
+    "reaching",
     "reason_of",
     "setup_postgres",
     "setup_sqlite",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fsm.clock import Clock
+from fsm.clock import Clock, read_clock
 from fsm.errors import FsmError
 from fsm.records import Snapshot
 from stores.sql.children import ChildIO, attach
@@ -115,8 +115,8 @@ class SqlCore:
 
     def _now(self) -> datetime | None:
         """The write's ``now`` in Python: the clock's, SQLite's wall clock, or None (server)."""
-        if self.clock is not None:
-            return self.clock.now()
+        if self.clock is not None:  # checked: the rule of every store (fsm.clock.read_clock)
+            return read_clock(self.clock)
         return datetime.now(UTC) if self._sqlite else None
 
     def _run(self, sql: str, params: dict[str, Any], *, prepare: bool | None = None) -> list[Any]:

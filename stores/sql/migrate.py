@@ -20,9 +20,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fsm.errors import ConfigError, StoreUnavailable
+from fsm.errors import ConfigError
 from stores.sql.binding import TableBinding
-from stores.sql.connections import create_engine
+from stores.sql.connections import create_engine, reaching
 from stores.sql.schema import HEAD_REVISION, build_metadata
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -98,7 +98,7 @@ def current_revision(
     """The revision the database is at, or ``None`` when the library's tables are absent."""
     engine = _engine(url_or_engine)
     try:
-        with engine.connect() as conn:
+        with reaching(engine.url, "read the migration revision of"), engine.connect() as conn:
             return _revision(conn, table_prefix, schema) or None
     finally:
         if engine is not url_or_engine:
@@ -142,7 +142,7 @@ def drop_schema(
 ) -> None:
     """Drop the library's tables for this prefix (tests, and ``downgrade base`` by hand)."""
     md = metadata_for(table_prefix, schema, binding)
-    with engine.begin() as conn:
+    with reaching(engine.url, "drop the tables of"), engine.begin() as conn:
         md.drop_all(conn, tables=[t for t in md.sorted_tables if not t.info.get("bound")], checkfirst=True)
 
 
@@ -155,14 +155,15 @@ def _run(
     revision: str,
 ) -> None:
     from alembic import command
+    from alembic.util.exc import CommandError
 
     engine = _engine(url_or_engine)
     try:
-        with engine.begin() as conn:
+        with reaching(engine.url, f"{command_name} the tables of"), engine.begin() as conn:
             cfg = alembic_config(conn, table_prefix=table_prefix, schema=schema, binding=binding)
             getattr(command, command_name)(cfg, revision)
-    except sa.exc.OperationalError as err:
-        raise StoreUnavailable(f"cannot migrate {engine.url!r}: {err.orig}") from err
+    except CommandError as err:  # an unknown revision, a downgrade past base...
+        raise ConfigError(f"cannot {command_name} to {revision!r}: {err}") from err
     finally:
         if engine is not url_or_engine:
             engine.dispose()

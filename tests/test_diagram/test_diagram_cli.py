@@ -158,7 +158,7 @@ def test_db_is_only_read_a_missing_sqlite_file_is_an_error_not_a_new_database(
     assert main(["diagram", JOB, "--db", f"sqlite:///{typo}", "--id", "j1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fsm diagram: error: ") and "Traceback" not in err
-    assert "fsm-typo.db" in err and "--prefix" in err
+    assert "fsm-typo.db" in err and "check the URL" in err
     assert not typo.exists()
 
 

@@ -4,13 +4,39 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from fsm.errors import FsmError
+
+COMMANDS = {
+    "upgrade": "create the tables, or upgrade them, to REVISION (default: head, the newest)",
+    "current": "print the revision the tables are at ('(none)' when there are none)",
+    "stamp": "mark tables created by other means as at REVISION, without running it",
+    "downgrade": "migrate down to REVISION (required; 'base' drops the tables)",
+}
+"""The migrations command's commands, as its ``--help`` lists them."""
+
+EXAMPLES = """commands:
+  upgrade    {upgrade}
+  current    {current}
+  stamp      {stamp}
+  downgrade  {downgrade}
+
+examples:
+  %(prog)s upgrade sqlite:///fsm.db
+  %(prog)s current postgresql+psycopg://app@db/app --prefix fsm_
+  %(prog)s downgrade sqlite:///fsm.db base""".format(**COMMANDS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of the migrations command (``python -m stores.migrations`` and ``fsm migrate``)."""
-    parser.add_argument("action", metavar="command", choices=["upgrade", "downgrade", "current", "stamp"])
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the command list as written
+    if parser.description:  # raw from here on: wrapped once, as argparse would have
+        parser.description = textwrap.fill(parser.description, 78)
+    parser.epilog = EXAMPLES
+    parser.add_argument(
+        "action", metavar="COMMAND", choices=list(COMMANDS), help=f"one of: {', '.join(COMMANDS)} (see below)"
+    )
     parser.add_argument("url", help="SQLAlchemy URL, e.g. sqlite:///fsm.db or postgresql+psycopg://user@host/db")
     parser.add_argument(
         "revision", nargs="?", default=None, help="target revision (default: head; downgrade: required)"
@@ -20,34 +46,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stores.migrations", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m stores.migrations", description="Migrate the library's tables (Alembic)."
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv), parser)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run the parsed command; the exit code (0 done, 1 refused or failed)."""
+    """Run the parsed command; the exit code: 0 done, 2 refused (a bad URL or revision, no
+    database file, an unreachable database, no tables to stamp), as every ``fsm`` command.
+
+    Errors are one line on stderr, ``PROG: error: ...`` (``PROG`` is the parser's), and
+    name the database with its password hidden, never the driver's exception class.
+    """
     import re
 
-    from alembic.util.exc import CommandError
-    from sqlalchemy.exc import ArgumentError, DBAPIError
+    from sqlalchemy.exc import ArgumentError
 
     from stores.factory import safe_url
     from stores.sql import migrate as sql_migrate
 
+    def refuse(message: str) -> int:
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return 2
+
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,30}", args.prefix):
         parser.error(f"--prefix {args.prefix!r} must be an identifier of at most 31 characters")
+    if args.action == "downgrade" and args.revision is None:
+        parser.error("downgrade needs a revision (e.g. base)")
     if args.url.startswith("sqlite:///") and args.action != "upgrade":
         import os
 
         path = args.url.removeprefix("sqlite:///")
         if path != ":memory:" and not os.path.exists(path):
-            print(f"error: no database file at {path!r} (nothing was created)", file=sys.stderr)
-            return 1
+            return refuse(f"no database file at {path!r} (nothing was created)")
     try:
         if args.action == "stamp" and not _tables_exist(args.url, args.prefix, args.schema):
-            print("error: stamp marks existing tables as migrated; there are none here (run upgrade)", file=sys.stderr)
-            return 1
+            return refuse("stamp marks existing tables as migrated; there are none here (run upgrade)")
         if args.action == "current":
             print(sql_migrate.current_revision(args.url, table_prefix=args.prefix, schema=args.schema) or "(none)")
         elif args.action == "upgrade":
@@ -57,16 +93,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         elif args.action == "stamp":
             sql_migrate.stamp(args.url, table_prefix=args.prefix, schema=args.schema, revision=args.revision or "head")
         else:
-            if args.revision is None:
-                parser.error("downgrade needs a revision (e.g. base)")
             sql_migrate.downgrade(args.url, args.revision, table_prefix=args.prefix, schema=args.schema)
-    except FsmError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except (ArgumentError, CommandError, DBAPIError, ModuleNotFoundError) as err:
+    except FsmError as err:  # StoreUnavailable, ConfigError: the message names the database
+        return refuse(str(err))
+    except (ArgumentError, ModuleNotFoundError) as err:  # a URL SQLAlchemy cannot parse, no driver
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"error: {safe_url(args.url)}: {first}", file=sys.stderr)
-        return 1
+        return refuse(f"cannot open {safe_url(args.url)}: {first}")
     if args.action != "current":
         print(f"{args.action}: done ({safe_url(args.url)}, prefix {args.prefix})")
     return 0
@@ -75,9 +107,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _tables_exist(url: str, prefix: str, schema: str | None) -> bool:
     import sqlalchemy as sa
 
-    engine = sa.create_engine(url)
+    from stores.sql.connections import create_engine, reaching
+
+    engine = create_engine(url)
     try:
-        return sa.inspect(engine).has_table(f"{prefix}entities", schema=schema)
+        with reaching(engine.url, "read the tables of"):
+            return sa.inspect(engine).has_table(f"{prefix}entities", schema=schema)
     finally:
         engine.dispose()
 
