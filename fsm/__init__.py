@@ -36,7 +36,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.policy import Policy, RetryPolicy
-from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
+from fsm.records import Actor, EffectRecord, FeedEntry, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
 
 if TYPE_CHECKING:
     from statemachine import State
@@ -112,6 +112,7 @@ __all__ = [
     "Engine",
     "EntityExists",
     "EntityMovedOn",
+    "FeedEntry",
     "Fenced",
     "FireResult",
     "FsmError",

@@ -112,6 +112,18 @@ class HistoryRecord(NamedTuple):
     are spent): ``{"type", "message", "traceback", "attempt"}``, see :func:`error_record`."""
 
 
+class FeedEntry(NamedTuple):
+    """One committed transition as the feed (``Store.feed``, ``Engine.watch``) tells it.
+
+    ``position`` is an opaque cursor: hand it back as ``after`` to resume just after this
+    entry (an SSE bridge sends it as the event's ``id``; the browser returns it as
+    ``Last-Event-ID``).  Positions are ordered per store; compare them only through the store."""
+
+    position: str
+    kind: str
+    record: HistoryRecord
+
+
 class EffectRecord(NamedTuple):
     """The recorded outcome of one side effect, at most one per ``(entity_id, key)`` (I4).
 
@@ -480,6 +492,7 @@ __all__ = [
     "CounterBelow",
     "DataChange",
     "EffectRecord",
+    "FeedEntry",
     "HistoryRecord",
     "Lease",
     "LeaseChange",

@@ -28,6 +28,7 @@ from blinker import Namespace, Signal
 
 from signals.payloads import (
     EffectPayload,
+    FeedPayload,
     HandledPayload,
     HistoryModel,
     LeaseModel,
@@ -177,6 +178,7 @@ async def deliver(pending: Pending) -> int:
 
 __all__ = [
     "EffectPayload",
+    "FeedPayload",
     "HandledPayload",
     "HistoryModel",
     "LeaseModel",

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from fsm.records import HistoryRecord, Lease, Snapshot
+from fsm.records import FeedEntry, HistoryRecord, Lease, Snapshot
 
 
 class _Payload(BaseModel):
@@ -63,6 +63,20 @@ class HistoryModel(_Payload):
     @classmethod
     def of(cls, record: HistoryRecord) -> HistoryModel:
         return cls.model_validate(record._asdict())
+
+
+class FeedPayload(_Payload):
+    """One entry of ``engine.watch`` as JSON for a bridge: an SSE bridge sends
+    ``id: {position}``, ``event: transition`` and ``data: {model_dump_json()}``, and resumes
+    from the browser's ``Last-Event-ID`` with ``engine.watch(after=...)``."""
+
+    position: str
+    kind: str
+    record: HistoryModel
+
+    @classmethod
+    def of(cls, entry: FeedEntry) -> FeedPayload:
+        return cls(position=entry.position, kind=entry.kind, record=HistoryModel.of(entry.record))
 
 
 class LeaseModel(_Payload):
@@ -181,6 +195,7 @@ class ReaperErrorPayload(_Payload):
 
 __all__ = [
     "EffectPayload",
+    "FeedPayload",
     "HandledPayload",
     "HistoryModel",
     "LeaseModel",

@@ -19,6 +19,7 @@ from fsm.records import (
     ClaimRequest,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseRenewal,
@@ -261,6 +262,27 @@ class Store(Protocol):
 
     def count_states(self, kind: str) -> dict[str, int]:
         """How many live entities of ``kind`` are in each state."""
+        ...
+
+    def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        """Committed transitions after position ``after`` (``None``: from the first one),
+        oldest first, at most ``limit`` (1..10000), of ``kind`` only if given.
+
+        The order is the store's commit order where it matters: an entry that commits
+        after a reader saw a later one is never skipped (a reader resuming from any
+        position it was given misses nothing committed after it).  Every history row is an
+        entry (soft-deleted entities' too).  A position this store never gave, or another
+        store's -> ``InvalidArgument``; a bad ``limit`` or ``kind`` -> ``InvalidArgument``.
+        """
+        ...
+
+    def feed_head(self) -> str:
+        """A position from which ``feed`` returns everything that commits from now on.
+
+        Memory and SQLite: just after the last committed entry.  PostgreSQL: before the
+        oldest transaction still running, so what commits from now on is never skipped; a
+        few entries committed just before the call by transactions newer than that one may
+        come too (at least once, never lost)."""
         ...
 
 

@@ -44,6 +44,7 @@ from fsm.records import (
     ClaimStart,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     LeaseChange,
     LeaseRenewal,
@@ -54,6 +55,7 @@ from fsm.records import (
     apply_changes,
     condition_holds,
 )
+from stores.feed import counter, feed_args
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
 
 
@@ -70,6 +72,7 @@ class MemoryStore(LedgerRun):
         self._rows: dict[str, Snapshot] = {}
         self._history: dict[str, list[HistoryRecord]] = {}
         self._keys: dict[tuple[str, str], HistoryRecord] = {}
+        self._feed: list[tuple[str, HistoryRecord]] = []  # every history row in commit order
         self._by_concurrency_key: dict[tuple[str, str], list[str]] = {}
 
     def now(self) -> datetime:
@@ -222,6 +225,7 @@ class MemoryStore(LedgerRun):
         )  # fmt: skip
         self._rows[entity_id] = new
         self._history[entity_id].append(record)
+        self._feed.append((row.kind, record))
         if key is not None:
             self._keys[(entity_id, key)] = record
         return new, record
@@ -499,6 +503,24 @@ class MemoryStore(LedgerRun):
                 key=lambda r: r.id,
             )
         return found[:limit]
+
+    def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        """See :meth:`stores.Store.feed`: positions ``m<n>``, the n-th history row written."""
+        start = counter(feed_args(after, kind, limit, "m"), "m")
+        found: list[FeedEntry] = []
+        with self._lock:
+            for index in range(start, len(self._feed)):
+                entry_kind, record = self._feed[index]
+                if kind is None or entry_kind == kind:
+                    found.append(FeedEntry(f"m{index + 1}", entry_kind, record))
+                    if len(found) >= limit:
+                        break
+        return found
+
+    def feed_head(self) -> str:
+        """See :meth:`stores.Store.feed_head`."""
+        with self._lock:
+            return f"m{len(self._feed)}"
 
     def count_states(self, kind: str) -> dict[str, int]:
         check_id("kind", kind)

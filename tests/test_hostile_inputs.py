@@ -338,6 +338,10 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("store.entities(kind)", bad_id, lambda w, v: w.store.entities(v)),
     ("store.entities(limit)", bad_token, lambda w, v: w.store.entities("job", limit=v)),
     ("store.count_states", bad_id, lambda w, v: w.store.count_states(v)),
+    ("store.feed(after)", bad_id, lambda w, v: w.store.feed(v)),
+    ("store.feed(kind)", bad_id, lambda w, v: w.store.feed(kind=v)),
+    ("store.feed(limit)", bad_token, lambda w, v: w.store.feed(limit=v)),
+    ("engine.watch(after)", bad_id, lambda w, v: w.jobs.watch(v)),
     # a snapshot the caller holds, in a state the lifecycle does not have (issue 18)
     ("configuration(state)", bad_state, lambda w, v: w.jobs.configuration(w.store.get(w.q)._replace(state=v))),
     ("configuration(entity)", non_strings, lambda w, v: w.jobs.configuration(v)),

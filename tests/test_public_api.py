@@ -25,6 +25,7 @@ FSM_API = {
     "EntityExists",
     "EntityMovedOn",
     "Fenced",
+    "FeedEntry",
     "FireResult",
     "FsmError",
     "Guard",

@@ -48,6 +48,7 @@ RUNS = {
     "import pytest": "test_the_testing_kit_blocks_run_under_pytest (the test module)",
     "import signals": "test_the_signals_block_forwards_a_transition",
     "from datetime import timedelta": "test_the_reaper_block_runs",
+    "import threading": "test_the_readme_watch_example_runs_as_written (tests/test_engine/test_watch.py)",
     "import urllib.request": "test_the_readme_observability_example_runs_as_written (tests/test_observe)",
 }
 CANNOT_RUN = {

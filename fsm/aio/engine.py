@@ -14,7 +14,8 @@ logged and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,9 +24,10 @@ from pydantic import BaseModel
 import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
+from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, Pacer, watch_args
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
-from fsm.records import Actor, EffectRecord, HistoryRecord, Lease, LeaseRenewal, Snapshot
+from fsm.records import Actor, EffectRecord, FeedEntry, HistoryRecord, Lease, LeaseRenewal, Snapshot
 from fsm.table import Branch, CompiledTable
 from fsm.work.keeper import AsyncLeaseKeeper
 from stores.aio import AsyncFace, BridgeStore
@@ -225,6 +227,61 @@ class AsyncEngine:
     async def counts(self) -> dict[str, int]:
         """See :meth:`fsm.Engine.counts`."""
         return await self._call(self.sync.counts)
+
+    async def watch(
+        self,
+        after: str | None = None,
+        *,
+        from_start: bool = False,
+        poll: float = DEFAULT_POLL,
+        timeout: float | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncIterator[FeedEntry]:
+        """See :meth:`fsm.Engine.watch`: the same feed as an async iterator
+        (``async for entry in engine.watch(): ...``); ``stop`` is an :class:`asyncio.Event`."""
+        poll_s, timeout_s = watch_args(after, poll, timeout)
+        store, kind = self.store, self.kind
+        if after is None and not from_start:
+            after = await store.feed_head()
+        else:
+            await store.feed(after, kind=kind, limit=1)  # a bad position is refused before the first entry
+        cursor = Cursor(after)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        stopped = stop if stop is not None else asyncio.Event()
+        wake = asyncio.Event()
+        subscribe = getattr(store, "feed_wakeup", None)
+        unsubscribe = (
+            await asyncio.to_thread(subscribe, lambda: loop.call_soon_threadsafe(wake.set))
+            if callable(subscribe)
+            else None
+        )
+        pacer = Pacer(poll_s)
+        woken = False
+        try:
+            while not stopped.is_set():
+                wake.clear()
+                page = await store.feed(cursor.position, kind=kind, limit=PAGE)
+                for entry in page:
+                    cursor.position = entry.position
+                    yield entry
+                if len(page) >= PAGE:
+                    continue
+                wait = pacer.next_wait(woken, bool(page))
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return
+                woke = asyncio.ensure_future(wake.wait())
+                halt = asyncio.ensure_future(stopped.wait())
+                await asyncio.wait(
+                    {woke, halt}, timeout=wait if left is None else min(wait, left), return_when=asyncio.FIRST_COMPLETED
+                )
+                woken = woke.done()
+                for waiter in (woke, halt):
+                    waiter.cancel()
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
 
     def keep(self, lease: Lease, *, period: timedelta | None = None) -> AsyncLeaseKeeper:
         """An asyncio lease keeper: ``async with engine.keep(lease) as held: ...``.

@@ -9,8 +9,10 @@ the commit.
 
 from __future__ import annotations
 
+import functools
+import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +31,7 @@ from fsm.engine.arguments import (
 from fsm.engine.base import StoreClock
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
+from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
@@ -48,7 +51,7 @@ from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
 from fsm.limits import check_run_after, json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
+from fsm.records import Actor, FeedEntry, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
 from stores.base import Store, unchecked_apply
 from stores.memory import MemoryStore
@@ -314,6 +317,36 @@ class Engine(EngineWork):
         announce(self.kind, new, record, branch)
         return FireResult(new, record)
 
+    # -- the live feed --------------------------------------------------------------------
+
+    def watch(
+        self,
+        after: str | None = None,
+        *,
+        from_start: bool = False,
+        poll: float = DEFAULT_POLL,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[FeedEntry]:
+        """Committed transitions of this lifecycle, whoever made them (any process), as
+        :class:`~fsm.records.FeedEntry` items in the store's commit order.
+
+        ``after``: resume just after this position (an entry's ``position``); ``None``
+        starts at what commits from now on, or at the first transition with
+        ``from_start=True``.  Reads every ``poll`` seconds while nothing is new; ends when
+        ``stop`` is set or after ``timeout`` seconds (``None``: never), or when the caller
+        stops iterating.  See :mod:`fsm.engine.watch`."""
+        poll_s, timeout_s = watch_args(after, poll, timeout)
+        store, kind = self.store, self.kind
+        if after is None and not from_start:
+            after = store.feed_head()
+        else:
+            store.feed(after, kind=kind, limit=1)  # a bad position is refused here, not mid-iteration
+        cursor = Cursor(after)
+        wakeup = getattr(store, "feed_wakeup", None)
+        read = functools.partial(_feed_page, store, kind)
+        return watch_sync(read, cursor, poll_s, timeout_s, stop, wakeup if callable(wakeup) else None)
+
     def _replay(self, entity_id: str, event: str, key: str, lease: Lease | None) -> FireResult | None:
         recorded = self.store.find_transition(entity_id, key)
         if recorded is None:
@@ -360,6 +393,10 @@ def _attempt(error: object, run_after: object, kind: str) -> Attempt:
     due = check_run_after(run_after)
     assert due is None or isinstance(due, timedelta)
     return copied, due
+
+
+def _feed_page(store: Store, kind: str, position: str | None) -> list[FeedEntry]:
+    return store.feed(position, kind=kind, limit=PAGE)
 
 
 def _columns(columns: object) -> dict[str, Any]:

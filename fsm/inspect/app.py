@@ -15,6 +15,9 @@ surrogates, too long, not a number) gets a 400 page that says what is wrong.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,6 +36,8 @@ from fsm.lifecycle import Lifecycle
 from fsm.records import Snapshot
 from stores.factory import safe_url
 from stores.sql import SqlStore
+
+log = logging.getLogger("fsm.inspect")
 
 DIAGRAM_LAST = 4
 """Transitions listed in the diagram's entity box (the timeline has them all)."""
@@ -229,7 +234,17 @@ def create_app(
         HTTPException: http_error,
         500: server_error,
     }
-    app = Starlette(routes=routes, exception_handlers=handlers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # the one whole-index count, before the first visit rather than during it
+        try:
+            await run_in_threadpool(data.counts_cache.refresh)
+        except Exception as err:  # an unreachable or broken store: the pages say so, the server runs
+            log.warning("fsm inspect: the first count failed: %s", err)
+        yield
+
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     return secure(app, hosts=hosts if hosts is not None else allowed_hosts("127.0.0.1"), tokens=tokens)
 
 

@@ -233,7 +233,7 @@ class ListingSql:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         params["pattern"] = escaped + "%"
         where = f"{self.live} AND {ref('id')} LIKE {p('pattern')} ESCAPE '\\'"
-        if self.byte_order:  # the prefix as a range of the primary key
+        if self.byte_order and ord(prefix[-1]) < 0x10FFFF:  # the prefix as a range of the primary key
             where += f" AND {ref('id')} >= {p('lo')} AND {ref('id')} < {p('hi')}"
             params["lo"], params["hi"] = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
         kinds = sorted({k for k, _ in pairs})

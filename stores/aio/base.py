@@ -21,6 +21,7 @@ from fsm.records import (
     ClaimRequest,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseRenewal,
@@ -99,6 +100,14 @@ class AsyncStore(Protocol):
     ) -> list[Snapshot]: ...
 
     async def count_states(self, kind: str) -> dict[str, int]: ...
+
+    async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        """See :meth:`stores.Store.feed`."""
+        ...
+
+    async def feed_head(self) -> str:
+        """See :meth:`stores.Store.feed_head`."""
+        ...
 
     async def close(self) -> None: ...
 

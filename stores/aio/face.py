@@ -19,6 +19,7 @@ from fsm.records import (
     ClaimRequest,
     Condition,
     EffectRecord,
+    FeedEntry,
     HistoryRecord,
     Lease,
     LeaseRenewal,
@@ -162,6 +163,14 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        result: list[FeedEntry] = await self._invoke("feed", after, kind=kind, limit=limit)
+        return result
+
+    async def feed_head(self) -> str:
+        result: str = await self._invoke("feed_head")
+        return result
+
     async def close(self) -> None:
         """Release what the store holds (connections); idempotent."""
 
@@ -284,6 +293,14 @@ class BridgeStore(LedgerRun):
 
     def count_states(self, kind: str) -> dict[str, int]:
         result: dict[str, int] = self._call("count_states", (kind,), {})
+        return result
+
+    def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
+        result: list[FeedEntry] = self._call("feed", (after,), {"kind": kind, "limit": limit})
+        return result
+
+    def feed_head(self) -> str:
+        result: str = self._call("feed_head", (), {})
         return result
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -212,8 +213,22 @@ class AsyncSqlStore(AsyncFace):
         except Exception as err:
             raise StoreUnavailable(f"cannot connect to {self.url.render_as_string(hide_password=True)}: {err}") from err
 
+    def feed_wakeup(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """See :meth:`stores.sql.SqlStore.feed_wakeup` (``callback`` runs on the listener's
+        thread: an async watcher hands it to its loop)."""
+        return self._base.feed_wakeup(callback)
+
+    def enable_feed_notify(self) -> None:
+        """See :meth:`stores.sql.SqlStore.enable_feed_notify` (DDL, once, at setup)."""
+        self._base.enable_feed_notify()
+
+    def disable_feed_notify(self) -> None:
+        """See :meth:`stores.sql.SqlStore.disable_feed_notify`."""
+        self._base.disable_feed_notify()
+
     async def close(self) -> None:
         """Close every idle connection now, and each busy one when its call ends."""
+        self._base._close_feed_listener()
         self._closed = True
         idle, self._idle = self._idle, []
         for lane in idle:

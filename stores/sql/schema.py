@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -170,7 +170,7 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         "attempt": sa.Column(names["attempt"], sa.Integer(), nullable=False, server_default=sa.text("0")),
         "reclaims": sa.Column(names["reclaims"], sa.Integer(), nullable=False, server_default=sa.text("0")),
         "data": sa.Column(names["data"], JsonDocument(), nullable=False, server_default=json_default()),
-        # nullable: a row written before revision 0003 (or by the application into a bound
+        # nullable: a row written before revision 0004 (or by the application into a bound
         # table) has none; the store reads a missing due time as the row's creation time
         "run_after": sa.Column(names["run_after"], UtcDateTime(), nullable=True),
     }
@@ -186,7 +186,7 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
       range on the expiry, and lease-less idle rows by ``lease_expires_at IS NULL`` plus a
       range on ``updated_at`` (the trailing column makes that branch exact too); its
       ``(kind, state)`` prefix also serves a rule with counter conditions only;
-    - ``claim``: ``(kind, state, run_after)`` (revision 0003), the workers' claim: a
+    - ``claim``: ``(kind, state, run_after)`` (revision 0004), the workers' claim: a
       claimable state's rows in due order, walked from the oldest due time up to now and
       stopped after ``limit`` takers (never sorted).  Not partial on a free lease: a
       lease taken or given back would then move the row in and out of it.  It replaced
@@ -271,6 +271,9 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         sa.Column("owner", sa.String(ID_LENGTH), nullable=True),
         sa.Column("error", JsonDocument(), nullable=True),
     )
+    # PostgreSQL only: the feed's order (stores.sql.feed), a column the ORM never names
+    for statement in feed_ddl(prefix):
+        sa.event.listen(table, "after_create", sa.DDL(statement).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
     # partial: most transitions carry no key, and NULL keys never conflict anyway
     keyed = table.c.idempotency_key.isnot(None)
     sa.Index(
@@ -282,6 +285,19 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         postgresql_where=keyed,
     )
     return table
+
+
+FEED_TXID = "txid"
+"""PostgreSQL history column: the id of the transaction that wrote the row (as bigint)."""
+
+
+def feed_ddl(prefix: str, table: str = "%(fullname)s") -> tuple[str, ...]:
+    """PostgreSQL: the history's ``txid`` column and the feed's index (migration 0003 runs
+    the same statements; ``table`` is the quoted table name there)."""
+    return (
+        f"ALTER TABLE {table} ADD COLUMN {FEED_TXID} BIGINT DEFAULT (pg_current_xact_id()::text::bigint)",
+        f"CREATE INDEX ix_{prefix}history_feed ON {table} ({FEED_TXID}, entity_id, seq)",
+    )
 
 
 def effects_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
@@ -335,6 +351,7 @@ __all__ = [
     "encode_sqlite_time",
     "entity_columns",
     "entity_indexes",
+    "feed_ddl",
     "history_table",
     "version_table",
 ]

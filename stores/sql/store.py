@@ -83,6 +83,8 @@ from stores.sql.connections import (
 from stores.sql.core import ATTEMPTS, Positional, SqliteWrite
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
+from stores.sql.feed import FeedOps
+from stores.sql.feed_notify import FeedNotifyOps
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
 from stores.sql.reaper_batches import ReaperOps
@@ -164,7 +166,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -300,6 +302,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps):
 
     def close(self) -> None:
         """Close this store's connections (and its engine, if it created it)."""
+        self._close_feed_listener()
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()

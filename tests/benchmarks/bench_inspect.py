@@ -161,10 +161,12 @@ def _suite(report: Report, name: str, url: str, prefix: str, total: int, rounds:
     print(f"  {name} {total:,} entities loaded in {time.perf_counter() - start:.0f} s", flush=True)
     reader = SqlStore(url, table_prefix=prefix, create=False)
     app = create_app(reader, [JobLifecycle, PipelineLifecycle], count_every=3600)  # no recount while timing
+    started = time.perf_counter()
     server, thread, base = _serve(app)
+    print(f"  {name} {total:,}: serving after {time.perf_counter() - started:.1f} s (counts the store at start)")
     try:
-        first, _ = _get(base + "/")  # the first visit counts the store (once)
-        print(f"  {name} {total:,}: first visit (counts the store once) {first * 1000:.0f} ms", flush=True)
+        first, _ = _get(base + "/")  # the store was counted once at start, before this visit
+        print(f"  {name} {total:,}: first visit (the store counted at start) {first * 1000:.0f} ms", flush=True)
         _, body = _get(base + "/?limit=100")
         marker = "href='/?after_t="
         nxt = body[body.index(marker) + len("href='") :].split("'", 1)[0].replace("&amp;", "&")

@@ -61,6 +61,8 @@ def test_a_nul_in_a_filter_gets_a_400_page(served: Served, name: str) -> None:
 
 
 def test_other_bad_filters_get_a_400_page_and_an_unknown_id_a_404(served: Served) -> None:
+    for query in ("q=" + quote("\U0010ffff"), "q=" + quote("a\U0010ffff"), "data=" + quote("\U0010ffff") + "&value=x"):
+        assert http(f"{served.base}/?{query}").status == 200, query  # the highest code point: no range, no 500
     for query in ("limit=abc", "limit=-1", "limit=" + "9" * 40, "q=" + quote("é" * 300)):
         answer = http(f"{served.base}/?{query}")
         assert answer.status == 400, (query, answer.status)
@@ -210,3 +212,19 @@ def test_binding_anything_but_loopback_needs_a_token_and_0000_warns(monkeypatch:
 
     with pytest.raises(ConfigError):
         tokens_for(exposed)
+
+
+def test_no_filter_yields_a_500(served: Served) -> None:
+    """Random filters (seeded): quotes, wildcards, NUL, control and high code points, long and
+    empty values, timestamps good and bad; every answer is a page or a 400, never a 500."""
+    import random
+
+    rng = random.Random(21)
+    pieces = ["", "a", "job-", "'", '"', "%", "_", "\\", "\x00", "\x01", "é", "\U0010ffff", "<b>", "1", "true",
+              "a.b", ".", "task", "2026-01-01T00:00:00+00:00", "2026-01-01", "-1", "999999", "x" * 300]  # fmt: skip
+    names = ["kind", "state", "q", "holder", "data", "value", "limit", "expired", "after_t", "after_id", "id"]
+    for _ in range(120):
+        query = {name: "".join(rng.choice(pieces) for _ in range(rng.randint(1, 3))) for name in rng.sample(names, 3)}
+        for path in ("/", "/fragment/overview"):
+            answer = http(f"{served.base}{path}?{urlencode(query)}")
+            assert answer.status in {200, 400}, (query, answer.status, answer.body[:200])

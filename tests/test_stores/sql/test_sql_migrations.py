@@ -127,8 +127,8 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 ),
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
-        store = sql_target.store()  # create=True: Alembic upgrades 0001 -> 0002 -> 0003
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0003"
+        store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0004"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place

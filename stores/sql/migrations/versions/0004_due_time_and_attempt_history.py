@@ -1,7 +1,7 @@
 """Due times, and who made each transition and which error it records (issue 19).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-01
 
 - ``{prefix}entities.run_after``: when the entity is due.  A claim takes no entity before
@@ -24,8 +24,8 @@ from alembic import context, op
 
 from stores.sql.schema import JsonDocument, UtcDateTime
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
