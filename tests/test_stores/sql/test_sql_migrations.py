@@ -31,10 +31,13 @@ def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) ->
     for short in tables:
         table = f"{prefix}{short}"
         found[short] = {
-            "columns": [
+            # by name: migrations add columns at the end in their order (PostgreSQL's feed
+            # column in 0003 before 0004's), create_all in the schema's; no statement of the
+            # store depends on the column order (every one names its columns)
+            "columns": sorted(
                 (c["name"], str(c["type"]), c["nullable"], str(c["default"]).replace(prefix, "{p}"))
                 for c in inspector.get_columns(table)
-            ],
+            ),
             "pk": inspector.get_pk_constraint(table)["constrained_columns"],
             "indexes": sorted(
                 (plain(i["name"]), tuple(i["column_names"]), bool(i["unique"]), _where(i))
