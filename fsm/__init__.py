@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fsm._version import __version__ as __version__
 from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.errors import (
     ConditionFailed,
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
     from statemachine import State
 
     from fsm.aio import AsyncEngine
+    from fsm.builders import itself
     from fsm.definition_rules import operator_override
-    from fsm.engine import Engine, FireResult
+    from fsm.engine import Engine, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -56,11 +58,13 @@ _LAZY = {
     "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
     "FireResult": "fsm.engine",
+    "PruneResult": "fsm.engine",
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
     "operator_override": "fsm.definition_rules",
+    "itself": "fsm.builders",
     "reaper": "fsm.lifecycle",
     "recovery": "fsm.lifecycle",
     "retries": "fsm.lifecycle",
@@ -139,6 +143,7 @@ __all__ = [
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
+    "PruneResult",
     "ReapPolicy",
     "ReapResult",
     "Reaper",
@@ -155,6 +160,7 @@ __all__ = [
     "UnknownEvent",
     "Worker",
     "guard",
+    "itself",
     "new_owner_id",
     "operator_override",
     "reaper",

@@ -4,6 +4,7 @@ Subcommands register themselves here; each one's handler returns the exit code.
 
 - ``fsm demo``: the main job, replaying the seeds' scenarios on a store (SQLite by default);
 - ``fsm reaper``: run the reaper once or on a schedule;
+- ``fsm prune``: remove finished entities older than a retention;
 - ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG;
 - ``fsm inspect``: a read-only live web page of a store.
 - ``fsm migrate``: upgrade (or inspect) the library's tables, as a deploy step;
@@ -22,14 +23,21 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
+from fsm._version import __version__
 from fsm.errors import FsmError
 
 Handler = Callable[[argparse.Namespace], int]
 
-SUBCOMMANDS = ("fsm.demo", "fsm.diagram.cli", "fsm.reaping.cli", "fsm.commands", "fsm.inspect.cli")
+SUBCOMMANDS = (
+    "fsm.demo",
+    "fsm.diagram.cli",
+    "fsm.reaping.cli",
+    "fsm.reaping.prune_cli",
+    "fsm.commands",
+    "fsm.inspect.cli",
+)
 """Modules exposing ``register(subparsers)``; a module not built yet is skipped."""
 
 
@@ -60,10 +68,8 @@ def _log_options(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def _version() -> str:
-    try:
-        return metadata.version("fsm-lifecycles")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-        return "unknown"
+    """The one version (``fsm/_version.py``, which the distribution's metadata is built from)."""
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

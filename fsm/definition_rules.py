@@ -23,9 +23,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
+from fsm.builders import Transitions, transition_list
 from fsm.errors import InvalidDefinition
 from fsm.policy import Policy
 from fsm.records import Actor, LeaseChange
@@ -33,7 +33,7 @@ from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe
 
 
 def operator_override(
-    transitions: TransitionList | Transition,
+    transitions: Transitions,
     *,
     reason: str | None = "operator",
     lease: LeaseChange = LeaseChange.KEEP,
@@ -47,7 +47,7 @@ def operator_override(
     A plain ``worker(...)`` transition leaving ``finalizing`` without ``holds_lease`` is
     refused at class creation.
     """
-    tl = transitions if isinstance(transitions, TransitionList) else TransitionList([transitions])
+    tl = transition_list(transitions, "operator_override")
     meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, (), True)
     for t in tl:
         setattr(t, META_ATTR, meta)

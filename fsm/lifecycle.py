@@ -39,6 +39,7 @@ from statemachine.state import NestedStateFactory
 from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
+from fsm.builders import Transitions, transition_list
 from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
@@ -50,18 +51,15 @@ from fsm.unsupported import refuse_unsupported
 FINALIZING = "finalizing"
 
 
-def _tag(
-    transitions: TransitionList | Transition,
-    meta: TransitionMeta,
-) -> TransitionList:
-    tl = transitions if isinstance(transitions, TransitionList) else TransitionList([transitions])
+def _tag(transitions: Transitions, meta: TransitionMeta, builder: str) -> TransitionList:
+    tl = transition_list(transitions, builder)
     for t in tl:
         setattr(t, META_ATTR, meta)
     return tl
 
 
 def worker(
-    transitions: TransitionList | Transition,
+    transitions: Transitions,
     *,
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.KEEP,
@@ -75,11 +73,11 @@ def worker(
     (:class:`~fsm.records.SetItems`) are applied to the entity's data in the same write.
     """
     meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), counts_attempt, False, tuple(changes))
-    return _tag(transitions, meta)
+    return _tag(transitions, meta, "worker")
 
 
 def reaper(
-    transitions: TransitionList | Transition,
+    transitions: Transitions,
     *,
     reason: str | None = None,
     lease: LeaseChange = LeaseChange.CLEAR,
@@ -94,7 +92,7 @@ def reaper(
     set-based batch as by the engine (``SetItems("steps", "status", ("running",), "failed")``).
     """
     meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes))
-    return _tag(transitions, meta)
+    return _tag(transitions, meta, "reaper")
 
 
 # -- the durable-work declarations, in one line each -----------------------------------------

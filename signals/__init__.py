@@ -99,6 +99,10 @@ def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
     """
     if not signal.receivers:
         return 0
+    held = _held.get()
+    if held is not None:  # inside the caller's transaction: sent after its commit (release)
+        held.items.append((signal, sender, payload))
+        return 0
     built = None
     failures = 0
     for receiver in signal.receivers_for(sender):
@@ -120,6 +124,46 @@ def send(signal: Signal, sender: str, payload: Callable[[], Any]) -> int:
                 "receiver %r of signal %r raised; what it reports stands", receiver, getattr(signal, "name", "?")
             )
     return failures
+
+
+class Held:
+    """Signals held until the caller's transaction commits (:meth:`fsm.Engine.within`):
+    :func:`release` sends them, a rollback clears them."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Signal, str, Callable[[], Any]]] = []
+
+
+_held: contextvars.ContextVar[Held | None] = contextvars.ContextVar("fsm_signals_held", default=None)
+
+
+class holding:
+    """Within, :func:`send` appends to ``held`` instead of delivering (this thread or task only)."""
+
+    __slots__ = ("_held", "_token")
+
+    def __init__(self, held: Held) -> None:
+        self._held = held
+
+    def __enter__(self) -> Held:
+        self._token = _held.set(self._held)
+        return self._held
+
+    def __exit__(self, *exc: object) -> None:
+        _held.reset(self._token)
+
+
+def release(held: Held) -> int:
+    """Send what ``held`` holds, in order, and empty it; returns how many receivers raised.
+    Outside any :class:`holding` of its own, so the signals really go out."""
+    items, held.items = held.items, []
+    token = _held.set(None)
+    try:
+        return sum(send(signal, sender, payload) for signal, sender, payload in items)
+    finally:
+        _held.reset(token)
 
 
 Pending = list[tuple[str, Any, Awaitable[Any]]]
@@ -180,6 +224,7 @@ __all__ = [
     "EffectPayload",
     "FeedPayload",
     "HandledPayload",
+    "Held",
     "HistoryModel",
     "LeaseModel",
     "LeasePayload",
@@ -193,6 +238,7 @@ __all__ = [
     "effect_recorded",
     "expired",
     "handled",
+    "holding",
     "lease_acquired",
     "lease_lost",
     "lease_renewed",
@@ -200,6 +246,7 @@ __all__ = [
     "reaper_error",
     "reaper_tick",
     "reclaimed",
+    "release",
     "send",
     "transitioned",
     "write_refused",

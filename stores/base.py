@@ -10,7 +10,7 @@ Errors are the typed ones of :mod:`fsm.errors`; a method that raises has changed
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -262,6 +262,26 @@ class Store(Protocol):
 
     def count_states(self, kind: str) -> dict[str, int]:
         """How many live entities of ``kind`` are in each state."""
+        ...
+
+    def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]:
+        """Remove up to ``limit`` entities of ``kind`` whose state is one of ``states`` (the
+        caller passes its lifecycle's final states) and whose ``updated_at`` is before
+        ``before``, oldest first, with their history, effects and renewal log, in one
+        transaction; returns their ids in that order.  Soft-deleted rows in those states
+        go too.  A row is removed only if it still matches in the removing transaction;
+        rows of other kinds or states are never touched.  ``dry_run``: the ids that would
+        be removed; nothing changes.  ``InvalidArgument`` for a bad argument (nothing
+        removed); ``ConfigError`` on a store bound to the application's table."""
+        ...
+
+    def trim_history(self, entity_id: str, keep: int) -> int:
+        """Remove all but the last ``keep`` history rows of ``entity_id`` (a log kept as an
+        entity's history: the reaper's tick log) and return how many were removed; the row
+        itself is unchanged.  Its history then starts after seq 1 (gap-free from there).
+        ``UnknownEntity`` when there is no such row (deleted ones included: nothing removed)."""
         ...
 
     def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:

@@ -57,9 +57,10 @@ from fsm.records import (
 )
 from stores.feed import counter, feed_args
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
+from stores.retention import MemoryRetention
 
 
-class MemoryStore(LedgerRun):
+class MemoryStore(LedgerRun, MemoryRetention):
     """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -511,7 +512,7 @@ class MemoryStore(LedgerRun):
         with self._lock:
             for index in range(start, len(self._feed)):
                 entry_kind, record = self._feed[index]
-                if kind is None or entry_kind == kind:
+                if entry_kind and (kind is None or entry_kind == kind):  # "": pruned (stores.retention)
                     found.append(FeedEntry(f"m{index + 1}", entry_kind, record))
                     if len(found) >= limit:
                         break

@@ -87,6 +87,23 @@ BAD_ARGUMENTS: dict[str, list[list[str]]] = {
         [JOB, "--db", DOWN, "--id", "x"],
         ["--check", "no-such-dir"],
     ],
+    "prune": [
+        [],  # --older-than is required
+        ["--older-than", "30x"],
+        ["--older-than", "0"],
+        ["--older-than", "-1d"],
+        ["--older-than", "\udcff"],
+        ["--older-than", "9" * 400 + "w"],
+        ["--older-than", "30d", "--batch-size", "0", "--prefix", DEMO],
+        ["--older-than", "30d", "--batch-size", "99999999", "--prefix", DEMO],
+        ["--older-than", "30d", "--list", "-1", "--prefix", DEMO],
+        ["--older-than", "30d", "--lifecycle", "nope:Thing", "--prefix", DEMO],
+        ["--older-than", "30d", "--db", "notaurl"],
+        ["--older-than", "30d", "--db", DOWN],
+        ["--older-than", "30d"],  # the default prefix fsm_: the tables are fsm_demo_*
+        ["--older-than", "30d", "--prefix", "x;y"],
+        ["--bogus"],
+    ],
     "reaper": [
         ["--once", "--list", "-1", "--prefix", DEMO],
         ["--once", "--leader", "--interval", "1e-9", "--prefix", DEMO],

@@ -354,6 +354,15 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("clock: run", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.run(w.f, "gate", lambda key: 1, w.lease))),
     ("clock: claim", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.claim(1))),
     ("clock: soft_delete", bad_clock, lambda w, v: w.with_clock(v, lambda: w.store.soft_delete(w.q))),
+    ("prune(older_than)", bad_ttl, lambda w, v: w.jobs.prune(v)),
+    ("prune(batch_size)", bad_token, lambda w, v: w.jobs.prune(60.0, batch_size=v)),
+    ("store.prune(kind)", bad_id, lambda w, v: w.store.prune(v, ("completed",), w.clock.now())),
+    ("store.prune(states)", bad_id, lambda w, v: w.store.prune("job", ("completed", v), w.clock.now())),
+    ("store.prune(before)", non_strings, lambda w, v: w.store.prune("job", ("completed",), v)),
+    ("store.prune(limit)", bad_token, lambda w, v: w.store.prune("job", ("completed",), w.clock.now(), limit=v)),
+    ("store.trim_history(id)", bad_id, lambda w, v: w.store.trim_history(v, 5)),
+    ("store.trim_history(keep)", bad_token, lambda w, v: w.store.trim_history(w.f, v)),
+    ("clock: prune", bad_clock, lambda w, v: w.with_clock(v, lambda: w.jobs.prune(60.0))),
 ]
 
 
@@ -408,3 +417,19 @@ def test_every_entry_point_refuses_its_whole_class_once(any_store: Store, clock:
         with pytest.raises(FsmError):
             call(world, value)
         assert world.state() == before, name
+
+
+@given(value=st.one_of(bad_id, bad_text, bad_json, non_strings, st.just(None)))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_within_refuses_what_is_not_a_connection_with_a_typed_error(any_store: Store, value: Any) -> None:
+    """``Engine.within`` (the caller's transaction) on every store: a value that is not a
+    SQLAlchemy Connection or Session, or a store without SQL (memory), is a ``ConfigError``;
+    the row is unchanged and the store still commits on its own afterwards."""
+    from fsm import ConfigError
+
+    jobs = Engine(JobLifecycle, any_store)
+    job = jobs.create()
+    with pytest.raises(ConfigError), jobs.within(value):
+        jobs.fire(job.id, "start")
+    assert jobs.get(job.id).state == "queued" and jobs.history(job.id) == []
+    assert jobs.fire(job.id, "start").state == "running"

@@ -26,13 +26,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (6, ("fsm.cli", "fsm.commands", "fsm.demo", "fsm.testing", "fsm.reaping.cli", "fsm.diagram.cli", "fsm.inspect")),
+    (
+        6,
+        (
+            "fsm.cli",
+            "fsm.commands",
+            "fsm.demo",
+            "fsm.testing",
+            "fsm.reaping.cli",
+            "fsm.reaping.prune_cli",
+            "fsm.diagram.cli",
+            "fsm.inspect",
+        ),
+    ),
     (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
     (4, ("fsm.engine",)),
     (
         3,
         (
             "fsm.guards",
+            "fsm.builders",
             "fsm.guard_expr",
             "fsm.table",
             "fsm.unsupported",
@@ -42,7 +55,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("stores", "signals")),
-    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits")),
+    (1, ("fsm.records", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits", "fsm._version")),
 ]
 
 

@@ -40,7 +40,7 @@ def block_starting(first: str) -> str:
 
 RUNS = {
     "from fsm import Engine, Fenced, JobLifecycle": "test_the_readme_example_runs_as_written_and_again",
-    "import time": "test_the_readme_example_runs_as_written_and_again",
+    "import functools": "test_the_readme_example_runs_as_written_and_again",
     "import asyncio": "test_the_async_example_runs",
     "# lifecycles.py": "test_the_testing_kit_blocks_run_under_pytest (the lifecycles module); "
     "tests/test_work/test_recovery_processes.py (its workers SIGKILLed)",
@@ -48,6 +48,7 @@ RUNS = {
     "import pytest": "test_the_testing_kit_blocks_run_under_pytest (the test module)",
     "import signals": "test_the_signals_block_forwards_a_transition",
     "from datetime import timedelta": "test_the_reaper_block_runs",
+    "import sqlalchemy as sa": "test_the_webhook_recipe_commits_both_rows_or_neither",
     "import threading": "test_the_readme_watch_example_runs_as_written (tests/test_engine/test_watch.py)",
     "import urllib.request": "test_the_readme_observability_example_runs_as_written (tests/test_observe)",
 }
@@ -139,3 +140,69 @@ def test_the_reaper_block_runs(tmp_path: Path) -> None:
     done = run_script(script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith("moved ")
+
+
+def test_the_webhook_recipe_commits_both_rows_or_neither(tmp_path: Path) -> None:
+    """Seed 000's webhook served by uvicorn: the app's row and the pipeline's success commit
+    together; a refused transition leaves no row of the app's either."""
+    import json
+    import socket
+    import sqlite3
+    import time
+    import urllib.error
+    import urllib.request
+
+    (tmp_path / "app.py").write_text(block_starting("import sqlalchemy as sa"))
+    setup = (
+        "from fsm import Engine, PipelineLifecycle\nfrom stores import SqlStore\n"
+        "pipelines = Engine(PipelineLifecycle, SqlStore('sqlite:///app.db'))\n"
+        "pipelines.create('p-1'); pipelines.fire('p-1', 'start'); pipelines.create('p-queued')\n"
+    )
+    (tmp_path / "setup.py").write_text(setup)
+    assert run_script(tmp_path / "setup.py", tmp_path).returncode == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--port", str(port), "--log-level", "warning"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+    def post(pipeline_id: str) -> tuple[int, object]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/webhooks/pipelines/{pipeline_id}/succeeded",
+            data=json.dumps({"sha": "abc123"}).encode(),
+            headers={"content-type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as err:
+            return err.code, None
+
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                time.sleep(0.05)
+        assert post("p-1") == (200, {"state": "completed"})
+        assert post("p-1") == (200, {"state": "completed"})  # redelivered: done already, nothing written twice
+        assert post("p-queued")[0] == 500  # `finish` is refused from queued: the app's insert rolls back too
+    finally:
+        server.terminate()
+        server.wait(10)
+    db = sqlite3.connect(tmp_path / "app.db")
+    assert db.execute("SELECT pipeline_id, sha FROM deploys").fetchall() == [("p-1", "abc123")]
+    states = dict(db.execute("SELECT id, state FROM fsm_entities").fetchall())
+    assert states == {"p-1": "completed", "p-queued": "queued"}
+    events = [r[0] for r in db.execute("SELECT event FROM fsm_history WHERE entity_id = 'p-1' ORDER BY seq")]
+    assert events == ["start", "finish", "succeed"]
+    db.close()

@@ -15,6 +15,7 @@ logged and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,8 @@ from pydantic import BaseModel
 import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
+from fsm.engine.joined import held_on, joining
+from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, Pacer, watch_args
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -102,6 +105,24 @@ class AsyncEngine:
                     await signals.deliver(pending)
 
     # -- the engine's operations ------------------------------------------------------------
+
+    def within(self, connection: Any) -> contextlib.AbstractAsyncContextManager[None]:
+        """:meth:`fsm.Engine.within` for asyncio: this engine's calls in this task run inside
+        the caller's transaction (a SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` on
+        aiosqlite or psycopg), and its signals go out after the caller's commit::
+
+            async with AsyncSession(app_engine) as session, session.begin():
+                session.add(Order(id=order_id, paid=True))
+                async with jobs.within(session):
+                    await jobs.fire(job_id, "complete", lease=lease)
+        """
+        return self._within(connection)
+
+    @contextlib.asynccontextmanager
+    async def _within(self, target: Any) -> AsyncIterator[None]:
+        async with joining(self.store, target) as joined:
+            with signals.holding(held_on(joined.connection)):
+                yield
 
     async def create(
         self,
@@ -227,6 +248,12 @@ class AsyncEngine:
     async def counts(self) -> dict[str, int]:
         """See :meth:`fsm.Engine.counts`."""
         return await self._call(self.sync.counts)
+
+    async def prune(
+        self, older_than: timedelta | float, *, batch_size: int = DEFAULT_PRUNE_BATCH, dry_run: bool = False
+    ) -> PruneResult:
+        """See :meth:`fsm.Engine.prune`."""
+        return await self._call(self.sync.prune, older_than, batch_size=batch_size, dry_run=dry_run)
 
     async def watch(
         self,

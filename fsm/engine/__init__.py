@@ -6,7 +6,9 @@
 - ``writes``: the one compare-and-set write of a transition;
 - ``announce``: the signals sent after the commit;
 - ``reads`` and ``leases``: the engine's reads and its lease operations;
-- ``result``: :class:`FireResult`.
+- ``result``: :class:`FireResult`;
+- ``joined``: the caller's transaction (:meth:`Engine.within`);
+- ``retention``: :meth:`Engine.prune` and :class:`PruneResult`.
 """
 
 from __future__ import annotations
@@ -14,5 +16,6 @@ from __future__ import annotations
 from fsm.engine.announce import announce
 from fsm.engine.engine import Engine
 from fsm.engine.result import FireResult
+from fsm.engine.retention import PruneResult
 
-__all__ = ["Engine", "FireResult", "announce"]
+__all__ = ["Engine", "FireResult", "PruneResult", "announce"]

@@ -9,6 +9,7 @@ the commit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import uuid
@@ -29,8 +30,10 @@ from fsm.engine.arguments import (
     validate_data,
 )
 from fsm.engine.base import StoreClock
+from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.result import FireResult
+from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
@@ -123,6 +126,36 @@ class Engine(EngineWork):
         self._read: Callable[[str], Snapshot] = store._live if plain_get else store.get  # type: ignore[attr-defined]
 
     # -- creating ------------------------------------------------------------------------
+
+    def within(self, connection: Any) -> contextlib.AbstractContextManager[None]:
+        """Run this engine's calls inside the caller's transaction, in this thread::
+
+            with Session(store.engine) as session, session.begin():
+                session.add(Order(id=order_id, paid=True))  # the application's own write
+                with jobs.within(session):
+                    jobs.fire(job_id, "complete", lease=lease)
+            # both committed here, together, and the signals sent; a rollback undoes both
+
+        ``connection``: a SQLAlchemy ``Session`` or ``Connection`` on the store's database
+        and driver (``store.engine`` is simplest); a Connection not yet in a transaction is
+        begun, and the caller commits it.  Every store call of the block (create, fire,
+        claim, run, leases, reads) runs on it, with the same compare-and-set and fencing;
+        signals go out after the caller's commit and never after a rollback
+        (:mod:`fsm.engine.joined`).  ``ConfigError`` for a store without SQL (memory), a
+        connection of another driver or in autocommit mode, or a call after the caller's
+        transaction ended inside the block.
+        """
+        return within(self.store, connection)
+
+    def prune(
+        self, older_than: timedelta | float, *, batch_size: int = DEFAULT_PRUNE_BATCH, dry_run: bool = False
+    ) -> PruneResult:
+        """Remove this lifecycle's entities in a final state last updated more than
+        ``older_than`` ago (store clock), with their history, effects and renewal logs, in
+        batches of ``batch_size`` (one store transaction each).  Entities in any other
+        state are never touched.  ``dry_run``: what would go; nothing changes.  Nothing is
+        ever removed unless pruned: run it on a schedule (``fsm prune --older-than 30d``)."""
+        return prune(self, older_than, batch_size, dry_run)
 
     def create(
         self,

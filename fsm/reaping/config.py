@@ -28,6 +28,8 @@ class ReaperConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # defaults as default=...: a user's mypy without the pydantic plugin reads only the
+    # keyword (dataclass_transform), and would call every field a required argument
     interval: timedelta = Field(default=DEFAULT_INTERVAL, description="time between two ticks")
     batch_size: int = Field(
         default=DEFAULT_BATCH_SIZE, ge=1, le=100_000, strict=True, description="candidates per keyset page"

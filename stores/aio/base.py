@@ -12,7 +12,7 @@ and it is awaited; no connection is held while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -100,6 +100,12 @@ class AsyncStore(Protocol):
     ) -> list[Snapshot]: ...
 
     async def count_states(self, kind: str) -> dict[str, int]: ...
+
+    async def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]: ...
+
+    async def trim_history(self, entity_id: str, keep: int) -> int: ...
 
     async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
         """See :meth:`stores.Store.feed`."""

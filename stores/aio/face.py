@@ -10,7 +10,7 @@ the same :meth:`AsyncFace.call` without a second greenlet hop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -163,6 +163,16 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]:
+        result: list[str] = await self._invoke("prune", kind, states, before, limit=limit, dry_run=dry_run)
+        return result
+
+    async def trim_history(self, entity_id: str, keep: int) -> int:
+        result: int = await self._invoke("trim_history", entity_id, keep)
+        return result
+
     async def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:
         result: list[FeedEntry] = await self._invoke("feed", after, kind=kind, limit=limit)
         return result
@@ -293,6 +303,16 @@ class BridgeStore(LedgerRun):
 
     def count_states(self, kind: str) -> dict[str, int]:
         result: dict[str, int] = self._call("count_states", (kind,), {})
+        return result
+
+    def prune(
+        self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
+    ) -> list[str]:
+        result: list[str] = self._call("prune", (kind, states, before), {"limit": limit, "dry_run": dry_run})
+        return result
+
+    def trim_history(self, entity_id: str, keep: int) -> int:
+        result: int = self._call("trim_history", (entity_id, keep), {})
         return result
 
     def feed(self, after: str | None = None, *, kind: str | None = None, limit: int = 500) -> list[FeedEntry]:

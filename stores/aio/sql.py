@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +29,17 @@ from stores.aio.face import AsyncFace
 from stores.aio.greenlets import wait
 from stores.sql.binding import TableBinding
 from stores.sql.connections import is_memory
+from stores.sql.dialect import sqlite_ts_add, sqlite_ts_norm
+from stores.sql.joined import (
+    Joined,
+    JoinedConnections,
+    JoinedPostgres,
+    JoinedSqlite,
+    check_driver,
+    current,
+    entered,
+    session_of,
+)
 from stores.sql.store import SqlStore
 
 DEFAULT_POOL_SIZE = 10
@@ -153,6 +165,9 @@ class AsyncSqlStore(AsyncFace):
     # -- the one entry point: a sync store method on a connection of the pool -----------------
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        joined = current(id(self))
+        if joined is not None:  # inside the caller's transaction: on its connection, never the pool's
+            return getattr(joined.store, name)(*args, **kwargs)
         lane = self._take()
         try:
             return getattr(lane.store, name)(*args, **kwargs)
@@ -212,6 +227,56 @@ class AsyncSqlStore(AsyncFace):
             return await SqliteLane.open(self.url.database or "", self._busy_timeout_ms, self._synchronous)
         except Exception as err:
             raise StoreUnavailable(f"cannot connect to {self.url.render_as_string(hide_password=True)}: {err}") from err
+
+    def joined(self, connection: Any) -> contextlib.AbstractAsyncContextManager[Joined]:
+        """Inside the block, this store's calls in this task run on ``connection`` (a
+        SQLAlchemy ``AsyncConnection`` or ``AsyncSession`` on aiosqlite or psycopg, begun if
+        it is not yet) and inside its transaction: the caller commits or rolls them back
+        with its own writes (:mod:`stores.sql.joined`).  Signals are the engine's: use
+        :meth:`fsm.AsyncEngine.within`."""
+        return self._joined(connection)
+
+    @contextlib.asynccontextmanager
+    async def _joined(self, target: Any) -> AsyncIterator[Joined]:
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if isinstance(target, AsyncSession):
+            aconn = await target.connection()
+        elif isinstance(target, AsyncConnection):
+            aconn = target
+        else:
+            raise ConfigError(
+                f"joined() takes a SQLAlchemy AsyncConnection or AsyncSession, not {type(target).__name__}"
+            )
+        connection = aconn.sync_connection
+        if aconn.closed or connection is None or connection.invalidated:
+            raise ConfigError("joined() needs an open connection")
+        if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
+        if not aconn.in_transaction():
+            await aconn.begin()
+        driver: Any = (await aconn.get_raw_connection()).driver_connection
+        conn: Any
+        if self.dialect == "sqlite":
+            check_driver(connection, "sqlite", ("aiosqlite",))
+            await driver.create_function("fsm_ts_add", 2, sqlite_ts_add, deterministic=True)
+            await driver.create_function("fsm_ts", 1, sqlite_ts_norm, deterministic=True)
+            if not driver.in_transaction:  # pysqlite's legacy mode begins only before DML
+                await driver.execute("BEGIN IMMEDIATE")
+            conn = JoinedSqlite(SqliteLane(driver))
+        else:
+            check_driver(connection, "postgresql", ("psycopg",))
+            if driver.autocommit:
+                raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
+            if driver.info.transaction_status == 0:  # IDLE: a transaction() block would commit on its own
+                await driver.execute("SELECT 1")
+            conn = JoinedPostgres(PsycopgLane(driver))
+        joined = Joined(connection, conn, session_of(target))
+        store = copy.copy(self._base)
+        store._conns = JoinedConnections(joined, self._base.engine)  # type: ignore[assignment]
+        joined.store = store
+        with entered(id(self), joined):
+            yield joined
 
     def feed_wakeup(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         """See :meth:`stores.sql.SqlStore.feed_wakeup` (``callback`` runs on the listener's

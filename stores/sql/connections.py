@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from fsm.errors import ConfigError, FsmError, InvalidArgument, MalformedRow, StoreCorrupt, StoreUnavailable
 from stores.sql.dialect import sqlite_ts_add, sqlite_ts_norm
+from stores.sql.joined import JOINED
 
 
 class _Slot:
@@ -82,7 +83,11 @@ class Connections:
         self._closed = False
 
     def slot(self) -> _Slot:
-        """This thread's connection, opened on first use."""
+        """This thread's connection, opened on first use; inside a joined block
+        (:mod:`stores.sql.joined`), the caller's connection."""
+        joined = JOINED.get()
+        if joined is not None and id(self) in joined:
+            return joined[id(self)].check()  # type: ignore[return-value]
         slot: _Slot | None = getattr(self._local, "slot", None)
         if slot is None or slot.conn is None:
             slot = self._open()
@@ -117,11 +122,18 @@ class Connections:
 
     def current(self) -> _Slot | None:
         """This thread's connection if it has one (never opens one)."""
+        joined = JOINED.get()
+        if joined is not None and id(self) in joined:
+            return joined[id(self)].slot  # type: ignore[return-value]
         slot: _Slot | None = self._shared if self.lock is not None else getattr(self._local, "slot", None)
         return slot
 
     def drop(self) -> None:
-        """Close this thread's connection (it broke); the next call opens a new one."""
+        """Close this thread's connection (it broke); the next call opens a new one.
+        The caller's connection of a joined block is the caller's: left open."""
+        joined = JOINED.get()
+        if joined is not None and id(self) in joined:
+            return
         slot = self.current()
         if slot is not None:
             slot.close()

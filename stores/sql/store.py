@@ -27,6 +27,7 @@ outcome unknown, as with any database: retry with an idempotency key to make it 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -85,9 +86,11 @@ from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, conditi
 from stores.sql.effects import EffectOps
 from stores.sql.feed import FeedOps
 from stores.sql.feed_notify import FeedNotifyOps
+from stores.sql.joined import Joined, joined_sync
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
 from stores.sql.reaper_batches import ReaperOps
+from stores.sql.retention import RetentionOps
 from stores.sql.rows import dumps_data, history_of, snapshot_of
 from stores.sql.schema import HEAD_REVISION, decode_time
 
@@ -166,7 +169,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -306,6 +309,15 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps)
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()
+
+    def joined(self, connection: Any) -> contextlib.AbstractContextManager[Joined]:
+        """Inside the block, this store's calls in this thread run on ``connection`` (a
+        SQLAlchemy ``Connection`` or ``Session`` the caller holds, begun if it is not yet)
+        and inside its transaction: the caller commits or rolls them back with its own
+        writes (:mod:`stores.sql.joined`).  ``ConfigError`` for another driver, an
+        autocommit connection, or a call after the caller's transaction ended.  Signals are
+        the engine's: use :meth:`fsm.Engine.within`, which holds them until the commit."""
+        return joined_sync(self, connection)
 
     def __repr__(self) -> str:
         return f"SqlStore({self.engine.url!r}, table_prefix={self.table_prefix!r})"

@@ -41,3 +41,25 @@ def test_a_store_failure_is_logged_not_raised() -> None:
             raise StoreUnavailable("database unavailable")
 
     assert not TickLog(Down()).record(ReapResult(), "reaper:a")
+
+
+def test_the_tick_log_keeps_a_bounded_window_of_the_newest_ticks(tmp_path: object) -> None:
+    """On memory and SQLite: past ``keep`` rows, every TRIM_EVERY-th tick cuts the oldest."""
+    import pytest
+
+    from fsm import ConfigError
+    from fsm.reaping.ticklog import TRIM_EVERY
+    from stores import SqlStore
+
+    for store in (MemoryStore(ManualClock()), SqlStore(f"sqlite:///{tmp_path}/ticks.db")):
+        log = TickLog(store, keep=150)
+        for _ in range(TRIM_EVERY * 3 - 1):  # 299 ticks: trimmed at 200 (to 150), not at 100 (< keep)
+            assert log.record(ReapResult(), "reaper:a")
+        seqs = [r.seq for r in store.history(TICKS_ID)]
+        assert seqs == list(range(51, 300))  # 150 kept at tick 200, then 99 more
+        assert log.record(ReapResult(), "reaper:a")  # tick 300: back to the newest 150
+        assert [r.seq for r in store.history(TICKS_ID)] == list(range(151, 301))
+        assert store.get(TICKS_ID).version == 300
+        for bad in (0, -1, True, "150", 10**9):
+            with pytest.raises(ConfigError):
+                TickLog(store, keep=bad)  # type: ignore[arg-type]

@@ -1,0 +1,91 @@
+"""Retention for the engine: :meth:`fsm.Engine.prune` removes its lifecycle's finished entities.
+
+The store removes (:meth:`stores.Store.prune`); the engine knows which states are final
+(its compiled table) and what "older than" means on the store's clock, and walks the
+batches.  Each batch is one transaction of the store; a batch that fails raises, and the
+batches before it stay removed (each one is whole).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fsm.errors import InvalidArgument
+from stores.retention import MAX_PRUNE_BATCH
+
+DEFAULT_PRUNE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What :meth:`fsm.Engine.prune` removed (or, in a dry run, would remove)."""
+
+    kind: str
+    before: datetime
+    """The cut-off: entities last updated before it (store clock)."""
+    removed: list[str] = field(default_factory=list)
+    """Their ids, oldest first (in a dry run: the first ``MAX_PRUNE_BATCH`` that would go)."""
+    dry_run: bool = False
+    batches: int = 0
+    more: bool = False
+    """A dry run found more than it lists."""
+
+    def summary(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        more = " or more" if self.more else ""
+        return (
+            f"{self.kind}: {verb} {len(self.removed)}{more} final entities last updated before "
+            f"{self.before.isoformat()} (with their history, effects and renewals)"
+        )
+
+
+def check_older_than(older_than: Any) -> timedelta:
+    """``older_than`` as a positive timedelta (seconds taken too), or ``InvalidArgument``."""
+    if isinstance(older_than, bool) or not isinstance(older_than, timedelta | int | float):
+        raise InvalidArgument(f"older_than must be a timedelta (or seconds), not {older_than!r:.80}")
+    age: timedelta
+    if isinstance(older_than, timedelta):
+        age = older_than
+    else:
+        if not math.isfinite(older_than):
+            raise InvalidArgument(f"older_than must be finite, not {older_than!r}")
+        try:
+            age = timedelta(seconds=older_than)
+        except OverflowError as err:
+            raise InvalidArgument(f"older_than is out of range: {older_than!r:.80}") from err
+    if age <= timedelta(0):
+        raise InvalidArgument(f"older_than must be positive, not {age}")
+    return age
+
+
+def prune(engine: Any, older_than: Any, batch_size: Any, dry_run: Any) -> PruneResult:
+    """:meth:`fsm.Engine.prune`."""
+    age = check_older_than(older_than)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_PRUNE_BATCH:
+        raise InvalidArgument(f"batch_size must be an integer from 1 to {MAX_PRUNE_BATCH}, not {batch_size!r:.80}")
+    if not isinstance(dry_run, bool):
+        raise InvalidArgument(f"dry_run must be True or False, not {dry_run!r:.80}")
+    finals = tuple(sorted(engine.table.finals))
+    if not finals:
+        return PruneResult(engine.kind, engine.store.now(), dry_run=dry_run)
+    try:
+        before = engine.store.now() - age
+    except OverflowError as err:
+        raise InvalidArgument(f"older_than reaches before year 1: {age}") from err
+    if dry_run:
+        ids = engine.store.prune(engine.kind, finals, before, limit=MAX_PRUNE_BATCH, dry_run=True)
+        return PruneResult(engine.kind, before, ids, True, 1, len(ids) == MAX_PRUNE_BATCH)
+    removed: list[str] = []
+    batches = 0
+    while True:
+        ids = engine.store.prune(engine.kind, finals, before, limit=batch_size)
+        batches += 1
+        removed += ids
+        if len(ids) < batch_size:
+            return PruneResult(engine.kind, before, removed, False, batches)
+
+
+__all__ = ["DEFAULT_PRUNE_BATCH", "PruneResult", "check_older_than", "prune"]
