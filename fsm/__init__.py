@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from fsm.aio import AsyncEngine
     from fsm.builders import itself
     from fsm.definition_rules import operator_override
-    from fsm.engine import Engine, FireResult, PruneResult
+    from fsm.engine import Engine, Fire, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -57,6 +57,7 @@ _LAZY = {
     "State": "statemachine",
     "AsyncEngine": "fsm.aio",
     "Engine": "fsm.engine",
+    "Fire": "fsm.engine",
     "FireResult": "fsm.engine",
     "PruneResult": "fsm.engine",
     "Guard": "fsm.guards",
@@ -118,6 +119,7 @@ __all__ = [
     "EntityMovedOn",
     "FeedEntry",
     "Fenced",
+    "Fire",
     "FireResult",
     "FsmError",
     "Guard",

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fsm.errors import InvalidArgument, InvalidData
+from fsm.errors import EntityExists, InvalidArgument, InvalidData
 from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TransitionWrite
 
 MAX_ID_LENGTH = 255
@@ -40,6 +40,8 @@ MAX_DURATION = timedelta(days=365 * 100)
 """Longest TTL, budget, ``stale_after`` or interval: a century, far below any overflow."""
 MAX_INT64 = 2**63 - 1
 """Largest fencing token or version a ``BIGINT`` column holds."""
+MAX_CREATE_MANY = 10_000
+"""The most entities one ``create_many`` takes (a bigger batch is the caller's to split)."""
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -278,6 +280,23 @@ def check_new_entity(entity: object) -> NewEntity:
     return entity
 
 
+def check_new_entities(entities: object) -> list[NewEntity]:
+    """A ``create_many`` batch, as each store checks it: a non-empty list or tuple of at most
+    :data:`MAX_CREATE_MANY` valid ``NewEntity`` with distinct ids (a repeated id ->
+    ``EntityExists``)."""
+    if not isinstance(entities, list | tuple):
+        raise InvalidArgument(f"create_many takes a list of NewEntity, not {_shown(entities)}")
+    if not 1 <= len(entities) <= MAX_CREATE_MANY:
+        raise InvalidArgument(f"create_many takes 1 to {MAX_CREATE_MANY} entities, not {len(entities)}")
+    seen: set[str] = set()
+    for entity in entities:
+        check_new_entity(entity)
+        if entity.id in seen:
+            raise EntityExists(entity.id)
+        seen.add(entity.id)
+    return list(entities)
+
+
 def _plain_names(*values: object) -> bool:
     """True when every value is a short, non-empty ASCII ``str`` without NUL: the common
     case, decided with a few C-level calls (this guards every transition a store applies);
@@ -327,6 +346,39 @@ def check_transition_write(write: object) -> TransitionWrite:
             raise InvalidArgument(f"a transition's error is a JSON object, not {_shown(write.error)}")
         check_json(write.error, entity_id=write.entity_id)
     return write
+
+
+MAX_APPLY_MANY = 1000
+"""The most transitions one ``apply_many`` takes."""
+
+
+def check_transition_writes(writes: object) -> list[TransitionWrite]:
+    """An ``apply_many`` batch: a list or tuple of at most :data:`MAX_APPLY_MANY` valid writes."""
+    if not isinstance(writes, list | tuple):
+        raise InvalidArgument(f"apply_many takes a list of TransitionWrite, not {_shown(writes)}")
+    if len(writes) > MAX_APPLY_MANY:
+        raise InvalidArgument(f"apply_many takes at most {MAX_APPLY_MANY} writes, not {len(writes)}")
+    return [check_transition_write(w) for w in writes]
+
+
+def check_renewals(leases: object, ttl: object, budgets: object) -> list[Lease]:
+    """A ``renew_leases`` call: at most :data:`MAX_APPLY_MANY` leases, a store TTL, and
+    ``(state, budget)`` pairs."""
+    if not isinstance(leases, list | tuple) or len(leases) > MAX_APPLY_MANY:
+        raise InvalidArgument(f"renew_leases takes a list of at most {MAX_APPLY_MANY} leases")
+    for lease in leases:
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"renew_leases takes Lease items, not {_shown(lease)}")
+        check_lease_args(lease.entity_id, lease.owner, token=check_int("token", lease.token))
+    check_store_ttl(ttl)
+    if not isinstance(budgets, tuple):
+        raise InvalidArgument(f"budgets must be a tuple of (state, timedelta), not {_shown(budgets)}")
+    for pair in budgets:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"budgets must be a tuple of (state, timedelta), not {_shown(pair)}")
+        check_id("state", pair[0])
+        check_lease_args("x", "x", budget=pair[1])
+    return list(leases)
 
 
 def check_batch_write(batch: object) -> BatchWrite:
@@ -427,6 +479,8 @@ def check_listing(kind: object, state: object, limit: object, after_id: object) 
 
 
 __all__ = [
+    "MAX_APPLY_MANY",
+    "MAX_CREATE_MANY",
     "MAX_DURATION",
     "MAX_ID_LENGTH",
     "MAX_INT64",
@@ -444,13 +498,16 @@ __all__ = [
     "check_lease",
     "check_lease_args",
     "check_listing",
+    "check_new_entities",
     "check_new_entity",
     "check_optional_duration",
     "check_optional_id",
     "check_page",
+    "check_renewals",
     "check_store_ttl",
     "check_time",
     "check_transition_write",
+    "check_transition_writes",
     "duration_problem",
     "json_copy",
     "text_problem",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stores.base import BriefMoves, Store
+from stores.base import BriefMoves, Store, WorkNotices
 from stores.factory import DEFAULT_URL, open_store, safe_url
 from stores.memory import MemoryStore
 
@@ -25,4 +25,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'stores' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_URL", "BriefMoves", "MemoryStore", "SqlStore", "Store", "open_store", "safe_url"]
+__all__ = ["DEFAULT_URL", "BriefMoves", "MemoryStore", "SqlStore", "Store", "WorkNotices", "open_store", "safe_url"]

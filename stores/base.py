@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -42,6 +43,17 @@ class Store(Protocol):
         time, or a delay from the store's now; ``None``: now).
 
         Conflict: an entity with the same id exists (even soft-deleted) -> ``EntityExists``.
+        """
+        ...
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        """Insert many new entities at once, all or nothing; snapshots in the given order.
+
+        One statement on the SQL stores' own tables (one transaction always), so a batch
+        costs about one commit.  Each entity is checked as :meth:`create` checks it; an
+        empty batch, or more than :data:`fsm.limits.MAX_CREATE_MANY` (10,000), ->
+        ``InvalidArgument``.  Conflict: an id exists (even soft-deleted), or two entities of
+        the batch share one -> ``EntityExists`` naming it, and nothing of the batch is written.
         """
         ...
 
@@ -80,6 +92,19 @@ class Store(Protocol):
         """
         ...
 
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """Apply many transitions in one transaction (one commit), each fenced on its own.
+
+        Each write is judged exactly as :meth:`apply` judges it (its version, token and
+        conditions, at the commit point), in the given order (a later write on the same
+        entity sees the earlier one).  The answer has one item per write, in order: the
+        new row and history row, or the error :meth:`apply` would have raised for it (a
+        refusal does not stop the others, and changed nothing).  The accepted writes
+        commit together.  More than :data:`fsm.limits.MAX_APPLY_MANY` (1,000) writes, or a
+        malformed one -> ``InvalidArgument`` (nothing written); an empty batch -> ``[]``.
+        """
+        ...
+
     def acquire_lease(
         self,
         entity_id: str,
@@ -109,6 +134,20 @@ class Store(Protocol):
         ``LeaseLost`` (an expired lease is never revived: the reaper may be taking over).
         A renewal is logged in its own transaction (see :meth:`renewals`); a refused one
         logs nothing.
+        """
+        ...
+
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        """Renew many leases in one transaction (one commit): each as :meth:`renew_lease`
+        renews it (its owner, token, expiry and budget guard, logged the same way), with
+        the budget of its entity's state in ``budgets`` (a state not listed: none).
+
+        One answer per lease, in order: the renewed row, or the error :meth:`renew_lease`
+        would have raised for it (``LeaseLost``, ``UnknownEntity``); one refusal never
+        stops the others.  More than :data:`fsm.limits.MAX_APPLY_MANY` leases, or a
+        malformed one -> ``InvalidArgument`` (nothing renewed); none -> ``[]``.
         """
         ...
 
@@ -307,6 +346,30 @@ class Store(Protocol):
 
 
 @runtime_checkable
+class WorkNotices(Protocol):
+    """An optional store capability: wake-ups when work becomes claimable.
+
+    A worker subscribes to its lifecycle's kind and claims at once on a wake-up instead of
+    at its next poll.  A wake-up is a hint, never a promise: a worker still polls, so a
+    lost one (a dropped connection, a write from a process that cannot tell this one)
+    costs latency, never work.  The memory, SQLite and PostgreSQL stores and their async
+    faces have it: ``create``, ``create_many`` and ``release_lease`` wake the kind's
+    subscribers after their commit (PostgreSQL: ``NOTIFY`` in the write, heard by the
+    process's one ``LISTEN`` connection; SQLite and memory: this process's subscribers)."""
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from any thread, without arguments) whenever work of
+        ``kind`` may have become claimable; returns the function that unsubscribes
+        (idempotent).  A callback that raises is logged; the others still run."""
+        ...
+
+    def notify_work(self, kind: str) -> None:
+        """Wake the subscribers of ``kind`` (every process's, on PostgreSQL): for writers
+        that make work claimable by other means (the reaper's requeue or reclaim)."""
+        ...
+
+
+@runtime_checkable
 class BriefMoves(Protocol):
     """An optional store capability: the reaper's claim without snapshots.
 
@@ -340,4 +403,31 @@ def unchecked_apply(store: object) -> Callable[[TransitionWrite], tuple[Snapshot
     return checked
 
 
-__all__ = ["BriefMoves", "Store", "unchecked_apply"]
+def unchecked_apply_many(
+    store: object,
+) -> Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] | None:
+    """The store's ``apply_many_checked`` (writes checked as :func:`unchecked_apply`'s are),
+    or None; the same rule as :func:`unchecked_apply`."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "apply_many_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "apply_many", None) is not vars(owner).get("apply_many"):
+        return None
+    checked: Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] = (
+        store.apply_many_checked  # type: ignore[attr-defined]
+    )
+    return checked
+
+
+def unchecked_create_many(store: object) -> Callable[[Sequence[NewEntity]], list[Snapshot]] | None:
+    """The store's ``create_many_checked``, for a caller whose batch was already checked
+    with :func:`fsm.limits.check_new_entities`' rules (the engine validates every item with
+    the same limits), or None; the same rule as :func:`unchecked_apply`."""
+    cls = type(store)
+    owner = next((k for k in cls.__mro__ if "create_many_checked" in vars(k)), None)
+    if owner is None or getattr(cls, "create_many", None) is not vars(owner).get("create_many"):
+        return None
+    checked: Callable[[Sequence[NewEntity]], list[Snapshot]] = store.create_many_checked  # type: ignore[attr-defined]
+    return checked
+
+
+__all__ = ["BriefMoves", "Store", "WorkNotices", "unchecked_apply", "unchecked_apply_many", "unchecked_create_many"]

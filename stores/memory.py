@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from fsm.errors import (
     ConditionFailed,
     ConfigError,
     EntityExists,
+    FsmError,
     IdempotencyKeyReused,
     InvalidArgument,
     LeaseLost,
@@ -31,10 +33,13 @@ from fsm.limits import (
     check_int,
     check_lease_args,
     check_listing,
+    check_new_entities,
     check_new_entity,
     check_page,
+    check_renewals,
     check_store_ttl,
     check_transition_write,
+    check_transition_writes,
 )
 from fsm.records import (
     EFFECT_RENEWALS,
@@ -46,6 +51,7 @@ from fsm.records import (
     EffectRecord,
     FeedEntry,
     HistoryRecord,
+    Lease,
     LeaseChange,
     LeaseRenewal,
     NewEntity,
@@ -57,6 +63,7 @@ from fsm.records import (
 )
 from stores.feed import counter, feed_args
 from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
+from stores.notices import LocalNotices, channel
 from stores.retention import MemoryRetention
 
 
@@ -69,6 +76,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         self.clock: Clock = clock or SystemClock()
         # re-entrant: a claim starts entities through apply and acquire_lease under it
         self._lock = threading.RLock()
+        self._notices = LocalNotices()
         self._effects: dict[str, dict[str, EffectRecord]] = {}
         self._rows: dict[str, Snapshot] = {}
         self._history: dict[str, list[HistoryRecord]] = {}
@@ -126,7 +134,13 @@ class MemoryStore(LedgerRun, MemoryRetention):
     # -- writes --------------------------------------------------------------------------
 
     def create(self, entity: NewEntity) -> Snapshot:
-        check_new_entity(entity)
+        made = self._insert(entity)
+        self._notices.notify(channel("", entity.kind))
+        return made
+
+    def _insert(self, entity: NewEntity, *, checked: bool = False) -> Snapshot:
+        if not checked:
+            check_new_entity(entity)
         if entity.columns:
             raise InvalidArgument("the memory store has no application table: it takes no columns")
         with self._lock:
@@ -153,6 +167,34 @@ class MemoryStore(LedgerRun, MemoryRetention):
             if entity.concurrency_key is not None:
                 self._by_concurrency_key.setdefault((entity.kind, entity.concurrency_key), []).append(entity.id)
             return row
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        """See :meth:`stores.Store.create_many`: every id checked under the lock first,
+        so a conflict writes nothing."""
+        return self.create_many_checked(check_new_entities(entities))
+
+    def create_many_checked(self, batch: Sequence[NewEntity]) -> list[Snapshot]:
+        """:meth:`create_many` of a batch already checked (see ``stores.base.unchecked_create_many``)."""
+        if any(e.columns for e in batch):
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
+        with self._lock:
+            for entity in batch:
+                if entity.id in self._rows:
+                    raise EntityExists(entity.id)
+            made = [self._insert(entity, checked=True) for entity in batch]
+        for kind in {e.kind for e in batch}:
+            self._notices.notify(channel("", kind))
+        return made
+
+    # -- wake-ups (stores.base.WorkNotices) ----------------------------------------------------
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """See :meth:`stores.base.WorkNotices.subscribe_work`: this store's own subscribers."""
+        return self._notices.subscribe(channel("", check_id("kind", kind)), callback)
+
+    def notify_work(self, kind: str) -> None:
+        """See :meth:`stores.base.WorkNotices.notify_work`."""
+        self._notices.notify(channel("", check_id("kind", kind)))
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         check_transition_write(write)
@@ -185,6 +227,21 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
             return self._move(row, write, now, write.data, write.data_patch, key)
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """See :meth:`stores.Store.apply_many`: every write under the lock, in order."""
+        return self.apply_many_checked(check_transition_writes(writes))
+
+    def apply_many_checked(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        """:meth:`apply_many` of writes already checked (see ``stores.base.unchecked_apply``)."""
+        results: list[tuple[Snapshot, HistoryRecord] | FsmError] = []
+        with self._lock:
+            for write in writes:
+                try:
+                    results.append(self.apply_checked(write))
+                except FsmError as err:
+                    results.append(err)
+        return results
 
     def _holds(self, condition: Condition, row: Snapshot, now: datetime) -> bool:
         sibling = self._newer_sibling(row) if isinstance(condition, NewerSibling) else None
@@ -385,6 +442,25 @@ class MemoryStore(LedgerRun, MemoryRetention):
         with self._lock:
             return renewals_of(entity_id, self._effects.get(entity_id, {}).get(RENEWALS_KEY))
 
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        """See :meth:`stores.Store.renew_leases`: each renewal under the lock, in order."""
+        batch = check_renewals(leases, ttl, budgets)
+        budget_of = dict(budgets)
+        results: list[Snapshot | FsmError] = []
+        with self._lock:
+            for lease in batch:
+                row = self._rows.get(lease.entity_id)
+                try:
+                    budget = None if row is None else budget_of.get(row.state)
+                    results.append(
+                        self.renew_lease(lease.entity_id, owner=lease.owner, token=lease.token, ttl=ttl, budget=budget)
+                    )
+                except FsmError as err:
+                    results.append(err)
+        return results
+
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         check_lease_args(entity_id, owner, token=token)
         with self._lock:
@@ -393,7 +469,8 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
             new = _with_lease(row, None, token, None)
             self._rows[entity_id] = new
-            return new
+        self._notices.notify(channel("", new.kind))  # another worker may take it now
+        return new
 
     def soft_delete(self, entity_id: str) -> Snapshot:
         check_id("entity id", entity_id)

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm import Engine, FsmError, JobLifecycle, Lease, ManualClock, RetryPolicy, UnknownEntity
+from fsm import Engine, FsmError, JobLifecycle, Lease, LeaseKeeper, ManualClock, RetryPolicy, UnknownEntity
 from fsm.limits import MAX_ID_LENGTH, MAX_JSON_DEPTH
 from fsm.records import BatchWrite, ClaimRequest, NewEntity, TransitionWrite
 from fsm.work import Worker
@@ -201,6 +201,54 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("RetryPolicy.replace(initial_interval)", bad_ttl, lambda w, v: RetryPolicy().replace(initial_interval=v)),
     ("RetryPolicy.replace(max_attempts)", bad_token, lambda w, v: RetryPolicy().replace(max_attempts=v)),
     ("Worker(reap)", bad_reap, lambda w, v: Worker(w.jobs, {"running": lambda job: None}, reap=v)),
+    ("create_many(ids)", bad_id, lambda w, v: w.jobs.create_many([{}, {}], ids=[w.fresh, v])),
+    ("create_many(data)", bad_json, lambda w, v: w.jobs.create_many([{}, {"v": v}], ids=[w.fresh, w.fresh + "b"])),
+    ("create_many(data=non-list)", non_strings, lambda w, v: w.jobs.create_many(v)),
+    ("create_many(data=[non-mapping])", non_strings, lambda w, v: w.jobs.create_many([{}, v], ids=[w.fresh, "z"])),
+    (
+        "create_many(concurrency_keys)",
+        bad_id,
+        lambda w, v: w.jobs.create_many([{}, {}], ids=[w.fresh, w.fresh + "b"], concurrency_keys=[None, v]),
+    ),
+    (
+        "store.create_many(id)",
+        bad_id,
+        lambda w, v: w.store.create_many(
+            [NewEntity(id=w.fresh, kind="job", state="queued"), NewEntity(id=v, kind="job", state="queued")]
+        ),
+    ),
+    (
+        "store.create_many(data)",
+        bad_json,
+        lambda w, v: w.store.create_many(
+            [
+                NewEntity(id=w.fresh, kind="job", state="queued"),
+                NewEntity(id=w.fresh + "b", kind="job", state="queued", data={"v": v}),
+            ]
+        ),
+    ),
+    ("store.create_many(batch)", non_strings, lambda w, v: w.store.create_many(v)),
+    ("renew_leases(token)", bad_token, lambda w, v: w.jobs.renew_leases([w.lease._replace(token=v)])),
+    ("renew_leases(owner)", bad_id, lambda w, v: w.jobs.renew_leases([w.lease._replace(owner=v)])),
+    ("renew_leases(list)", non_strings, lambda w, v: w.jobs.renew_leases(v)),
+    (
+        "store.renew_leases(ttl)",
+        bad_ttl,
+        lambda w, v: w.store.renew_leases([w.lease], ttl=v),
+    ),
+    (
+        "store.renew_leases(budgets)",
+        bad_ttl,
+        lambda w, v: w.store.renew_leases([w.lease], ttl=timedelta(minutes=1), budgets=(("running", v),)),
+    ),
+    ("store.renew_leases(leases)", non_strings, lambda w, v: w.store.renew_leases(v, ttl=timedelta(minutes=1))),
+    (
+        "store.apply_many(event)",
+        bad_id,
+        lambda w, v: w.store.apply_many([TransitionWrite(w.q, v, "queued", "running", "worker", 0)]),
+    ),
+    ("store.apply_many(writes)", non_strings, lambda w, v: w.store.apply_many(v)),
+    ("fire_many(items)", non_strings, lambda w, v: w.jobs.fire_many(v)),
     ("get(id)", bad_id, lambda w, v: w.jobs.get(v)),
     ("history(id)", bad_id, lambda w, v: w.jobs.history(v)),
     ("fire(id)", bad_id, lambda w, v: w.jobs.fire(v, "start")),
@@ -308,7 +356,7 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("claim(owner)", bad_id, lambda w, v: w.jobs.claim(owner=v)),
     ("entities(state)", bad_id, lambda w, v: w.jobs.entities(state=v)),
     ("entities(after_id)", bad_id, lambda w, v: w.jobs.entities(after_id=v)),
-    ("keep(period)", bad_ttl, lambda w, v: w.jobs.keep(w.lease, period=v)),
+    ("keep(period)", bad_ttl, lambda w, v: LeaseKeeper(w.jobs, w.lease, period=v)),
     ("record_progress", bad_json, lambda w, v: w.jobs.record_progress(w.lease, {"v": v})),
     ("store.effect", bad_id, lambda w, v: w.store.effect(w.f, v)),
     ("store.effects", bad_id, lambda w, v: w.store.effects(v)),

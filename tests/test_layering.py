@@ -59,11 +59,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
 ]
 
 
-ALLOWED_UPWARD = {
-    # Engine.keep(lease) builds the keeper that drives the engine: a convenience
-    # constructor, imported when called, so the engine module itself never loads it.
-    ("fsm.engine.work", "fsm.work.keeper"),
-}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()  # none: the keeper is fsm.work's to build
 
 
 def layer_of(module: str) -> int | None:

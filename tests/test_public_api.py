@@ -26,6 +26,7 @@ FSM_API = {
     "EntityMovedOn",
     "Fenced",
     "FeedEntry",
+    "Fire",
     "FireResult",
     "FsmError",
     "Guard",
@@ -130,10 +131,12 @@ def test_the_work_package_exports_exactly_its_pinned_names() -> None:
 
     assert set(fsm.work.__all__) == {
         "AsyncLeaseKeeper",
+        "BatchCompleter",
         "HeldLease",
         "Job",
         "KeepResult",
         "LeaseKeeper",
+        "LeaseKeepers",
         "Worker",
         "WorkerStats",
     }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -136,6 +136,16 @@ class AsyncEngine:
         return await self._call(
             self.sync.create, entity_id, data=data, concurrency_key=concurrency_key, run_after=run_after
         )
+
+    async def create_many(
+        self,
+        data: Sequence[Mapping[str, Any] | None],
+        *,
+        ids: Sequence[str] | None = None,
+        concurrency_keys: Sequence[str | None] | None = None,
+    ) -> list[Snapshot]:
+        """See :meth:`fsm.Engine.create_many`."""
+        return await self._call(self.sync.create_many, data, ids=ids, concurrency_keys=concurrency_keys)
 
     async def fire(
         self,

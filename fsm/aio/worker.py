@@ -47,6 +47,7 @@ from fsm.work.loop import (
     WorkerStats,
     drive_async,
 )
+from fsm.work.wakeups import subscribe_wakeups
 from fsm.work.worker import HeldEntity, stopping_error
 
 log = logging.getLogger("fsm.worker")
@@ -241,9 +242,11 @@ class AsyncWorker(CoreFace):
     async def run(self) -> WorkerStats:
         """Claim and work until :meth:`stop` (or the task is cancelled, which stops too)."""
         self._loop = asyncio.get_running_loop()
+        unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
         try:
             await drive_async(self.core.loop(self))
         finally:
+            unsubscribe()
             await asyncio.shield(self.stop())
         return self.stats
 

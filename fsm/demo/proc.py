@@ -27,6 +27,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,17 @@ class ObservedEngine(Engine):
             raise
         self.log("renewed", job=lease.entity_id, token=new.token, expires=new.expires_at.timestamp())
         return new
+
+    def renew_leases(self, leases: Sequence[Lease]) -> list[Lease | FsmError]:
+        """The worker's one keeper renews every lease at once: each answer logged as above."""
+        answers = super().renew_leases(leases)
+        for lease, answer in zip(leases, answers, strict=True):
+            if isinstance(answer, Lease):
+                self.log("renewed", job=lease.entity_id, token=answer.token, expires=answer.expires_at.timestamp())
+            elif isinstance(answer, Fenced):
+                what = type(answer).__name__
+                self.log("refused", job=lease.entity_id, token=lease.token, what="renewal", error=what)
+        return answers
 
 
 def policy_of(cfg: dict[str, Any]) -> Policy:

@@ -8,14 +8,16 @@
 - ``reads`` and ``leases``: the engine's reads and its lease operations;
 - ``result``: :class:`FireResult`;
 - ``joined``: the caller's transaction (:meth:`Engine.within`);
-- ``retention``: :meth:`Engine.prune` and :class:`PruneResult`.
+- ``retention``: :meth:`Engine.prune` and :class:`PruneResult`;
+- ``many``: :meth:`Engine.fire_many` (:class:`Fire` items, one transaction).
 """
 
 from __future__ import annotations
 
 from fsm.engine.announce import announce
 from fsm.engine.engine import Engine
+from fsm.engine.many import Fire
 from fsm.engine.result import FireResult
 from fsm.engine.retention import PruneResult
 
-__all__ = ["Engine", "FireResult", "PruneResult", "announce"]
+__all__ = ["Engine", "Fire", "FireResult", "PruneResult", "announce"]

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ from fsm.engine.arguments import (
 from fsm.engine.base import StoreClock
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
+from fsm.engine.many import Fire, Fired, fire_many
 from fsm.engine.result import FireResult
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
@@ -40,6 +41,7 @@ from fsm.engine.writes import write_for
 from fsm.errors import (
     ConditionFailed,
     ConfigError,
+    EntityExists,
     Fenced,
     FsmError,
     GuardRejected,
@@ -52,11 +54,11 @@ from fsm.errors import (
 )
 from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
-from fsm.limits import check_run_after, json_copy
+from fsm.limits import MAX_CREATE_MANY, check_run_after, json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, FeedEntry, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
-from stores.base import Store, unchecked_apply
+from stores.base import Store, unchecked_apply, unchecked_apply_many, unchecked_create_many
 from stores.memory import MemoryStore
 
 
@@ -120,6 +122,12 @@ class Engine(EngineWork):
         # store's own apply need not check them a second time (stores.base.unchecked_apply:
         # the library's stores; a subclass overriding apply, or a wrapper, gets its apply)
         self._apply: Callable[[TransitionWrite], tuple[Snapshot, HistoryRecord]] = unchecked_apply(store) or store.apply
+        self._apply_many: Callable[[Sequence[TransitionWrite]], list[tuple[Snapshot, HistoryRecord] | FsmError]] = (
+            unchecked_apply_many(store) or store.apply_many
+        )
+        self._create_many: Callable[[Sequence[NewEntity]], list[Snapshot]] = (
+            unchecked_create_many(store) or store.create_many
+        )
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
         plain_get = isinstance(store, MemoryStore) and type(store).get is MemoryStore.get
@@ -189,6 +197,45 @@ class Engine(EngineWork):
                 run_after=check_run_after(run_after),
             )
         )
+
+    def create_many(
+        self,
+        data: Sequence[Mapping[str, Any] | None],
+        *,
+        ids: Sequence[str] | None = None,
+        concurrency_keys: Sequence[str | None] | None = None,
+    ) -> list[Snapshot]:
+        """Create one entity per item of ``data`` (each validated first), in one statement
+        on SQL stores, all or nothing; the snapshots come back in the same order.
+
+        ``ids`` and ``concurrency_keys``, when given, hold one value per item (ids default
+        to new random ones).  At most :data:`fsm.limits.MAX_CREATE_MANY` items.  An id that
+        exists, or is given twice -> ``EntityExists``, and nothing is created.
+        """
+        if not isinstance(data, list | tuple):
+            raise InvalidArgument(f"create_many takes a list of data mappings, not {type(data).__name__}")
+        n = len(data)
+        if not 1 <= n <= MAX_CREATE_MANY:
+            raise InvalidArgument(f"create_many takes 1 to {MAX_CREATE_MANY} items, not {n}")
+        for name, values in (("ids", ids), ("concurrency_keys", concurrency_keys)):
+            if values is not None and (not isinstance(values, list | tuple) or len(values) != n):
+                raise InvalidArgument(f"{name} must be a list with one value per item of data ({n})")
+        batch = []
+        seen: set[str] = set()
+        for i, item in enumerate(data):
+            entity_id = uuid.uuid4().hex if ids is None else text("entity_id", ids[i])
+            key = None if concurrency_keys is None else optional_text("concurrency_key", concurrency_keys[i])
+            check_arguments(None, None, item)
+            clean = self._validate({} if item is None else dict(item), entity_id=None)
+            if entity_id in seen:
+                raise EntityExists(entity_id)
+            seen.add(entity_id)
+            batch.append(
+                NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=key, data=clean)
+            )
+        # every item was checked above with the store's own limits: the library's stores
+        # need not check them again (stores.base.unchecked_create_many)
+        return self._create_many(batch)
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
         return validate_data(self.lifecycle.data_model, self.kind, data, entity_id)
@@ -277,7 +324,21 @@ class Engine(EngineWork):
                 self._lease_lost(lease, err, "fire", event)
             raise
 
-    def _fire(
+    def fire_many(self, items: Sequence[Fire]) -> list[Fired]:
+        """Fire many events, each from the snapshot its caller holds (``Fire(entity, event,
+        lease, data)``, actor worker), their writes in one transaction (``Store.apply_many``).
+
+        Each item is judged as :meth:`fire` judges it and written with its own version and
+        token guard; the answer has one item per input, in order: its :class:`FireResult`,
+        or the error :meth:`fire` would have raised for it (a fenced holder's also sends
+        ``lease_lost``).  One refusal never stops the others.  At most
+        :data:`fsm.limits.MAX_APPLY_MANY` items; idempotency keys are :meth:`fire`'s.  A
+        malformed item (not a ``Fire``, no held snapshot, an unknown event, bad data or
+        lease) is refused for the whole call (``InvalidArgument``, ``UnknownEvent``...),
+        before anything is written."""
+        return fire_many(self, items, self._apply_many)
+
+    def _prepare(
         self,
         entity_id: str,
         event: str,
@@ -289,7 +350,10 @@ class Engine(EngineWork):
         owner: str | None,
         held: Snapshot | None = None,
         extra: Attempt | None = None,
-    ) -> FireResult:
+    ) -> tuple[TransitionWrite, Branch, Snapshot | None]:
+        """Judge the event and build its write: ``(write, branch, held)``, where ``held``
+        is the caller's snapshot if the write was judged on it (else the row read).
+        ``extra``: a handler attempt's error and due delay, added to the write."""
         # a str check first: a hand-made snapshot's unhashable state must not reach the dict
         if (
             held is not None
@@ -305,7 +369,7 @@ class Engine(EngineWork):
                 snap = self.get(entity_id)  # raises the precise error
         if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
             if held is not None:  # the caller's snapshot disagrees with its lease: read the row
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
             self._check_holder(snap, lease)  # a holder that lost the work never fires with it
         patch: dict[str, Any] | None = None
         new_data: dict[str, Any] | None = None
@@ -326,7 +390,7 @@ class Engine(EngineWork):
                 if held is None:
                     raise
                 # refused on the caller's snapshot, which may be stale: judge the row as it is
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:
@@ -334,6 +398,24 @@ class Engine(EngineWork):
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
         if extra is not None:
             write.error, write.run_after = extra
+        return write, branch, held
+
+    def _fire(
+        self,
+        entity_id: str,
+        event: str,
+        actor: Actor,
+        lease: Lease | None,
+        idempotency_key: str | None,
+        reason: str | None,
+        data: Mapping[str, Any] | None,
+        owner: str | None,
+        held: Snapshot | None = None,
+        extra: Attempt | None = None,
+    ) -> FireResult:
+        write, branch, held = self._prepare(
+            entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra
+        )
         try:
             new, record = self._apply(write)
         except StaleVersion:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 import signals
 from fsm.engine.announce import announce_lease_lost
 from fsm.engine.arguments import check_ttl, lease_arg, text
 from fsm.engine.reads import EngineReads
-from fsm.errors import Fenced, LeaseLost, TransitionNotAllowed
+from fsm.errors import Fenced, FsmError, InvalidArgument, LeaseLost, TransitionNotAllowed
 from fsm.records import Lease, LeaseRenewal, Snapshot
 from signals import LeasePayload, RefusedPayload
 
@@ -79,6 +81,38 @@ class EngineLeases(EngineReads):
         if signals.lease_renewed.receivers:
             signals.send(signals.lease_renewed, self.kind, lambda: LeasePayload.of(self.kind, new))
         return renewed
+
+    def renew_leases(self, leases: Sequence[Lease]) -> list[Lease | FsmError]:
+        """Renew many leases in one transaction (:meth:`Store.renew_leases`), each within
+        its state's budget and guarded by its own owner, token and expiry; one answer per
+        lease, in order: the renewed :class:`Lease`, or the error :meth:`renew_lease`
+        would raise (``LeaseLost``, after ``lease_lost`` is sent).  Reads nothing first:
+        the store applies the budget of each entity's state."""
+        if not isinstance(leases, list | tuple):
+            raise InvalidArgument(f"renew_leases takes a list of Lease, not {type(leases).__name__}")
+        for lease in leases:
+            lease_arg(lease)
+        budgets = tuple(
+            (state, budget) for state in self.table.leaves if (budget := self.policy.budget_for(state)) is not None
+        )
+        answers = self.store.renew_leases(leases, ttl=self.policy.lease_ttl, budgets=budgets)
+        results: list[Lease | FsmError] = []
+        for lease, answer in zip(leases, answers, strict=True):
+            if isinstance(answer, FsmError):
+                if isinstance(answer, Fenced):
+                    self._lease_lost(lease, answer, "renew")
+                results.append(answer)
+                continue
+            renewed = answer.lease
+            if renewed is None:  # pragma: no cover - a renewed row holds its lease
+                results.append(
+                    LeaseLost(lease.entity_id, expected_token=lease.token, found_token=None, owner=lease.owner)
+                )
+                continue
+            if signals.lease_renewed.receivers:
+                signals.send(signals.lease_renewed, self.kind, functools.partial(LeasePayload.of, self.kind, answer))
+            results.append(renewed)
+        return results
 
     def release_lease(self, lease: Lease) -> Snapshot:
         """Give a lease up (owner and expiry cleared); raises ``LeaseLost`` if not current."""

@@ -3,7 +3,8 @@
 Each is a store-protocol operation plus what only the engine knows: which transitions
 start an entity and which states a holder resumes (from the compiled table), the data
 model a recorded result is validated against, and the signals to send after the commit.
-The keeper and the worker (:mod:`fsm.work`) are built on these.
+The keeper and the worker (:mod:`fsm.work`, a layer above) are built on these; the
+engine never builds them (``fsm.work.LeaseKeeper(engine, lease)`` does).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -36,9 +36,6 @@ from fsm.records import (
 )
 from fsm.table import CompiledTable
 from signals import EffectPayload, LeasePayload
-
-if TYPE_CHECKING:
-    from fsm.work.keeper import LeaseKeeper
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -233,16 +230,6 @@ class EngineWork(EngineLeases):
             result=details,
             replace=(EFFECT_PROGRESS,),
         )
-
-    def keep(self, lease: Lease, *, period: timedelta | None = None) -> LeaseKeeper:
-        """A lease keeper for ``lease``: ``with engine.keep(lease) as held: ...``.
-
-        It renews every ``period`` (default: a third of the TTL) on a background thread,
-        within the state's renewal budget, and stops when the lease is lost; see
-        :mod:`fsm.work.keeper`."""
-        from fsm.work.keeper import LeaseKeeper  # the keeper sits above the engine it drives
-
-        return LeaseKeeper(self, lease_arg(lease), period=period)  # type: ignore[arg-type]
 
     def entities(self, *, state: str | None = None, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         """Entities of this lifecycle by id, keyset-paged (``after_id``), optionally in one state."""

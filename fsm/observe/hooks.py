@@ -3,13 +3,13 @@ reaper, switched on with :func:`instrument` and off with :func:`uninstrument`.
 
 Shaped as OpenTelemetry's instrumentation packages are: nothing of this runs, and nothing
 of OpenTelemetry is imported, until :func:`instrument` is called.  It then wraps a few
-methods *on their classes* (``Engine.fire``, ``Engine.claim``, ``Engine.run``,
-``KeeperCore.renew``, ``Reaper.run_once``) and connects receivers to four signals
-(``lease_renewed``, ``lease_lost``, ``write_refused``, ``handled``); :func:`uninstrument`
-puts the methods back and disconnects.  An uninstrumented process runs the engine's own
-functions, unchanged: the hot path pays nothing.  Both faces are covered: the async engine
-runs the sync engine's methods (in a greenlet, in the calling task's context, so spans
-nest under the caller's).
+methods *on their classes* (``Engine.fire``, ``Engine.fire_many``, ``Engine.claim``,
+``Engine.run``, ``KeeperCore.renew``, ``LeaseKeepers.run_once``, ``Reaper.run_once``)
+and connects receivers to four signals (``lease_renewed``, ``lease_lost``,
+``write_refused``, ``handled``); :func:`uninstrument` puts the methods back and
+disconnects.  An uninstrumented process runs the engine's own functions, unchanged: the
+hot path pays nothing.  Both faces are covered: the async engine runs the sync engine's
+methods (in a greenlet, in the calling task's context, so spans nest under the caller's).
 
 Counting transitions without the ``transitioned`` signal is deliberate: a receiver there
 would make every fire build its pydantic payload and would turn the reaper off its brief
@@ -35,6 +35,7 @@ from fsm.observe import attributes as a
 from fsm.reaping import Reaper
 from fsm.records import Actor, Snapshot
 from fsm.work.keeper import KeeperCore
+from fsm.work.keepers import LeaseKeepers
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -78,10 +79,12 @@ class Instrumentation:
 
     def _install(self) -> None:
         self._patch(Engine, "fire", self._wrap_fire)
+        self._patch(Engine, "fire_many", self._wrap_fire_many)
         self._patch(EngineWork, "claim", self._wrap_claim)
         self._patch(EngineWork, "run", self._wrap_run)
         if "renew" in KeeperCore.__dict__:
             self._patch(KeeperCore, "renew", self._wrap_renew)
+        self._patch(LeaseKeepers, "run_once", self._wrap_keepers_round)
         self._patch(Reaper, "run_once", self._wrap_tick)
         for signal, receiver in (
             (signals.lease_renewed, self._on_renewed),
@@ -136,6 +139,24 @@ class Instrumentation:
                 return result
 
         return fire
+
+    def _wrap_fire_many(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A batch of fires (the worker's batch completer): one span, each committed
+        transition counted as :meth:`Engine.fire` counts its own."""
+        tracer, transitions = self.tracer, self.instruments.transitions
+
+        def fire_many(engine: Engine, items: Any, *args: Any, **kwargs: Any) -> Any:
+            attrs: dict[str, Any] = {a.KIND: engine.kind, a.MESSAGING_BATCH_COUNT: len(items)}
+            with tracer.start_as_current_span(f"fire_many {engine.kind}", attributes=attrs):
+                results = original(engine, items, *args, **kwargs)
+                if not _in_tick.get():
+                    for result in results:
+                        record = getattr(result, "record", None)
+                        if record is not None and not result.replayed:
+                            transitions.add(1, {a.KIND: engine.kind, a.EVENT: record.event, a.ACTOR: record.actor})
+                return results
+
+        return fire_many
 
     # -- claim ----------------------------------------------------------------------------
 
@@ -217,6 +238,19 @@ class Instrumentation:
         return run
 
     # -- the keeper -----------------------------------------------------------------------
+
+    def _wrap_keepers_round(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """One round of the worker's one keeper: a span with how many leases it renewed."""
+        tracer = self.tracer
+
+        def run_once(keepers: LeaseKeepers, *args: Any, **kwargs: Any) -> Any:
+            attrs: dict[str, Any] = {a.KIND: keepers.engine.kind}
+            with tracer.start_as_current_span(f"keeper renew {keepers.engine.kind}", attributes=attrs) as span:
+                results = original(keepers, *args, **kwargs)
+                span.set_attribute(a.MESSAGING_BATCH_COUNT, len(results))
+                return results
+
+        return run_once
 
     def _wrap_renew(self, original: Callable[..., Any]) -> Callable[..., Any]:
         tracer = self.tracer

@@ -10,7 +10,7 @@ keep an entity forever).  It stops, and sends ``lease_lost``, when
 - renewals keep failing (the store is down) until the lease would lapse.
 
 The holder finds out at its next step: ``held.lost`` is a flag it can read,
-``held.check()`` raises, and leaving ``with engine.keep(lease) as held:`` raises the
+``held.check()`` raises, and leaving ``with LeaseKeeper(engine, lease) as held:`` raises the
 fencing error if the lease was lost inside the block.  Progress details given to
 ``held.progress(...)`` travel with the next renewal (as a Temporal heartbeat carries
 them) and the next owner reads them with ``engine.progress(entity_id)``.
@@ -225,7 +225,7 @@ class LeaseKeeper:
 
     ::
 
-        with engine.keep(lease) as held:
+        with LeaseKeeper(engine, lease) as held:
             for gate in gates:
                 engine.run(job_id, gate, run_gate, held.check())
             engine.fire(job_id, "complete", lease=held.check())

@@ -15,7 +15,8 @@ directly; apps that want a runtime write handlers::
     worker = Worker(engine, {"running": run_agent, "finalizing": run_gates}, concurrency=4)
     worker.run()                             # until SIGTERM or worker.stop()
 
-Each claimed entity runs on a pool thread under a lease keeper.  A handler returns the
+Each claimed entity runs on a pool thread, its lease renewed by the worker's one keeper
+(:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).  A handler returns the
 event to fire (or ``(event, data)``, or ``None`` when it fired itself); if the entity
 then sits in another state with a handler, that handler runs next under the same lease
 (``running -> finalizing``).  A handler that raises is logged with the entity id and the
@@ -53,7 +54,9 @@ from pydantic import BaseModel
 
 from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.records import HistoryRecord, Snapshot
-from fsm.work.keeper import HeldLease, LeaseKeeper
+from fsm.work.completer import BatchCompleter
+from fsm.work.keeper import HeldLease
+from fsm.work.keepers import LeaseKeepers
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
@@ -67,6 +70,7 @@ from fsm.work.loop import (
     drive,
     parse_outcome,
 )
+from fsm.work.wakeups import subscribe_wakeups
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
@@ -135,9 +139,12 @@ class HeldEntity:
 class Job(HeldEntity):
     """What a handler gets: the entity, its held lease, and the ledger bound to both."""
 
-    def __init__(self, engine: Engine, snapshot: Snapshot, held: HeldLease) -> None:
+    def __init__(
+        self, engine: Engine, snapshot: Snapshot, held: HeldLease, completer: BatchCompleter | None = None
+    ) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
+        self.completer = completer
 
     def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
@@ -155,18 +162,27 @@ class Job(HeldEntity):
         error: Mapping[str, Any] | None = None,
         run_after: timedelta | None = None,
     ) -> FireResult:
-        """Fire ``event`` under this job's lease; the job's snapshot follows.  ``error`` and
-        ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff)."""
-        result = self.engine.fire(
-            self.id,
-            event,
-            lease=self.held.check(),
-            data=data,
-            idempotency_key=idempotency_key,
-            reason=reason,
-            error=error,
-            run_after=run_after,
-        )
+        """Fire ``event`` under this job's lease, from the snapshot the job holds; the
+        job's snapshot follows.  Under a running worker the write shares a transaction with
+        other handlers' outcomes (:mod:`fsm.work.completer`), still fenced by this job's
+        own version and token; it returns once committed.  ``reason``, ``error`` and
+        ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff): such a fire
+        is written alone."""
+        lease = self.held.check()
+        alone = idempotency_key is not None or reason is not None or error is not None or run_after is not None
+        if self.completer is not None and not alone:
+            result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
+        else:
+            result = self.engine.fire(
+                self.snapshot,
+                event,
+                lease=lease,
+                data=data,
+                idempotency_key=idempotency_key,
+                reason=reason,
+                error=error,
+                run_after=run_after,
+            )
         self.snapshot = result.snapshot
         return result
 
@@ -226,7 +242,9 @@ class Worker(CoreFace):
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"fsm-worker-{engine.kind}")
-        self._running: dict[str, LeaseKeeper] = {}
+        self._running: dict[str, HeldLease] = {}
+        # one keeper thread renews every lease this worker holds, one transaction a round
+        self.keepers = LeaseKeepers(engine, period=keeper_period)
         # one condition for every wait of the loop: a freed slot, a wake-up, a stop.  An
         # RLock, because SIGTERM's handler runs on the main thread, maybe inside it.
         self._changed = threading.Condition(threading.RLock())
@@ -234,6 +252,9 @@ class Worker(CoreFace):
         self._woken = False
         self.reaper: Reaper | None = None if reap is False else worker_reaper(engine, reap)
         """The reaper this worker runs under the leader lease (``reap=``), or ``None``."""
+        # outcomes of handlers finishing together share one commit; written at once when
+        # every running handler waits on it
+        self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -258,36 +279,36 @@ class Worker(CoreFace):
     def _start(self, snap: Snapshot) -> None:
         lease = snap.lease
         assert lease is not None
-        keeper = LeaseKeeper(self.engine, lease, period=self.keeper_period)
-        held = keeper.start()
+        held = self.keepers.keep(lease)
         with self._changed:
             self.core.count("claimed")
             self.core.running += 1
-            self._running[snap.id] = keeper
+            self._running[snap.id] = held
         try:
-            self._pool.submit(self._work, Job(self.engine, snap, held), keeper)
+            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer))
         except RuntimeError:  # stop() shut the pool down while this claim was on its way
-            self._work_refused(snap.id, keeper)
+            self._work_refused(snap.id, held)
 
-    def _work_refused(self, entity_id: str, keeper: LeaseKeeper) -> None:
-        keeper.stop()
+    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+        self.keepers.release(held)
         with self._changed:
             if self._running.pop(entity_id, None) is not None:
                 self.core.running -= 1
         try:
-            self.engine.release_lease(keeper.held.lease)
+            self.engine.release_lease(held.lease)
         except FsmError as err:
             log.info("lease of %s not released: %s", entity_id, err)
 
-    def _work(self, job: Job, keeper: LeaseKeeper) -> None:
+    def _work(self, job: Job) -> None:
         try:
             drive(self.core.handle(job))
         finally:
-            keeper.stop()
+            self.keepers.release(job.held)
             with self._changed:
                 if self._running.pop(job.id, None) is not None:
                     self.core.running -= 1
                 self._changed.notify_all()
+            self.completer.wake()  # one fewer handler to wait for before a batch is written
 
     # -- the loop's waits (WorkerCore.loop calls them) ---------------------------------------
 
@@ -325,12 +346,16 @@ class Worker(CoreFace):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
         if self.reaper is not None:
             self.reaper.start()
+        unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
+        self.completer.start()
         try:
             drive(self.core.loop(self))
         finally:
+            unsubscribe()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
+            self.completer.stop()
         return self.stats
 
     def _stop_claiming(self) -> None:
@@ -350,18 +375,18 @@ class Worker(CoreFace):
         with self._changed:
             self._changed.wait_for(lambda: not self._running, timeout=wait)
             left = list(self._running.items())
-        for entity_id, keeper in left:
-            held = keeper.held
+        for entity_id, held in left:
             if held.lost:
                 continue  # told already (a second stop), or lost on its own
             held._lose(stopping_error(held), STOPPING)
-            keeper.stop()
+            self.keepers.release(held)
             try:
                 self.engine.release_lease(held.lease)
                 self.core.count("released")
                 log.info("released %s at stop", entity_id)
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
+        self.keepers.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.reaper is not None:
             self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over

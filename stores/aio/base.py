@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -38,6 +39,16 @@ class AsyncStore(Protocol):
     async def now(self) -> datetime: ...
 
     async def create(self, entity: NewEntity) -> Snapshot: ...
+
+    async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]: ...
+
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]: ...
+
+    async def apply_many(
+        self, writes: Sequence[TransitionWrite]
+    ) -> list[tuple[Snapshot, HistoryRecord] | FsmError]: ...
 
     async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot: ...
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from fsm.errors import FsmError
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -49,6 +50,10 @@ class AsyncFace:
         result: Snapshot = await self._invoke("create", entity)
         return result
 
+    async def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("create_many", entities)
+        return result
+
     async def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
         result: Snapshot = await self._invoke("get", entity_id, include_deleted=include_deleted)
         return result
@@ -65,6 +70,10 @@ class AsyncFace:
         result: tuple[Snapshot, HistoryRecord] = await self._invoke("apply", write)
         return result
 
+    async def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        result: list[tuple[Snapshot, HistoryRecord] | FsmError] = await self._invoke("apply_many", writes)
+        return result
+
     async def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
@@ -79,6 +88,12 @@ class AsyncFace:
         result: Snapshot = await self._invoke(
             "renew_lease", entity_id, owner=owner, token=token, ttl=ttl, budget=budget
         )
+        return result
+
+    async def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        result: list[Snapshot | FsmError] = await self._invoke("renew_leases", leases, ttl=ttl, budgets=budgets)
         return result
 
     async def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
@@ -163,6 +178,10 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def notify_work(self, kind: str) -> None:
+        """See :meth:`stores.base.WorkNotices.notify_work`."""
+        await self._invoke("notify_work", kind)
+
     async def prune(
         self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
     ) -> list[str]:
@@ -200,6 +219,28 @@ class BridgeStore(LedgerRun):
     def create(self, entity: NewEntity) -> Snapshot:
         result: Snapshot = self._call("create", (entity,), {})
         return result
+
+    def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
+        result: list[Snapshot] = self._call("create_many", (entities,), {})
+        return result
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
+        result: list[tuple[Snapshot, HistoryRecord] | FsmError] = self._call("apply_many", (writes,), {})
+        return result
+
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        result: list[Snapshot | FsmError] = self._call("renew_leases", (leases,), {"ttl": ttl, "budgets": budgets})
+        return result
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """The async store's :class:`stores.base.WorkNotices` (subscribing does no I/O)."""
+        subscribe: Callable[[str, Callable[[], None]], Callable[[], None]] = self.face.subscribe_work  # type: ignore[attr-defined]
+        return subscribe(kind, callback)
+
+    def notify_work(self, kind: str) -> None:
+        self._call("notify_work", (kind,), {})
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
         result: Snapshot = self._call("get", (entity_id,), {"include_deleted": include_deleted})

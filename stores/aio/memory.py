@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fsm.clock import Clock
@@ -22,6 +23,10 @@ class AsyncMemoryStore(AsyncFace):
 
     async def _invoke(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.sync, name)(*args, **kwargs)  # no I/O: no greenlet needed
+
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """See :class:`stores.base.WorkNotices` (the memory store's subscribers)."""
+        return self.sync.subscribe_work(kind, callback)
 
     def __repr__(self) -> str:
         return f"AsyncMemoryStore({self.sync!r})"

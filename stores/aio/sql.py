@@ -159,6 +159,11 @@ class AsyncSqlStore(AsyncFace):
         """The store's SQL (:class:`stores.sql.dialect.Statements`), shared with the sync store."""
         return self._base._sql
 
+    def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """See :class:`stores.base.WorkNotices`: the process's ``LISTEN`` connection on
+        PostgreSQL (the callback runs on its thread), this process's subscribers on SQLite."""
+        return self._base.subscribe_work(kind, callback)
+
     def __repr__(self) -> str:
         return f"AsyncSqlStore({self.url.render_as_string(hide_password=True)!r}, table_prefix={self.table_prefix!r})"
 

@@ -18,22 +18,32 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.errors import LeaseLost, StaleVersion, UnknownEntity
-from fsm.limits import check_id, check_int, check_lease_args, check_store_ttl
-from fsm.records import EFFECT_RENEWALS, RENEWALS_KEPT, RENEWALS_KEY, LeaseRenewal, Snapshot
+from fsm.errors import FsmError, LeaseLost, StaleVersion, UnknownEntity
+from fsm.limits import check_id, check_int, check_lease_args, check_renewals, check_store_ttl
+from fsm.records import EFFECT_RENEWALS, RENEWALS_KEPT, RENEWALS_KEY, Lease, LeaseRenewal, Snapshot
 from stores.ledger import renewal_entry, renewals_of
 from stores.sql.connections import unavailable
-from stores.sql.core import ATTEMPTS, SqlCore, SqliteWrite
+from stores.sql.core import ATTEMPTS, SqliteWrite
 from stores.sql.effects import effect_of
 from stores.sql.rows import snapshot_of
+from stores.sql.wakeups import WakeOps
+
+log = logging.getLogger("fsm.store")
+
+
+class _Undone(Exception):
+    """A statement of the batch failed: its transaction cannot commit."""
+
 
 LOG_COLUMNS = "entity_id, key, status, lease_token, attempts, result, recorded_at"
 
 
-class LeaseOps(SqlCore):
+class LeaseOps(WakeOps):
     """``acquire_lease``, ``renew_lease``, ``release_lease`` and ``renewals`` of :class:`stores.sql.SqlStore`."""
 
     _lease_statements: dict[tuple[str, bool], str]
@@ -191,16 +201,76 @@ class LeaseOps(SqlCore):
                 raise lost(detail=f"renewal budget of state {row.state!r} is spent")
         raise LeaseLost(entity_id, expected_token=token, found_token=None, owner=owner, detail="contended")
 
+    def renew_leases(
+        self, leases: Sequence[Lease], *, ttl: timedelta, budgets: tuple[tuple[str, timedelta], ...] = ()
+    ) -> list[Snapshot | FsmError]:
+        """See :meth:`stores.Store.renew_leases`: the states read in one statement, then
+        each guarded renewal (and its log entry) in one transaction; a transaction that
+        fails is undone and each lease renewed again on its own."""
+        batch = check_renewals(leases, ttl, budgets)
+        if not batch:
+            return []
+        budget_of = dict(budgets)
+        states = self._states_of([lease.entity_id for lease in batch])
+
+        def one(lease: Lease) -> Snapshot | FsmError:
+            state = states.get(lease.entity_id)
+            budget = None if state is None else budget_of.get(state)
+            try:
+                return self.renew_lease(lease.entity_id, owner=lease.owner, token=lease.token, ttl=ttl, budget=budget)
+            except FsmError as err:
+                return err
+
+        slot = self._conns.slot()
+        try:
+            if self._sqlite:
+                with SqliteWrite(slot, "fsm_renew_many"):
+                    return [one(lease) for lease in batch]
+            with slot.conn.transaction():
+                results = [one(lease) for lease in batch]
+                if any(isinstance(r, FsmError) and not isinstance(r, LeaseLost | UnknownEntity) for r in results):
+                    raise _Undone  # a statement failed (not a refusal): the transaction cannot commit
+                return results
+        except Exception as err:
+            if isinstance(err, (FsmError, _Undone, *self._errors)):
+                log.info("renewal of %d leases undone (%s); renewing them one by one", len(batch), err)
+                return [one(lease) for lease in batch]
+            raise
+
+    def _states_of(self, ids: list[str]) -> dict[str, str]:
+        """The current state of each entity in ``ids`` (missing ones left out)."""
+        c, table = self._sql.L.col, self._sql.E
+        found: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ", ".join(self._f.p(f"x{n}") for n in range(len(chunk)))
+            rows = self._run(
+                f"SELECT {c['id']}, {c['state']} FROM {table} WHERE {c['id']} IN ({marks})",
+                {f"x{n}": v for n, v in enumerate(chunk)},
+            )
+            found.update((r[0], r[1]) for r in rows)
+        return found
+
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         """See :meth:`stores.Store.release_lease`."""
         check_lease_args(entity_id, owner, token=check_int("token", token))
         rows = self._run(self._sql.release, {"id": entity_id, "owner": owner, "token": token})
         if rows:
-            return self._attach([snapshot_of(rows[0])])[0]
+            released = self._attach([snapshot_of(rows[0])])[0]
+            self._released_notice(released.kind)
+            return released
         row, _ = self._current(entity_id)
         if row is None or row.deleted:
             raise UnknownEntity(entity_id)
         raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+
+    def _released_notice(self, kind: str) -> None:
+        """A released lease leaves its entity for another worker: wake the lifecycle's
+        workers (a hint: a failure to send it is logged, the release stands)."""
+        try:
+            self.notify_work(kind)
+        except FsmError as err:
+            log.info("wake-up after a release not sent: %s", err)
 
     def renewals(self, entity_id: str) -> list[LeaseRenewal]:
         """See :meth:`stores.Store.renewals`."""

@@ -65,6 +65,7 @@ from fsm.records import (
     TransitionWrite,
     condition_holds,
 )
+from stores.sql.batches import BatchOps
 from stores.sql.binding import TableBinding, app_columns, bound_layout, missing_columns, owned_layout
 from stores.sql.children import ChildIO, attach, split_data
 from stores.sql.claims import ClaimOps
@@ -82,6 +83,7 @@ from stores.sql.connections import (
     unavailable,
 )
 from stores.sql.core import ATTEMPTS, Positional, SqliteWrite
+from stores.sql.creates import CreateOps
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
 from stores.sql.feed import FeedOps
@@ -169,7 +171,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps, RetentionOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, FeedOps, FeedNotifyOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -388,8 +390,12 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps,
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
+        sql = self._sql.create(extra, due)
+        if not self._sqlite:  # the wake-up rides in the insert: sent only if it commits
+            sql = self._with_notify(sql)
+            params["ntf"] = self._channel(entity.kind)
         try:
-            rows = self._write(self._sql.create(extra, due), params, entity.id, children)
+            rows = self._write(sql, params, entity.id, children)
         except self._integrity as err:
             raise ConstraintViolated(
                 entity.id,
@@ -397,7 +403,9 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, FeedOps, FeedNotifyOps,
             ) from err
         if not rows:
             raise EntityExists(entity.id)
-        return self._attach([snapshot_of(rows[0])])[0]
+        made = self._attach([snapshot_of(rows[0])])[0]
+        self._created_notices({entity.kind}, sent=entity.kind)
+        return made
 
     def _column_params(self, columns: dict[str, Any], params: dict[str, Any]) -> tuple[str, ...]:
         """The quoted names of a bound table's own columns, their values bound as ``x0``..."""

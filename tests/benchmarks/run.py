@@ -1,6 +1,6 @@
 """Run the benchmarks.
 
-    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio,inspect] [--pg-url URL] [--big] [--json FILE]
+    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio,inspect,work] [--pg-url URL] [--big] [--json FILE]
 
 - ``fire``: in-memory ``fire`` vs python-statemachine and ``transitions`` (fast: the CI smoke run);
 - ``sql``: ``fire`` through SqlStore vs the fastest honest raw driver code on the same tables,
@@ -11,7 +11,10 @@
 - ``aio``: ``AsyncEngine`` fire from 8 tasks vs the sync engine from 8 threads vs raw async
   psycopg from 8 tasks (PostgreSQL only);
 - ``inspect``: ``fsm inspect``'s page times at 100,000 entities (``--big``: also 1,000,000),
-  SQLite and PostgreSQL, against the 100 ms target.
+  SQLite and PostgreSQL, against the 100 ms target;
+- ``work``: the work path against pgqueuer on the same server: enqueue (one call per job
+  and the list form), drain 5,000 no-op jobs with 1 and 4 worker processes, idle pickup
+  p50/p90 (PostgreSQL only; needs the ``bench`` extra: pgqueuer and asyncpg).
 
 The PostgreSQL parts run only on the database named by ``--pg-url`` (or the
 ``FSM_BENCH_POSTGRES_URL`` environment variable), never on a default: use a database of
@@ -42,6 +45,7 @@ SUITES = {
     "scale": "bench_scale",
     "aio": "bench_aio",
     "inspect": "bench_inspect",
+    "work": "bench_work",
 }
 
 

@@ -217,9 +217,14 @@ def test_an_operator_cancels_from_the_page_after_signing_in(browser: Any, ops: A
         form.find_element(By.NAME, "note").send_keys("duplicate of o-1")
         browser.save_screenshot(str(artifacts / "action-form.png"))
         form.find_element(By.TAG_NAME, "button").click()
+        from selenium.common.exceptions import StaleElementReferenceException
+
         for _ in range(100):
-            if "operator carol" in browser.find_element(By.TAG_NAME, "body").text:
-                break
+            try:
+                if "operator carol" in browser.find_element(By.TAG_NAME, "body").text:
+                    break
+            except StaleElementReferenceException:  # the page was replaced as we read it: read again
+                pass
             import time
 
             time.sleep(0.05)

@@ -79,7 +79,7 @@ def test_leaving_the_keeper_block_raises_the_fencing_error_if_the_lease_was_lost
     jobs: Engine, clock: ManualClock
 ) -> None:
     lease = finalizing(jobs)
-    keeper = jobs.keep(lease, period=timedelta(seconds=30))
+    keeper = LeaseKeeper(jobs, lease, period=timedelta(seconds=30))
     with pytest.raises(LeaseLost), keeper as held:
         clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
         jobs.fire("j1", "reclaim", actor="reaper")
@@ -153,7 +153,7 @@ def test_progress_travels_with_the_next_renewal_and_the_next_owner_reads_it(jobs
 def test_a_period_at_or_above_the_ttl_is_refused(jobs: Engine) -> None:
     lease = finalizing(jobs)
     with pytest.raises(ConfigError):
-        jobs.keep(lease, period=jobs.policy.lease_ttl)
+        LeaseKeeper(jobs, lease, period=jobs.policy.lease_ttl)
 
 
 SHORT = Policy(
@@ -167,7 +167,7 @@ def test_on_its_thread_the_keeper_keeps_a_slow_holder_alive_past_many_ttls() -> 
     engine = Engine(JobLifecycle, store, policy=SHORT)
     lease = finalizing(engine)
     reaper = Reaper(store, {JobLifecycle: SHORT}, ReaperConfig(interval=timedelta(seconds=1)))
-    with engine.keep(lease) as held:
+    with LeaseKeeper(engine, lease) as held:
         deadline = time.monotonic() + 4 * SHORT.lease_ttl.total_seconds()
         while time.monotonic() < deadline:  # the slow gate: four TTLs of work
             assert not reaper.run_once().moved, "the reaper touched a live holder"

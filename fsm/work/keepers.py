@@ -1,0 +1,201 @@
+"""One keeper for every lease a worker holds: one thread, one renewal transaction a round.
+
+A keeper per claimed job costs a thread per job and a renewal statement per lease.
+:class:`LeaseKeepers` holds them all: each lease joins with :meth:`LeaseKeepers.keep`
+(its :class:`~fsm.work.keeper.HeldLease` is what the holder reads, as with the single
+keeper) and leaves with :meth:`LeaseKeepers.release`.  One thread wakes when the first
+lease is due, takes every lease due within a quarter period after it (so leases claimed
+at about the same time share their rounds), and renews them all with
+:meth:`fsm.Engine.renew_leases`: one transaction, each renewal guarded by its own owner,
+token, expiry and budget.  Each holder hears only its own answer:
+
+- renewed: the holder's lease follows (``held.lease``);
+- refused (taken over, expired, budget spent): that lease is lost (``held.lost``,
+  ``held.check()`` raises) and ``lease_lost`` was sent, unless its holder finished the
+  entity itself while the renewal was on its way;
+- failed (the store unreachable): retried sooner, until the lease as last renewed would
+  lapse; then it is lost.
+
+The decisions are :class:`~fsm.work.keeper.KeeperCore`'s rules, applied per lease;
+:meth:`LeaseKeepers.run_once` is one round, the unit of test.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from fsm.errors import ConfigError, Fenced, FsmError, InvalidArgument, LeaseLost
+from fsm.records import Lease
+from fsm.work.keeper import _NO_PROGRESS, RENEW_FRACTION, RETRY_FRACTION, HeldLease, KeepResult
+
+if TYPE_CHECKING:
+    from fsm.engine import Engine
+
+log = logging.getLogger("fsm.keeper")
+
+
+@dataclass(eq=False)
+class _Kept:
+    held: HeldLease
+    due: float
+    deadline: float
+    """When the lease as last renewed lapses (this process's monotonic clock)."""
+
+
+class LeaseKeepers:
+    """Renews every lease it keeps from one thread (see the module doc)."""
+
+    def __init__(self, engine: Engine, *, period: timedelta | None = None) -> None:
+        ttl = engine.policy.lease_ttl
+        period = ttl / RENEW_FRACTION if period is None else period
+        if not isinstance(period, timedelta) or period <= timedelta() or period >= ttl:
+            raise ConfigError(f"the keeper's period must be positive and below the lease TTL ({ttl}), not {period!r}")
+        self.engine = engine
+        self.period = period.total_seconds()
+        self.ttl = ttl.total_seconds()
+        self.rounds = 0
+        """Renewal transactions written (tests and dashboards)."""
+        self._kept: dict[str, _Kept] = {}
+        self._changed = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    # -- the holders' side ---------------------------------------------------------------
+
+    def keep(self, lease: Lease) -> HeldLease:
+        """Keep ``lease`` renewed from now on; the holder reads the returned ``HeldLease``."""
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"keep needs a Lease, not {lease!r}")
+        held = HeldLease(lease)
+        now = time.monotonic()
+        with self._changed:
+            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl)
+            self._changed.notify_all()
+            if self._thread is None and not self._stopped:
+                name = f"fsm-keepers-{self.engine.kind}"
+                self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+                self._thread.start()
+        return held
+
+    def release(self, held: HeldLease) -> None:
+        """Stop renewing ``held`` (the lease is kept, not given back); idempotent."""
+        with self._changed:
+            kept = self._kept.get(held.entity_id)
+            if kept is not None and kept.held is held:
+                del self._kept[held.entity_id]
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._kept)
+
+    # -- one round -----------------------------------------------------------------------
+
+    def run_once(self, *, all_of_them: bool = False) -> dict[str, KeepResult]:
+        """Renew, in one transaction, every kept lease due now (or within a quarter period;
+        every one with ``all_of_them``); the result of each, by entity id."""
+        now = time.monotonic()
+        horizon = float("inf") if all_of_them else now + self.period / RETRY_FRACTION
+        with self._changed:
+            due = [k for k in self._kept.values() if k.due <= horizon and not k.held.lost]
+        if not due:
+            return {}
+        started = time.monotonic()
+        progress = {k.held.entity_id: k.held._take_progress() for k in due}
+        try:
+            answers: list[Lease | FsmError] = self.engine.renew_leases([k.held.lease for k in due])
+        except FsmError as err:  # the whole round failed (the store is down): each retries
+            answers = [err] * len(due)
+        self.rounds += 1
+        results: dict[str, KeepResult] = {}
+        for kept, answer in zip(due, answers, strict=True):
+            entity_id = kept.held.entity_id
+            details = progress[entity_id]
+            results[entity_id] = self._answer(kept, answer, details, started)
+        return results
+
+    def _answer(self, kept: _Kept, answer: Lease | FsmError, details: object, started: float) -> KeepResult:
+        held = kept.held
+        if isinstance(answer, Lease):
+            held._renewed(answer)
+            kept.deadline = started + self.ttl
+            kept.due = time.monotonic() + self.period
+            if details is not _NO_PROGRESS:
+                try:
+                    self.engine.record_progress(answer, details)
+                except FsmError as err:  # a progress note is best effort; the renewal stands
+                    log.info("progress of %s not recorded: %s", held.entity_id, err)
+            return KeepResult(renewed=True)
+        if details is not _NO_PROGRESS:
+            held.progress(details)  # with the next renewal
+        if isinstance(answer, Fenced):
+            if self._finished_by_holder(held):
+                self.release(held)
+                return KeepResult(renewed=False, lost=True, reason="finished by its holder")
+            held._lose(answer)
+            self.release(held)
+            log.warning("lease of %s lost: %s", held.entity_id, answer)
+            return KeepResult(renewed=False, lost=True, reason=str(answer))
+        retry = self.period / RETRY_FRACTION
+        if time.monotonic() + retry >= kept.deadline:
+            lost = LeaseLost(
+                held.entity_id,
+                expected_token=held.lease.token,
+                found_token=None,
+                owner=held.lease.owner,
+                detail=f"renewals kept failing until the lease would lapse ({answer})",
+            )
+            held._lose(lost)
+            self.release(held)
+            self.engine._lease_lost(held.lease, lost, "renew")
+            log.warning("lease of %s given up: %s", held.entity_id, lost)
+            return KeepResult(renewed=False, lost=True, reason=str(lost))
+        kept.due = time.monotonic() + max(0.0, min(retry, kept.deadline - time.monotonic()))
+        log.info("renewal of %s failed, retrying: %s", held.entity_id, answer)
+        return KeepResult(renewed=False, retry=True, reason=str(answer))
+
+    def _finished_by_holder(self, held: HeldLease) -> bool:
+        """Whether the lease's own holder finished the entity (the engine's fencing rule)."""
+        try:
+            snap = self.engine.store.get(held.entity_id)
+            self.engine._check_holder(snap, held.lease)
+        except FsmError:
+            return False
+        return snap.state in self.engine.table.finals
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop renewing every lease (they are kept, not released); idempotent."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopped:
+                    first = min((k.due for k in self._kept.values()), default=None)
+                    wait = None if first is None else first - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        break
+                    self._changed.wait(wait)
+                if self._stopped:
+                    return
+            try:
+                self.run_once()
+            except Exception:  # never let the keeper die silently: retried next round
+                log.exception("the lease keepers' round failed")
+                with self._changed:
+                    for kept in self._kept.values():
+                        kept.due = max(kept.due, time.monotonic() + self.period / RETRY_FRACTION)
+
+
+__all__ = ["LeaseKeepers"]

@@ -1,0 +1,73 @@
+"""Wake-ups of the SQL store: ``subscribe_work`` and ``notify_work`` (see
+:mod:`stores.notices` and :mod:`stores.sql.notify`).
+
+On PostgreSQL a write that makes work claimable carries its ``NOTIFY`` (in the statement
+for ``create`` and ``create_many``, a statement of its own after ``release_lease``), and
+subscribers hear it through the process's one :class:`~stores.sql.notify.Listener`.  On
+SQLite the store calls this process's subscribers after the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fsm.limits import check_id
+from stores.notices import Callback, LocalNotices, channel, local_notices
+from stores.sql.core import SqlCore
+from stores.sql.notify import listener_for
+
+
+class WakeOps(SqlCore):
+    """``subscribe_work`` and ``notify_work`` of :class:`stores.sql.SqlStore`."""
+
+    table_prefix: str
+    engine: Any
+
+    def _channel(self, kind: str) -> str:
+        return channel(self.table_prefix, kind)
+
+    def _local(self) -> LocalNotices:
+        found: LocalNotices | None = getattr(self, "_local_notices", None)
+        if found is None:
+            url = self.engine.url
+            database = url.database or ""
+            # an in-memory database is this store's alone; a file is shared by every store on it
+            key = f"{url.drivername}:{database}" if database not in ("", ":memory:") else f"memory:{id(self)}"
+            found = self._local_notices = local_notices(key)
+        return found
+
+    def _conninfo(self) -> str:
+        return str(self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False))
+
+    def subscribe_work(self, kind: str, callback: Callback) -> Callable[[], None]:
+        """See :meth:`stores.base.WorkNotices.subscribe_work`."""
+        check_id("kind", kind)
+        if self._sqlite:
+            return self._local().subscribe(self._channel(kind), callback)
+        return listener_for(self._conninfo()).subscribe(self._channel(kind), callback)
+
+    def notify_work(self, kind: str) -> None:
+        """See :meth:`stores.base.WorkNotices.notify_work`."""
+        check_id("kind", kind)
+        if self._sqlite:
+            self._local().notify(self._channel(kind))
+        else:
+            self._run("SELECT pg_notify(%(ntf)s, '')", {"ntf": self._channel(kind)})
+
+    def _with_notify(self, sql: str) -> str:
+        """PostgreSQL: ``sql`` (an ``INSERT .. RETURNING``) sending ``NOTIFY`` on
+        ``%(ntf)s`` in the same statement, so only its commit wakes anybody."""
+        return f"WITH i AS ({sql}) SELECT i.* FROM i, (SELECT pg_notify(%(ntf)s, '')) AS n"
+
+    def _created_notices(self, kinds: set[str], *, sent: str | None) -> None:
+        """After a committed create: wake the workers of each of ``kinds`` (SQLite: this
+        process's; PostgreSQL: ``NOTIFY``, but for ``sent``, whose statement carried it)."""
+        for kind in kinds:
+            if self._sqlite:
+                self._local().notify(self._channel(kind))
+            elif kind != sent:
+                self.notify_work(kind)
+
+
+__all__ = ["WakeOps"]

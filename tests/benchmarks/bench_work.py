@@ -1,0 +1,497 @@
+"""The work path against pgqueuer on one PostgreSQL: enqueue, drain, idle pickup.
+
+pgqueuer (the closest Python PostgreSQL queue: batched dequeue and acknowledgement,
+heartbeats, LISTEN/NOTIFY) is the baseline of DESIGN section 11's work-path targets.
+Both sides run on the same server, in the same database, interleaved round by round
+(A B A B .., the order flipped each round), medians printed with their spread and the
+machine's load (the machine is shared: a busy round shows in the spread).
+
+- **enqueue**: one call per job (``Engine.create`` against ``Queries.enqueue`` of one
+  job), and the list form (``Engine.create_many`` when the engine has it, against
+  ``Queries.enqueue`` of a list);
+- **drain**: ``JOBS`` no-op jobs, already queued, drained by 1 and by 4 worker processes
+  (each its own process with its own connections, started and connected before the
+  clock starts).  On our side the built-in ``JobLifecycle``, three transitions and their
+  history per job (``start`` by the claim, ``exited``, ``complete``), run by
+
+  - ``fsm.Worker`` as shipped (its defaults), two no-op handlers;
+  - ``fsm.aio.AsyncWorker`` as shipped, on ``AsyncSqlStore`` (pgqueuer is asyncio too);
+  - the raw claim loop: ``engine.claim(10)`` then two fires from the held result;
+
+  and pgqueuer's ``PgQueuer.run()`` with its defaults and one no-op entrypoint.  A round
+  ends when the database says every job is done (our rows ``completed``; pgqueuer's
+  queue table empty: its acknowledgement deletes the row), polled every 5 ms on a
+  connection of the parent's; a contender still short at ``CAP`` seconds is stopped and
+  its rate is what it finished by then (printed as "capped");
+- **idle pickup**: an idle worker process, then one job created at a time; the latency
+  runs from just before the create call to the handler's first line (``time.monotonic``
+  is one clock for every process on Linux), ``SAMPLES`` samples per round, a random
+  pause between them so that a poll's phase is not always the same; p50 and p90 of all
+  samples.
+
+Ratios are ours over pgqueuer's (rates; for pickup, pgqueuer's latency over ours, so
+higher is better everywhere).  Needs the PostgreSQL URL (``--pg-url`` or
+``FSM_BENCH_POSTGRES_URL``) and the ``bench`` extra (``pip install -e '.[bench]'``:
+pgqueuer and asyncpg); the suite says what is missing and skips otherwise.  pgqueuer's
+tables are made with a prefix of their own (``PGQUEUER_PREFIX``) and dropped after.
+Run alone: ``python tests/benchmarks/run.py --only work --pg-url URL``; ``--rounds``,
+``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run, and
+``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,pickup``) to run some parts only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from harness import Measurement, Report, load
+
+JOBS = int(os.environ.get("FSM_BENCH_WORK_JOBS", "5000"))
+CAP = float(os.environ.get("FSM_BENCH_WORK_CAP", "10"))
+PARTS = os.environ.get("FSM_BENCH_WORK_PARTS", "enqueue,drain,pickup").split(",")
+ENQUEUE_ONE = 500
+SAMPLES = 8
+POLL_DONE = 0.005
+PROCS = (1, 4)
+FSM_MODES = ("worker", "aio", "loop")
+LABEL = {
+    "worker": "fsm.Worker (shipped defaults)",
+    "aio": "fsm.aio.AsyncWorker (shipped defaults)",
+    "loop": "fsm raw claim loop (claim 10 + 2 fires held)",
+    "pgq": "pgqueuer PgQueuer.run() (defaults)",
+}
+
+
+def _plain(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+# -- the children ------------------------------------------------------------------------
+
+
+def _fsm_child(
+    url: str, prefix: str, mode: str, ready: Any, go: Any, stop: Any, picked: Any, knobs: dict[str, Any]
+) -> None:
+    """One worker process of ours: ``mode`` is ``worker``, ``aio`` or ``loop``."""
+    from fsm import Engine, JobLifecycle
+
+    def first_line(job: Any) -> None:
+        if picked is not None:
+            picked.put(time.monotonic())
+
+    if mode == "aio":
+        _fsm_aio_child(url, prefix, ready, go, stop, first_line, knobs)
+        return
+    from fsm.work import Worker
+    from stores.sql import SqlStore
+
+    store = SqlStore(url, table_prefix=prefix, create=False)
+    engine = Engine(JobLifecycle, store)
+    store.now()  # connected before the clock starts
+    ready.put(os.getpid())
+    go.wait()
+    if mode == "worker":
+
+        def running(job: Any) -> str:
+            first_line(job)
+            return "exited"
+
+        worker = Worker(engine, {"running": running, "finalizing": lambda job: "complete"}, **knobs)
+        threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+        worker.run(install_signals=False)
+    else:
+        while not stop.is_set():
+            claimed = engine.claim(10)
+            if not claimed:
+                time.sleep(0.005)
+            for snap in claimed:
+                first_line(snap)
+                exited = engine.fire(snap, "exited", lease=snap.lease)
+                engine.fire(exited, "complete", lease=snap.lease)
+    store.close()
+
+
+def _fsm_aio_child(
+    url: str, prefix: str, ready: Any, go: Any, stop: Any, first_line: Callable[[Any], None], knobs: dict[str, Any]
+) -> None:
+    from fsm import AsyncEngine, JobLifecycle
+    from fsm.aio import AsyncWorker
+    from stores.aio import AsyncSqlStore
+
+    async def main() -> None:
+        store = AsyncSqlStore(url, table_prefix=prefix, create=False)
+        engine = AsyncEngine(JobLifecycle, store)
+        await store.now()
+        ready.put(os.getpid())
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, go.wait)
+
+        async def running(job: Any) -> str:
+            first_line(job)
+            return "exited"
+
+        async def finalizing(job: Any) -> str:
+            return "complete"
+
+        worker = AsyncWorker(engine, {"running": running, "finalizing": finalizing}, **knobs)
+        task = asyncio.create_task(worker.run())
+        await loop.run_in_executor(None, stop.wait)
+        await worker.stop()
+        await task
+        await store.close()
+
+    asyncio.run(main())
+
+
+def _pgq_child(url: str, ready: Any, go: Any, stop: Any, picked: Any) -> None:
+    """One pgqueuer worker process: ``PgQueuer.run()`` with its defaults."""
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.db import AsyncpgDriver
+
+    async def main() -> None:
+        conn = await asyncpg.connect(dsn=_plain(url))
+        pgq = PgQueuer(AsyncpgDriver(conn))
+
+        @pgq.entrypoint("fetch")
+        async def fetch(job: Any) -> None:
+            if picked is not None:
+                picked.put(time.monotonic())
+
+        ready.put(os.getpid())
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, go.wait)
+        task = asyncio.create_task(pgq.run())
+        await loop.run_in_executor(None, stop.wait)
+        pgq.shutdown.set()
+        await task
+        await conn.close()
+
+    asyncio.run(main())
+
+
+# -- the tables ----------------------------------------------------------------------------
+
+
+class _Tables:
+    """Our tables (a prefix of their own) and pgqueuer's (``PGQUEUER_PREFIX``), one database."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        from stores.sql import SqlStore
+
+        self.url = url
+        tag = uuid.uuid4().hex[:6]
+        self.prefix = f"benchw{tag}_"
+        self.pgq_prefix = f"benchq{tag}_"
+        os.environ["PGQUEUER_PREFIX"] = self.pgq_prefix  # read by pgqueuer here and in the children
+        SqlStore(url, table_prefix=self.prefix).close()
+        self.conn = psycopg.connect(_plain(url), autocommit=True)
+        self.runner = asyncio.Runner()
+        self.queries: Any = self.runner.run(self._pgq_install())
+
+    async def _pgq_install(self) -> Any:
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        self.apg = await asyncpg.connect(dsn=_plain(self.url))
+        queries = Queries(AsyncpgDriver(self.apg))
+        await queries.install()
+        return queries
+
+    @property
+    def pgq_queue(self) -> str:
+        return f"{self.pgq_prefix}pgqueuer"
+
+    def reset(self) -> None:
+        p = self.prefix
+        self.conn.execute(f"TRUNCATE {p}history, {p}effects, {p}entities")
+        self.conn.execute(f"TRUNCATE {self.pgq_queue}, {self.pgq_prefix}pgqueuer_log")
+
+    def fill_fsm(self, n: int) -> None:
+        self.conn.execute(
+            f"""INSERT INTO {self.prefix}entities (id, kind, state, version, lease_token, state_entered_at,
+                    created_at, updated_at, deleted, attempt, reclaims, data)
+                SELECT 'job-' || lpad(i::text, 7, '0'), 'job', 'queued', 0, 0, now(), now(),
+                    now() - (interval '1 microsecond' * (%s - i)), false, 0, 0, '{{}}'::jsonb
+                FROM generate_series(1, %s) AS i""",
+            (n, n),
+        )
+        self.conn.execute(f"VACUUM ANALYZE {self.prefix}entities")
+
+    def fill_pgq(self, n: int) -> None:
+        self.runner.run(self.queries.enqueue(["fetch"] * n, [b""] * n, [0] * n))
+        self.conn.execute(f"VACUUM ANALYZE {self.pgq_queue}")
+
+    def fsm_left(self) -> int:
+        row = self.conn.execute(f"SELECT count(*) FROM {self.prefix}entities WHERE state <> 'completed'").fetchone()
+        return int(row[0]) if row else 0
+
+    def pgq_left(self) -> int:
+        row = self.conn.execute(f"SELECT count(*) FROM {self.pgq_queue}").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        from stores.sql import create_engine
+        from stores.sql.migrate import drop_schema
+
+        try:
+            self.runner.run(self.queries.uninstall())
+            self.runner.run(self.apg.close())
+        finally:
+            self.runner.close()
+            self.conn.close()
+            engine = create_engine(self.url)
+            drop_schema(engine, table_prefix=self.prefix)
+            engine.dispose()
+
+
+# -- rounds --------------------------------------------------------------------------------
+
+
+class _Procs:
+    """Worker processes started and connected; ``go`` starts them, ``stop`` ends them."""
+
+    def __init__(self, target: Callable[..., None], args: Callable[[Any, Any, Any], tuple[Any, ...]], n: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.ready, self.go, self.stop = ctx.Queue(), ctx.Event(), ctx.Event()
+        self.procs = [ctx.Process(target=target, args=args(self.ready, self.go, self.stop)) for _ in range(n)]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            self.ready.get(timeout=120)
+
+    def end(self) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+Round = Callable[[], tuple[int, float, dict[str, Any]]]
+
+
+def _drain_round(tables: _Tables, who: str, n: int) -> Round:
+    def one() -> tuple[int, float, dict[str, Any]]:
+        tables.reset()
+        if who == "pgq":
+            tables.fill_pgq(JOBS)
+            procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, None), n)
+            left = tables.pgq_left
+        else:
+            tables.fill_fsm(JOBS)
+            procs = _Procs(_fsm_child, lambda r, g, s: (tables.url, tables.prefix, who, r, g, s, None, {}), n)
+            left = tables.fsm_left
+        try:
+            started = time.perf_counter()
+            procs.go.set()
+            remaining = JOBS
+            while remaining and time.perf_counter() - started < CAP:
+                time.sleep(POLL_DONE)
+                remaining = left()
+            elapsed = time.perf_counter() - started
+        finally:
+            procs.end()
+        return JOBS - remaining, elapsed, {"capped": remaining > 0}
+
+    return one
+
+
+def _pickup_round(tables: _Tables, who: str, samples: list[float]) -> Round:
+    def one() -> tuple[int, float, dict[str, Any]]:
+        tables.reset()
+        ctx = multiprocessing.get_context("spawn")
+        picked = ctx.Queue()
+        if who == "pgq":
+            procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, picked), 1)
+        else:
+            procs = _Procs(_fsm_child, lambda r, g, s: (tables.url, tables.prefix, who, r, g, s, picked, {}), 1)
+        from fsm import Engine, JobLifecycle
+        from stores.sql import SqlStore
+
+        store = SqlStore(tables.url, table_prefix=tables.prefix, create=False)
+        engine = Engine(JobLifecycle, store)
+        store.now()
+        mine: list[float] = []
+        try:
+            procs.go.set()
+            time.sleep(0.5)  # let the worker settle into its idle wait
+            for _ in range(SAMPLES):
+                time.sleep(random.uniform(0.2, 0.6))
+                if who == "pgq":
+                    t0 = time.monotonic()
+                    tables.runner.run(tables.queries.enqueue("fetch", b"", 0))
+                else:
+                    t0 = time.monotonic()
+                    engine.create()
+                mine.append(picked.get(timeout=60) - t0)
+        finally:
+            procs.end()
+            store.close()
+        samples.extend(mine)
+        return len(mine), statistics.median(mine), {}
+
+    return one
+
+
+def _enqueue_round(tables: _Tables, who: str, many: bool) -> Round | None:
+    from fsm import Engine, JobLifecycle
+    from stores.sql import SqlStore
+
+    store = SqlStore(tables.url, table_prefix=tables.prefix, create=False)
+    engine = Engine(JobLifecycle, store)
+    if many and who != "pgq" and not hasattr(engine, "create_many"):
+        store.close()
+        return None
+
+    def one() -> tuple[int, float, dict[str, Any]]:
+        tables.reset()
+        n = JOBS if many else ENQUEUE_ONE
+        q = tables.queries
+        started = time.perf_counter()
+        if who == "pgq" and many:
+            tables.runner.run(q.enqueue(["fetch"] * n, [b""] * n, [0] * n))
+        elif who == "pgq":
+
+            async def each() -> None:
+                for _ in range(n):
+                    await q.enqueue("fetch", b"", 0)
+
+            tables.runner.run(each())
+        elif many:
+            engine.create_many([{} for _ in range(n)])  # type: ignore[attr-defined]
+        else:
+            for _ in range(n):
+                engine.create()
+        return n, time.perf_counter() - started, {}
+
+    return one
+
+
+def _interleave(report: Report, contenders: dict[str, Round], unit: str = "jobs") -> dict[str, Measurement]:
+    """Rounds interleaved and flipped (the harness's rule); each round times itself, so a
+    worker process's start and stop stay out of the clock."""
+    rounds = report.default_rounds
+    seen: dict[str, list[tuple[int, float, dict[str, Any]]]] = {name: [] for name in contenders}
+    order = list(contenders)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else list(reversed(order)):
+            seen[name].append(contenders[name]())
+    now = load()
+    found: dict[str, Measurement] = {}
+    for name in order:
+        rows = seen[name]
+        rates = sorted(rows, key=lambda row: row[0] / row[1] if row[1] else 0.0)
+        ops, secs, extra = rates[len(rates) // 2]  # the median round by rate
+        m = Measurement(name, ops, secs, [row[1] * ops / max(row[0], 1) for row in rows], now)
+        report.measurements[name] = found[name] = m
+        capped = sum(1 for row in rows if row[2].get("capped"))
+        note = f"  capped at {CAP:.0f} s in {capped}/{rounds} rounds ({ops:,} of {JOBS:,} done)" if capped else ""
+        if unit == "jobs":
+            print(f"  {name:<66} {m.rate:>9,.0f} jobs/s  spread {m.spread}{note}", flush=True)
+    print(f"    ({rounds} rounds interleaved, order flipped each round; {now})", flush=True)
+    return found
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
+    print(f"work: enqueue, drain {JOBS:,} no-op jobs with 1 and 4 processes, idle pickup; against pgqueuer")
+    if pg_url is None:
+        print("  postgres: skipped (give --pg-url or FSM_BENCH_POSTGRES_URL)")
+        report.notes.append("work skipped: no URL given")
+        return
+    try:
+        import asyncpg  # noqa: F401
+        import pgqueuer  # noqa: F401
+    except ImportError as err:
+        print(f"  skipped: {err} (install the bench extra: pip install -e '.[bench]')")
+        report.notes.append(f"work skipped: {err}")
+        return
+    from importlib.metadata import version
+
+    print(f"  pgqueuer {version('pgqueuer')}, asyncpg {version('asyncpg')}; {load()}", flush=True)
+    tables = _Tables(pg_url)
+    try:
+        for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("pickup", _pickup)):
+            if part in PARTS:
+                measure(report, tables)
+    finally:
+        tables.close()
+
+
+def _enqueue(report: Report, tables: _Tables) -> None:
+    print(f"  enqueue, one call per job ({ENQUEUE_ONE} jobs a round):")
+    one = {
+        "enqueue one/fsm Engine.create": _enqueue_round(tables, "fsm", False),
+        "enqueue one/pgqueuer Queries.enqueue(one)": _enqueue_round(tables, "pgq", False),
+    }
+    _interleave(report, {k: v for k, v in one.items() if v is not None})
+    report.ratio("enqueue one call per job: fsm vs pgqueuer", *one, 1.0)  # type: ignore[call-arg]
+    print(f"  enqueue, list form ({JOBS:,} jobs in one call):")
+    many = {
+        "enqueue list/fsm Engine.create_many": _enqueue_round(tables, "fsm", True),
+        "enqueue list/pgqueuer Queries.enqueue(lists)": _enqueue_round(tables, "pgq", True),
+    }
+    _interleave(report, {k: v for k, v in many.items() if v is not None})
+    if many["enqueue list/fsm Engine.create_many"] is None:
+        print("  RATIO create_many vs pgqueuer batch enqueue: n/a (the engine has no create_many) SHORT")
+        report.notes.append("work: no create_many to measure")
+    else:
+        report.ratio("create_many vs pgqueuer batch enqueue", *many, 1.0)  # type: ignore[call-arg]
+
+
+def _drain(report: Report, tables: _Tables) -> None:
+    for n in PROCS:
+        print(f"  drain {JOBS:,} no-op jobs, {n} worker process{'es' if n > 1 else ''}:", flush=True)
+        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *FSM_MODES)}
+        _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
+        for who in FSM_MODES:
+            target = 1.0 if who == "worker" else 0.0
+            report.ratio(f"drain {n}p: {LABEL[who]} vs pgqueuer", names[who], names["pgq"], target)
+
+
+def _pickup(report: Report, tables: _Tables) -> None:
+    print(f"  idle pickup, create -> handler's first line ({SAMPLES} samples a round):", flush=True)
+    whos = ("pgq", "worker", "aio")
+    samples: dict[str, list[float]] = {who: [] for who in whos}
+    names = {who: f"pickup/{LABEL[who]}" for who in whos}
+    _interleave(report, {names[who]: _pickup_round(tables, who, samples[who]) for who in whos}, unit="pickup")
+    p50: dict[str, float] = {}
+    for who in whos:
+        got = samples[who]
+        p50[who] = _percentile(got, 0.5)
+        print(
+            f"  {names[who]:<66} p50 {p50[who] * 1000:7.1f} ms  p90 {_percentile(got, 0.9) * 1000:7.1f} ms"
+            f"  max {max(got) * 1000:7.1f} ms  ({len(got)} samples)",
+            flush=True,
+        )
+        report.notes.append(f"pickup {who}: p50 {p50[who] * 1000:.1f} ms, p90 {_percentile(got, 0.9) * 1000:.1f} ms")
+    for who in ("worker", "aio"):
+        value = p50["pgq"] / p50[who] if p50[who] else float("inf")
+        meets = value >= 1.0
+        target = 1.0 if who == "worker" else 0.0
+        print(
+            f"  RATIO idle pickup p50: pgqueuer's / {LABEL[who]}'s: {value:.2f}x (target >= {target}x) "
+            f"{'OK' if value >= target else 'SHORT'}",
+            flush=True,
+        )
+        report.notes.append(f"pickup ratio {who}: {value:.3f} (meets 1.0: {meets})")
+
+
+__all__ = ["run"]

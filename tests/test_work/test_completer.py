@@ -1,0 +1,185 @@
+"""The batch completer and ``Engine.fire_many``: outcomes share a transaction, each fenced
+by its own version and token, each refusal told to its own handler, none acknowledged
+before its commit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import signals
+from fsm import Engine, Fire, FireResult, JobLifecycle, LeaseLost, ManualClock
+from fsm.records import Snapshot, TransitionWrite
+from fsm.work import Worker
+from fsm.work.completer import BatchCompleter
+from stores import MemoryStore, Store
+
+WAIT = 10.0
+
+
+def running(jobs: Engine, n: int) -> list[Snapshot]:
+    jobs.create_many([{} for _ in range(n)])
+    claimed = jobs.claim(n)
+    assert len(claimed) == n
+    return claimed
+
+
+def test_fire_many_answers_each_item_in_its_place(any_store: Store) -> None:
+    jobs = Engine(JobLifecycle, any_store, owner="w1")
+    a, b, c = running(jobs, 3)
+    moved_on = jobs.fire(b, "exited", lease=b.lease).snapshot  # b's held snapshot is now stale
+    other = c.lease._replace(owner="someone-else")  # type: ignore[union-attr]
+    results = jobs.fire_many(
+        [Fire(a, "exited", a.lease), Fire(moved_on, "complete", b.lease), Fire(c, "exited", other)]
+    )
+    assert isinstance(results[0], FireResult) and results[0].snapshot.state == "finalizing"
+    assert isinstance(results[1], FireResult) and results[1].snapshot.state == "completed"
+    assert isinstance(results[2], LeaseLost)
+    assert jobs.get(c.id) == c  # the refused one is unchanged
+    assert [h.event for h in jobs.history(a.id)] == ["start", "exited"]
+
+
+def test_fire_many_rejudges_a_stale_held_snapshot_on_the_row(any_store: Store) -> None:
+    jobs = Engine(JobLifecycle, any_store, owner="w1")
+    (a,) = running(jobs, 1)
+    jobs.fire(a, "exited", lease=a.lease)  # the caller's snapshot a is now one version behind
+    (result,) = jobs.fire_many([Fire(a, "complete", a.lease)])
+    assert isinstance(result, FireResult) and result.snapshot.state == "completed"
+
+
+def test_a_fenced_item_sends_lease_lost(store: MemoryStore, clock: ManualClock) -> None:
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    (a,) = running(jobs, 1)
+    lost: list[Any] = []
+    with signals.lease_lost.connected_to(lambda sender, **kw: lost.append(kw)):
+        (result,) = jobs.fire_many([Fire(a, "exited", a.lease._replace(token=99))])  # type: ignore[union-attr]
+    assert isinstance(result, LeaseLost) and len(lost) == 1
+
+
+class Gate(MemoryStore):
+    """A memory store whose ``apply_many`` waits for the test, and counts its batches."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.open = threading.Event()
+        self.open.set()
+        self.batches: list[int] = []
+
+    def apply_many(self, writes: Sequence[TransitionWrite]) -> Any:
+        self.open.wait(WAIT)
+        self.batches.append(len(writes))
+        return super().apply_many(writes)
+
+
+def test_outcomes_of_waiting_handlers_share_one_transaction(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    claimed = running(jobs, 3)
+    completer = BatchCompleter(jobs, max_delay=timedelta(seconds=1), all_waiting=lambda n: n >= 3).start()
+    results: dict[str, FireResult] = {}
+
+    def handler(snap: Snapshot) -> None:
+        results[snap.id] = completer.fire(snap, "exited", lease=snap.lease)
+
+    threads = [threading.Thread(target=handler, args=(s,)) for s in claimed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    completer.stop()
+    assert store.batches == [3] and completer.batches == 1
+    assert {r.snapshot.state for r in results.values()} == {"finalizing"}
+
+
+def test_an_outcome_is_acknowledged_only_after_its_commit(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    (a,) = running(jobs, 1)
+    completer = BatchCompleter(jobs, all_waiting=lambda n: True).start()
+    store.open.clear()  # the write is held back
+    returned = threading.Event()
+    thread = threading.Thread(target=lambda: (completer.fire(a, "exited", lease=a.lease), returned.set()))
+    thread.start()
+    assert not returned.wait(0.3)  # no answer while the write has not committed
+    assert jobs.get(a.id).state == "running"
+    store.open.set()
+    assert returned.wait(WAIT)
+    assert jobs.get(a.id).state == "finalizing"
+    thread.join(WAIT)
+    completer.stop()
+
+
+def test_a_refusal_is_raised_in_its_own_handler_only(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    good, bad = running(jobs, 2)
+    completer = BatchCompleter(jobs, max_delay=timedelta(seconds=1), all_waiting=lambda n: n >= 2).start()
+    outcome: dict[str, object] = {}
+
+    def handler(snap: Snapshot, lease: Any) -> None:
+        try:
+            outcome[snap.id] = completer.fire(snap, "exited", lease=lease).snapshot.state
+        except LeaseLost as err:
+            outcome[snap.id] = err
+
+    threads = [
+        threading.Thread(target=handler, args=(good, good.lease)),
+        threading.Thread(target=handler, args=(bad, bad.lease._replace(token=7))),  # type: ignore[union-attr]
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    completer.stop()
+    assert outcome[good.id] == "finalizing" and isinstance(outcome[bad.id], LeaseLost)
+    assert completer.batches == 1
+
+
+def test_a_stopped_completer_fires_alone(store: MemoryStore) -> None:
+    jobs = Engine(JobLifecycle, store, owner="w1")
+    (a,) = running(jobs, 1)
+    completer = BatchCompleter(jobs)
+    completer.start()
+    completer.stop()
+    completer.stop()  # idempotent
+    assert completer.fire(a, "exited", lease=a.lease).snapshot.state == "finalizing"
+    assert completer.batches == 0
+
+
+@pytest.mark.parametrize("bad", [{"max_batch": 0}, {"max_batch": True}, {"max_delay": timedelta(seconds=5)}])
+def test_a_bad_setting_is_refused(store: MemoryStore, bad: dict[str, Any]) -> None:
+    from fsm import ConfigError
+
+    with pytest.raises(ConfigError):
+        BatchCompleter(Engine(JobLifecycle, store), **bad)
+
+
+def test_a_worker_writes_its_outcomes_through_the_completer(any_store: Store) -> None:
+    jobs = Engine(JobLifecycle, any_store)
+    made = jobs.create_many([{} for _ in range(12)])
+    done = threading.Semaphore(0)
+
+    def finalizing(job: Any) -> str:
+        return "complete"
+
+    def run_agent(job: Any) -> str:
+        return "exited"
+
+    worker = Worker(jobs, {"running": run_agent, "finalizing": finalizing}, poll_interval=timedelta(milliseconds=20))
+    signals.transitioned.connect(lambda sender, **kw: done.release(), weak=False)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(12 * 2):  # exited and complete (the claim's start is the store's)
+            assert done.acquire(timeout=WAIT)
+    finally:
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+        signals.transitioned.receivers.clear()
+    assert all(jobs.get(s.id).state == "completed" for s in made)
+    assert all([h.seq for h in jobs.history(s.id)] == [1, 2, 3] for s in made)
+    assert worker.completer.outcomes == 24  # exited and complete of each, through the batches

@@ -1,0 +1,119 @@
+"""One keeper for every lease a worker holds: one round renews them all in one
+transaction, and each holder hears only its own answer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import signals
+from fsm import ConfigError, Engine, JobLifecycle, LeaseLost, ManualClock
+from fsm.errors import StoreUnavailable
+from fsm.records import Lease
+from fsm.work import LeaseKeepers
+from stores import MemoryStore
+
+WAIT = 10.0
+
+
+def claimed(jobs: Engine, n: int) -> list[Lease]:
+    jobs.create_many([{} for _ in range(n)])
+    leases = [s.lease for s in jobs.claim(n)]
+    assert all(lease is not None for lease in leases)
+    return leases  # type: ignore[return-value]
+
+
+class Counting(MemoryStore):
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.calls: list[int] = []
+        self.down = False
+
+    def renew_leases(self, leases: Sequence[Lease], **kw: Any) -> Any:
+        if self.down:
+            raise StoreUnavailable("the store is down")
+        self.calls.append(len(leases))
+        return super().renew_leases(leases, **kw)
+
+
+def test_one_round_renews_every_kept_lease_in_one_call(clock: ManualClock) -> None:
+    store = Counting(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    helds = [keepers.keep(lease) for lease in claimed(jobs, 3)]
+    clock.advance(timedelta(seconds=40))
+    results = keepers.run_once(all_of_them=True)
+    assert store.calls == [3] and keepers.rounds == 1
+    assert all(r.renewed for r in results.values())
+    assert all(h.lease.expires_at == clock.now() + jobs.policy.lease_ttl and h.renewals == 1 for h in helds)
+    keepers.stop()
+
+
+def test_a_taken_over_lease_is_told_to_its_holder_only(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    mine, theirs = (keepers.keep(lease) for lease in claimed(jobs, 2))
+    store.release_lease(theirs.entity_id, owner="w1", token=theirs.lease.token)  # somebody let it go
+    lost: list[Any] = []
+    with signals.lease_lost.connected_to(lambda sender, **kw: lost.append(kw)):
+        results = keepers.run_once(all_of_them=True)
+    assert results[mine.entity_id].renewed and not mine.lost
+    assert results[theirs.entity_id].lost and theirs.lost
+    with pytest.raises(LeaseLost):
+        theirs.check()
+    assert len(lost) == 1 and len(keepers) == 1  # the lost one is no longer kept
+    keepers.stop()
+
+
+def test_a_store_outage_is_retried_until_the_lease_would_lapse(clock: ManualClock) -> None:
+    store = Counting(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    (held,) = (keepers.keep(lease) for lease in claimed(jobs, 1))
+    store.down = True
+    first = keepers.run_once(all_of_them=True)[held.entity_id]
+    assert first.retry and not held.lost
+    keepers._kept[held.entity_id].deadline = 0.0  # the lease, as last renewed, has lapsed
+    last = keepers.run_once(all_of_them=True)[held.entity_id]
+    assert last.lost and held.lost
+    keepers.stop()
+
+
+def test_a_holder_that_finished_its_entity_is_not_told_it_lost(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    (lease,) = claimed(jobs, 1)
+    held = keepers.keep(lease)
+    done = jobs.fire(lease.entity_id, "exited", lease=lease)
+    jobs.fire(done, "complete", lease=lease)  # final: the lease is cleared
+    result = keepers.run_once(all_of_them=True)[lease.entity_id]
+    assert result.reason == "finished by its holder" and not held.lost
+    keepers.stop()
+
+
+def test_the_thread_renews_when_a_lease_is_due(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs, period=timedelta(milliseconds=20))
+    renewed = threading.Event()
+    (lease,) = claimed(jobs, 1)
+    with signals.lease_renewed.connected_to(lambda sender, **kw: renewed.set()):
+        held = keepers.keep(lease)
+        assert renewed.wait(WAIT)
+    assert held.renewals >= 1
+    keepers.release(held)
+    keepers.release(held)  # idempotent
+    keepers.stop()
+    keepers.stop()
+
+
+def test_a_period_not_below_the_ttl_is_refused(store: MemoryStore) -> None:
+    jobs = Engine(JobLifecycle, store)
+    with pytest.raises(ConfigError):
+        LeaseKeepers(jobs, period=jobs.policy.lease_ttl)
