@@ -98,7 +98,7 @@ def reaper(
 # -- the durable-work declarations, in one line each -----------------------------------------
 
 
-def starts(transitions: TransitionList | Transition) -> TransitionList:
+def starts(transitions: Transitions) -> TransitionList:
     """The worker's way out of the queue: the transition a claim fires.  It takes the lease
     for the claiming worker (token + 1) and counts an attempt::
 

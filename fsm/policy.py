@@ -153,6 +153,8 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # defaults as default=...: a user's mypy without the pydantic plugin reads only the
+    # keyword (dataclass_transform), and would call every field a required argument
     stale_after: timedelta = Field(
         default=DEFAULT_STALE_AFTER, description="idle time that makes a lease-less entity stale"
     )

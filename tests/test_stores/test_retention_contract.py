@@ -158,7 +158,9 @@ def test_trim_history_keeps_the_last_rows_of_an_entitys_log(any_store: Store, cl
     assert any_store.trim_history("log", 4) == 6
     assert [h.seq for h in any_store.history("log")] == [7, 8, 9, 10]
     assert [e.record.seq for e in any_store.feed(None, kind="fsm.reaper")] == [7, 8, 9, 10]
-    assert any_store.feed(head) == []  # a position given before the trim is still valid
+    # a position given before the trim is still valid and gives no trimmed row (PostgreSQL's
+    # head may repeat a few rows committed just before it: at least once, never lost)
+    assert all(e.record.seq >= 7 for e in any_store.feed(head))
     assert any_store.get("log").version == 10  # the row is unchanged
     assert any_store.trim_history("log", 4) == 0
     any_store.apply(TransitionWrite("log", "tick", "ticking", "ticking", "reaper", 10))
