@@ -36,7 +36,7 @@ from fsm.errors import (
     UnknownEntity,
     UnknownEvent,
 )
-from fsm.policy import Policy
+from fsm.policy import Policy, RetryPolicy
 from fsm.records import Actor, EffectRecord, FeedEntry, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, Fire, FireResult, PruneResult
     from fsm.guards import Guard, GuardContext, guard
-    from fsm.lifecycle import Lifecycle, reaper, worker
+    from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
     from fsm.table import Branch, CompiledTable
@@ -67,6 +67,9 @@ _LAZY = {
     "operator_override": "fsm.definition_rules",
     "itself": "fsm.builders",
     "reaper": "fsm.lifecycle",
+    "recovery": "fsm.lifecycle",
+    "retries": "fsm.lifecycle",
+    "starts": "fsm.lifecycle",
     "worker": "fsm.lifecycle",
     "JobData": "fsm.lifecycles",
     "JobLifecycle": "fsm.lifecycles",
@@ -147,6 +150,7 @@ __all__ = [
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "RetryPolicy",
     "Snapshot",
     "StaleVersion",
     "State",
@@ -162,5 +166,8 @@ __all__ = [
     "new_owner_id",
     "operator_override",
     "reaper",
+    "recovery",
+    "retries",
+    "starts",
     "worker",
 ]

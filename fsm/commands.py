@@ -204,6 +204,7 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
         "state_entered_at": _when(snap.state_entered_at),
         "created_at": _when(snap.created_at),
         "updated_at": _when(snap.updated_at),
+        "run_after": None if snap.run_after is None else _when(snap.run_after),
         "lease": None
         if snap.lease_owner is None
         else {"owner": snap.lease_owner, "token": snap.lease_token, "expires_at": _when(snap.lease_expires_at)},
@@ -246,6 +247,7 @@ def run_show(args: argparse.Namespace) -> int:
         f"{snap.kind} {snap.id}: {snap.state} (version {snap.version}){' [deleted]' if snap.deleted else ''}",
         f"  entered {_when(snap.state_entered_at)}; created {_when(snap.created_at)}; updated {_when(snap.updated_at)}",
         f"  attempt {snap.attempt}, reclaims {snap.reclaims}"
+        + (f", due {_when(snap.run_after)}" if snap.run_after is not None else "")
         + (f", concurrency key {snap.concurrency_key}" if snap.concurrency_key else ""),
         (
             f"  lease: held by {snap.lease_owner}, token {snap.lease_token}, expires {_when(snap.lease_expires_at)}"
@@ -261,6 +263,7 @@ def run_show(args: argparse.Namespace) -> int:
             for x in (
                 f"reason {r.reason}" if r.reason else "",
                 f"token {r.lease_token}" if r.lease_token is not None else "",
+                f"owner {r.owner}" if r.owner else "",
                 f"key {r.idempotency_key}" if r.idempotency_key else "",
             )
             if x
@@ -269,6 +272,13 @@ def run_show(args: argparse.Namespace) -> int:
             f"  v{r.seq} {_when(r.at)} {r.event}: {r.source} -> {r.target} by {r.actor}"
             + (f" ({extra})" if extra else "")
         )
+        if r.error:  # a handler's attempt that failed: what it raised, where
+            failure = r.error
+            out.append(
+                f"    error (attempt {failure.get('attempt', '?')}): {failure.get('type')}: {failure.get('message')}"
+            )
+            lines = str(failure.get("traceback") or "").rstrip().splitlines()
+            out.extend(f"      {line}" for line in lines[-3:])
     out.append(f"effects ({len(effects)}):")
     for e in effects:
         out.append(

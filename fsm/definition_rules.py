@@ -96,15 +96,18 @@ def check_finalizer_fenced(name: str, table: CompiledTable, finalizing: str) -> 
 def check_policy_states(
     name: str, table: CompiledTable, policy: Policy, error: type[Exception] = InvalidDefinition
 ) -> None:
-    """Refuse a ``renewal_budget`` naming a state that is not a non-final leaf of ``table``."""
+    """Refuse a ``renewal_budget`` or ``retry`` naming a state that is not a non-final leaf
+    of ``table``."""
     states = [s for s in table.leaves if s not in table.finals]
-    for key in policy.renewal_budget:
+    named = [("renewal_budget", k, "budgets") for k in policy.renewal_budget]
+    named += [("retry", k, "retries") for k in policy.retry]
+    for field, key, what_for in named:
         if key in states:
             continue
         close = difflib.get_close_matches(key, states, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         what = "a final state (a final state holds no lease)" if key in table.finals else "not a state of it"
-        raise error(f"{name}: renewal_budget names {key!r}, {what}{hint} (states with budgets: {', '.join(states)})")
+        raise error(f"{name}: {field} names {key!r}, {what}{hint} (states with {what_for}: {', '.join(states)})")
 
 
 def leased_states(table: CompiledTable) -> set[str]:

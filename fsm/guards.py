@@ -16,7 +16,17 @@ from typing import Any
 
 from fsm.clock import Clock
 from fsm.policy import Policy
-from fsm.records import Condition, CounterAtLeast, CounterBelow, Lease, LeaseStale, NewerSibling, Snapshot
+from fsm.records import (
+    Condition,
+    CounterAtLeast,
+    CounterBelow,
+    Lease,
+    LeaseStale,
+    NewerSibling,
+    Owned,
+    Snapshot,
+    Unclaimed,
+)
 
 
 @dataclass(slots=True)
@@ -145,8 +155,31 @@ RECLAIMS_EXHAUSTED = Guard(
     condition=lambda policy: CounterAtLeast("reclaims", policy.max_reclaims),
 )
 
+OWNED = Guard(
+    "owned",
+    lambda ctx: ctx.snapshot.lease_owner is not None,
+    "a holder has the lease (so its lapse is a death); a reclaimed or released entity nobody claimed has none",
+    condition=lambda policy: Owned(True),
+)
+UNCLAIMED = Guard(
+    "unclaimed",
+    lambda ctx: ctx.snapshot.lease_owner is None and ctx.snapshot.updated_at < ctx.now - ctx.policy.max_wait,
+    "no holder, and waiting for a worker longer than max_wait (the backstop)",
+    condition=lambda policy: Unclaimed(policy.max_wait),
+)
+
 BUILTIN_GUARDS: dict[str, Guard] = {
-    g.name: g for g in (HOLDS_LEASE, LEASE_STALE, SUPERSEDED, ATTEMPTS_LEFT, RECLAIMS_LEFT, RECLAIMS_EXHAUSTED)
+    g.name: g
+    for g in (
+        HOLDS_LEASE,
+        LEASE_STALE,
+        SUPERSEDED,
+        ATTEMPTS_LEFT,
+        RECLAIMS_LEFT,
+        RECLAIMS_EXHAUSTED,
+        OWNED,
+        UNCLAIMED,
+    )
 }
 
 __all__ = [
@@ -154,9 +187,11 @@ __all__ = [
     "BUILTIN_GUARDS",
     "HOLDS_LEASE",
     "LEASE_STALE",
+    "OWNED",
     "RECLAIMS_EXHAUSTED",
     "RECLAIMS_LEFT",
     "SUPERSEDED",
+    "UNCLAIMED",
     "Guard",
     "GuardContext",
     "guard",

@@ -28,7 +28,7 @@ the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel
 from statemachine import State, StateChart
@@ -93,6 +93,74 @@ def reaper(
     """
     meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes))
     return _tag(transitions, meta, "reaper")
+
+
+# -- the durable-work declarations, in one line each -----------------------------------------
+
+
+def starts(transitions: Transitions) -> TransitionList:
+    """The worker's way out of the queue: the transition a claim fires.  It takes the lease
+    for the claiming worker (token + 1) and counts an attempt::
+
+        start = starts(queued.to(active))
+    """
+    return worker(transitions, lease=LeaseChange.ACQUIRE, counts_attempt=True)
+
+
+def retries(*, queued: State, running: State, finalizing: State | None = None) -> TransitionList:
+    """The worker's ``retry`` event (declare it as ``retry = retries(...)``): a handler error
+    that the policy retries sends ``running`` back to ``queued``, and a ``finalizing``
+    entity back to itself, both giving the lease back; the entity is due again after the
+    backoff, and a resumed finalizer replays its recorded effects.  The error is kept in
+    the history row.  See :class:`~fsm.policy.RetryPolicy`::
+
+        retry = retries(queued=queued, running=active.running, finalizing=active.finalizing)
+    """
+    found = worker(running.to(queued, cond="holds_lease"), lease=LeaseChange.CLEAR)
+    if finalizing is not None:
+        found = found | worker(
+            finalizing.to.itself(cond="holds_lease"),  # type: ignore[no-untyped-call]
+            lease=LeaseChange.CLEAR,
+        )
+    return found
+
+
+class Recovery(NamedTuple):
+    """The reaper's two events of :func:`recovery`: ``expire, reclaim = recovery(...)``."""
+
+    expire: TransitionList
+    reclaim: TransitionList
+
+
+def recovery(*, queued: State, running: State, finalizing: State, failed: State) -> Recovery:
+    """ "Requeue from running, reclaim from finalizing", as the built-in ``JobLifecycle``
+    recovers; declare it as ``expire, reclaim = recovery(...)``.
+
+    - a dead holder (its lease lapsed while it held one) in ``running`` is requeued while
+      ``Policy.max_attempts`` starts remain, else failed (reason ``expired``);
+    - a dead holder in ``finalizing`` is reclaimed (token + 1, the lease left free for a
+      claim; recorded effects replay) while ``Policy.max_reclaims`` remain, else failed;
+    - an entity waiting, with no owner, for a worker (reclaimed, released at a stop,
+      retried) is never failed for waiting, however busy the workers are; only the
+      backstop ``Policy.max_wait`` fails it (reason ``unclaimed``).
+
+    Reclaims therefore count deaths, not idle claim windows.  Nothing leaves
+    ``finalizing`` while its lease is fresh (every branch requires ``lease_stale``).
+    """
+    expire = (
+        reaper(running.to(queued, cond=["lease_stale", "owned", "attempts_left"]), reason="expired")
+        | reaper(running.to(failed, cond=["lease_stale", "owned"]), reason="expired")
+        | reaper(running.to(failed, cond=["lease_stale", "unclaimed"]), reason="unclaimed")
+        | reaper(finalizing.to(failed, cond=["lease_stale", "owned", "reclaims_exhausted"]), reason="expired")
+        | reaper(finalizing.to(failed, cond=["lease_stale", "unclaimed"]), reason="unclaimed")
+    )
+    reclaim = reaper(
+        finalizing.to.itself(cond=["lease_stale", "owned", "reclaims_left"]),  # type: ignore[no-untyped-call]
+        reason="reclaimed",
+        lease=LeaseChange.ACQUIRE,
+        counts_reclaim=True,
+    )
+    return Recovery(expire, reclaim)
 
 
 class LifecycleMeta(StateMachineMetaclass):
@@ -260,4 +328,4 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         return cls(start_value=value, guards=guards)
 
 
-__all__ = ["FINALIZING", "Lifecycle", "reaper", "worker"]
+__all__ = ["FINALIZING", "Lifecycle", "Recovery", "reaper", "recovery", "retries", "starts", "worker"]

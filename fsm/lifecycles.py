@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from statemachine import State
 
-from fsm.lifecycle import Lifecycle, reaper, worker
+from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
 from fsm.policy import Policy
 from fsm.records import LeaseChange, SetItems
 
@@ -97,7 +97,12 @@ class JobData(BaseModel):
 
 
 class JobLifecycle(Lifecycle):
-    """An agent job (seeds/002); reasons recorded: ``expired``, ``reclaimed``."""
+    """An agent job (seeds/002); reasons recorded: ``expired``, ``reclaimed``,
+    ``unclaimed`` (the waiting backstop), ``error`` (a handler's attempts spent).
+
+    A handler error retries (``retry``: running back to the queue, a finalizer back to
+    itself, each due after its backoff) under the policy's :class:`~fsm.policy.RetryPolicy`;
+    a dead holder is requeued or reclaimed (:func:`~fsm.lifecycle.recovery`)."""
 
     kind = "job"
     data_model = JobData
@@ -117,25 +122,14 @@ class JobLifecycle(Lifecycle):
     completed = State(final=True)
     failed = State(final=True)
 
-    start = worker(queued.to(active), lease=LeaseChange.ACQUIRE, counts_attempt=True)
+    start = starts(queued.to(active))
     exited = worker(active.running.to(active.finalizing, cond="holds_lease"))
     complete = worker(active.finalizing.to(completed, cond="holds_lease"))
     fail = worker(active.finalizing.to(failed, cond="holds_lease")) | worker(
         active.running.to(failed, cond="holds_lease")
     )
-    expire = (
-        reaper(active.running.to(queued, cond=["lease_stale", "attempts_left"]), reason="expired")
-        | reaper(active.running.to(failed, cond="lease_stale"), reason="expired")
-        | reaper(active.finalizing.to(failed, cond=["lease_stale", "reclaims_exhausted"]), reason="expired")
-    )
-    reclaim = reaper(
-        active.finalizing.to.itself(  # type: ignore[no-untyped-call]
-            cond=["lease_stale", "reclaims_left"]
-        ),
-        reason="reclaimed",
-        lease=LeaseChange.ACQUIRE,
-        counts_reclaim=True,
-    )
+    retry = retries(queued=queued, running=active.running, finalizing=active.finalizing)
+    expire, reclaim = recovery(queued=queued, running=active.running, finalizing=active.finalizing, failed=failed)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fsm.errors import EntityExists, InvalidArgument, InvalidData
@@ -156,6 +156,25 @@ def check_time(name: str, value: object) -> datetime:
     return value
 
 
+def check_run_after(value: object) -> datetime | timedelta | None:
+    """A due time: ``None`` (at once), an aware ``datetime``, or a delay (a ``timedelta``
+    from zero to :data:`MAX_DURATION`), else ``InvalidArgument``."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        if value < timedelta() or value > MAX_DURATION:
+            raise InvalidArgument(f"run_after as a delay must be from 0 to {MAX_DURATION.days} days, not {value!r}")
+        return value
+    if not isinstance(value, datetime):
+        raise InvalidArgument(f"run_after must be an aware datetime or a timedelta, not {_shown(value)}")
+    when = check_time("run_after", value)
+    try:
+        when.astimezone(UTC)  # a time no store can spell in UTC is refused here
+    except (OverflowError, ValueError):
+        raise InvalidArgument(f"run_after {value!r} is out of range") from None
+    return when
+
+
 # -- JSON data -------------------------------------------------------------------------------
 
 
@@ -257,6 +276,7 @@ def check_new_entity(entity: object) -> NewEntity:
                 check_int(f"column {name!r}", value, low=-MAX_INT64 - 1)
             elif isinstance(value, datetime):
                 check_time(f"column {name!r}", value)
+    check_run_after(entity.run_after)
     return entity
 
 
@@ -317,6 +337,14 @@ def check_transition_write(write: object) -> TransitionWrite:
         check_json(write.data, entity_id=write.entity_id)
     if write.data_patch is not None:
         check_json(write.data_patch, entity_id=write.entity_id)
+    if write.run_after is not None:
+        check_run_after(write.run_after)
+        if not isinstance(write.run_after, timedelta):
+            raise InvalidArgument(f"a transition's run_after is a delay (timedelta), not {_shown(write.run_after)}")
+    if write.error is not None:
+        if not isinstance(write.error, dict):
+            raise InvalidArgument(f"a transition's error is a JSON object, not {_shown(write.error)}")
+        check_json(write.error, entity_id=write.entity_id)
     return write
 
 

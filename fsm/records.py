@@ -70,6 +70,10 @@ class Snapshot(NamedTuple):
     attempt: int = 0
     reclaims: int = 0
     data: dict[str, Any] = {}
+    run_after: datetime | None = None
+    """When the entity is due: a claim takes it no earlier, and takes due entities in this
+    order.  Set at create (now, or ``run_after=``) and by a retry (now + its backoff); a
+    requeue or a release keeps it, so the entity keeps its place in the line."""
 
     @property
     def lease(self) -> Lease | None:
@@ -100,6 +104,12 @@ class HistoryRecord(NamedTuple):
     idempotency_key: str | None
     at: datetime
     data: dict[str, Any] | None = None
+    owner: str | None = None
+    """The lease owner the transition was made by or for (``lease_token``'s owner): the
+    holder firing it, or the worker a claim started it for; ``None`` for the reaper."""
+    error: dict[str, Any] | None = None
+    """The handler error this transition records (a retry, or a failure once the attempts
+    are spent): ``{"type", "message", "traceback", "attempt"}``, see :func:`error_record`."""
 
 
 class FeedEntry(NamedTuple):
@@ -225,6 +235,9 @@ class NewEntity:
     columns: dict[str, Any] | None = None
     """Values of a bound application table's own columns (a ``NOT NULL`` column of its
     own); only a store bound to such a table takes them."""
+    run_after: datetime | timedelta | None = None
+    """When the entity becomes due: an aware time, a delay from the store's now, or
+    ``None`` (due at once)."""
 
 
 # -- data changes a transition declares ----------------------------------------------------
@@ -313,7 +326,27 @@ class CounterAtLeast:
     name: str = "counter_at_least"
 
 
-Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """Holds when the row has a lease owner (``held``) or has none (``not held``).
+
+    A reaper rule that counts a *death* requires ``Owned(True)``: a reclaimed or released
+    entity nobody has claimed yet has no owner, and waiting for a worker is not dying."""
+
+    held: bool
+    name: str = "owned"
+
+
+@dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """Holds when the row has no lease owner and was last moved (``updated_at``) before
+    ``now - max_wait``: the backstop of an entity waiting, unowned, for a worker."""
+
+    max_wait: timedelta
+    name: str = "unclaimed"
+
+
+Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed
 COUNTERS = ("attempt", "reclaims")
 
 
@@ -351,6 +384,15 @@ class TransitionWrite:
     """The snapshot the write was judged on (at ``expect_version``), or ``None``.  A store
     may build the snapshot it returns from it and the columns the write changes instead of
     reading every column back: the version compare-and-set proves the others unchanged."""
+    run_after: timedelta | None = None
+    """Make the entity due this long after the store's now (a retry's backoff); ``None``
+    keeps its due time."""
+    error: dict[str, Any] | None = None
+    """The handler error recorded in the history row (:attr:`HistoryRecord.error`)."""
+
+    def history_owner(self) -> str | None:
+        """Whose lease the history row records: the new owner of a lease taken, else the holder."""
+        return self.new_owner if self.lease_change is LeaseChange.ACQUIRE else self.expect_owner
 
 
 @dataclass(slots=True)
@@ -391,7 +433,42 @@ def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_si
         return bool(newer_sibling)
     if isinstance(condition, CounterBelow):
         return int(getattr(row, condition.counter)) < condition.limit
+    if isinstance(condition, Owned):
+        return (row.lease_owner is not None) is condition.held
+    if isinstance(condition, Unclaimed):
+        return row.lease_owner is None and row.updated_at < now - condition.max_wait
     return int(getattr(row, condition.counter)) >= condition.limit
+
+
+MAX_TRACEBACK = 4000
+"""Characters of a handler error's traceback kept in history (its end: the raising frames)."""
+MAX_ERROR_MESSAGE = 2000
+
+
+def error_record(err: BaseException, *, attempt: int, traceback_text: str | None = None) -> dict[str, Any]:
+    """How a handler error is kept in history: its type, message (first
+    :data:`MAX_ERROR_MESSAGE` characters) and the last :data:`MAX_TRACEBACK` characters of
+    its traceback, and the attempt it ended (JSON, bounded whatever the error)."""
+    import traceback
+
+    text = traceback_text
+    if text is None:
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    try:
+        message = str(err)
+    except Exception:  # an error whose __str__ raises still gets recorded
+        message = f"<{type(err).__qualname__}: unprintable>"
+    return {
+        "type": _storable(type(err).__qualname__),
+        "message": _storable(message[:MAX_ERROR_MESSAGE]),
+        "traceback": _storable(text[-MAX_TRACEBACK:]),
+        "attempt": attempt,
+    }
+
+
+def _storable(text: str) -> str:
+    """``text`` as every store keeps it: no NUL, no lone surrogate."""
+    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
 __all__ = [
@@ -400,6 +477,8 @@ __all__ = [
     "EFFECT_PROGRESS",
     "EFFECT_RENEWALS",
     "EFFECT_SUCCEEDED",
+    "MAX_ERROR_MESSAGE",
+    "MAX_TRACEBACK",
     "PROGRESS_KEY",
     "RENEWALS_KEPT",
     "RENEWALS_KEY",
@@ -421,9 +500,12 @@ __all__ = [
     "LeaseStale",
     "NewEntity",
     "NewerSibling",
+    "Owned",
     "SetItems",
     "Snapshot",
     "TransitionWrite",
+    "Unclaimed",
     "apply_changes",
     "condition_holds",
+    "error_record",
 ]

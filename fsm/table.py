@@ -20,7 +20,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guard_expr import guard_names
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
-from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, DataChange, LeaseChange
+from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, DataChange, LeaseChange, Owned, Unclaimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +120,21 @@ class CompiledTable:
 
 
 def negate_condition(condition: Condition) -> Condition | None:
-    """The store condition meaning "not ``condition``", where one exists (counters only)."""
+    """The store condition meaning "not ``condition``", where one exists (counters, owner)."""
     if isinstance(condition, CounterBelow):
         return CounterAtLeast(condition.counter, condition.limit)
     if isinstance(condition, CounterAtLeast):
         return CounterBelow(condition.counter, condition.limit)
+    if isinstance(condition, Owned):
+        return Owned(not condition.held)
     return None
+
+
+def exclusive(a: tuple[Condition, ...], b: tuple[Condition, ...]) -> bool:
+    """Whether no row can meet both ``a`` and ``b`` (one requires an owner, the other none)."""
+    owner_a = {c.held for c in a if isinstance(c, Owned)} | {False for c in a if isinstance(c, Unclaimed)}
+    owner_b = {c.held for c in b if isinstance(c, Owned)} | {False for c in b if isinstance(c, Unclaimed)}
+    return any(x is not y for x in owner_a for y in owner_b)
 
 
 def branch_conditions(branch: Branch, policy: Policy) -> tuple[Condition, ...]:
@@ -285,6 +294,7 @@ __all__ = [
     "TransitionMeta",
     "branch_conditions",
     "compile_table",
+    "exclusive",
     "meta_of",
     "negate_condition",
 ]

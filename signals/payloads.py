@@ -36,6 +36,7 @@ class SnapshotModel(_Payload):
     attempt: int
     reclaims: int
     data: dict[str, Any]
+    run_after: datetime | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> SnapshotModel:
@@ -56,6 +57,8 @@ class HistoryModel(_Payload):
     idempotency_key: str | None
     at: datetime
     data: dict[str, Any] | None
+    owner: str | None = None
+    error: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, record: HistoryRecord) -> HistoryModel:

@@ -39,7 +39,8 @@ class Store(Protocol):
         ...
 
     def create(self, entity: NewEntity) -> Snapshot:
-        """Insert a new entity at version 0 with no lease.
+        """Insert a new entity at version 0 with no lease, due at ``entity.run_after`` (a
+        time, or a delay from the store's now; ``None``: now).
 
         Conflict: an entity with the same id exists (even soft-deleted) -> ``EntityExists``.
         """
@@ -84,6 +85,10 @@ class Store(Protocol):
         version differs from ``expect_version`` -> ``StaleVersion``;
         ``expect_token`` set and owner or token differ -> ``LeaseLost``;
         a ``require`` condition fails against the store clock -> ``ConditionFailed``.
+
+        ``write.run_after`` (a delay) makes the entity due that long after the store's now;
+        otherwise its due time is kept.  The history row records ``write.error`` and the
+        lease owner (the new owner of a lease taken, else ``expect_owner``).
         """
         ...
 
@@ -258,6 +263,9 @@ class Store(Protocol):
     ) -> tuple[EffectRecord, bool]:
         """Run a side effect at most as often as needed, and record its outcome exactly once.
 
+        The caller's lease is checked first: a caller whose lease is no longer the entity's
+        gets ``LeaseLost`` whether or not the key is recorded (a fenced holder is never told
+        that the new owner's recorded result is its success), and ``fn`` is not called.
         A recorded success (or a recorded failure when not ``retry_failed``) is returned as
         ``(record, False)`` and ``fn`` is not called.  Otherwise ``fn(idempotency_key)``
         runs (the key is stable across owners: ``"{entity_id}:{key}"``) and its result is
@@ -273,7 +281,9 @@ class Store(Protocol):
         """Take up to ``request.limit`` claimable entities (see
         :class:`~fsm.records.ClaimRequest`), each with a new lease token for
         ``request.owner``: entities to resume first (work already under way), then entities
-        to start; within each, the longest unchanged (``updated_at``, then id) first.
+        to start; within each, only entities already due (``run_after`` at or before the
+        store's now), the longest due first.  A due time is set at create and by a retry;
+        a requeue or a release keeps it, so such an entity keeps its place in the line.
 
         Concurrent claimers never take the same entity: PostgreSQL locks the candidates with
         ``FOR UPDATE SKIP LOCKED`` (a row another claimer holds is skipped, not waited for),

@@ -144,23 +144,25 @@ class LedgerRun:
             raise InvalidArgument(f"an effect's fn must be callable, not {type(fn).__name__}")
         if not isinstance(retry_failed, bool):
             raise InvalidArgument(f"retry_failed must be a bool, not {type(retry_failed).__name__}")
-        recorded = self.effect(entity_id, key)
-        if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
-            return recorded, False
-        replace = (EFFECT_FAILED,) if retry_failed else ()
+        # seeds/002 BR-2: an actor that no longer owns the entity runs no side effect, and is
+        # not told a recorded one is its success either: a fenced holder replaying a key the
+        # new owner has since recorded learns it lost the work, as ``fire`` tells it.  The
+        # recording statement would refuse its result anyway; refusing before the call
+        # spares the external system a run nobody can record.  The race in between stays
+        # the recording's.
         holder = self.get(entity_id)
         if holder.lease_owner != lease.owner or holder.lease_token != lease.token:
-            # seeds/002 BR-2: an actor that no longer owns the entity runs no side effect.
-            # The recording statement would refuse its result anyway; refusing before the
-            # call spares the external system a run nobody can record (a fenced holder that
-            # goes on to its next gate, say).  The race in between stays the recording's.
             raise LeaseLost(
                 entity_id,
                 expected_token=lease.token,
                 found_token=holder.lease_token,
                 owner=lease.owner,
-                detail=f"effect {key!r} was not run: the lease is no longer the caller's",
+                detail=f"effect {key!r} was not run nor replayed: the lease is no longer the caller's",
             )
+        recorded = self.effect(entity_id, key)
+        if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
+            return recorded, False
+        replace = (EFFECT_FAILED,) if retry_failed else ()
         try:
             result = fn(idempotency_key(entity_id, key))
         except Exception as err:

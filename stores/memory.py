@@ -160,6 +160,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 updated_at=now,
                 concurrency_key=entity.concurrency_key,
                 data=copy.deepcopy(entity.data),
+                run_after=due_time(entity.run_after, now),
             )
             self._rows[entity.id] = row
             self._history[entity.id] = []
@@ -268,13 +269,17 @@ class MemoryStore(LedgerRun, MemoryRetention):
         reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
         version = row.version + 1
         # positional construction: the hot path of every in-memory transition
+        due = getattr(write, "run_after", None)  # a BatchWrite keeps every due time
+        error = getattr(write, "error", None)
         new = Snapshot(
             entity_id, row.kind, write.target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
+            row.run_after if due is None else now + due,
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, write.target, write.actor, token,
-            write.reason, key, now, patch,
+            write.reason, key, now, patch, write.history_owner() if isinstance(write, TransitionWrite) else None,
+            None if error is None else copy.deepcopy(error),
         )  # fmt: skip
         self._rows[entity_id] = new
         self._history[entity_id].append(record)
@@ -525,16 +530,18 @@ class MemoryStore(LedgerRun, MemoryRetention):
         resumes = set(request.resumes)
         claimed: list[Snapshot] = []
         with self._lock:
+            now = self.now()
             waiting = sorted(
                 (
                     r
                     for r in self._rows.values()
                     if r.kind == request.kind
                     and not r.deleted
+                    and (r.run_after is None or r.run_after <= now)
                     and (r.state in starts or (r.state in resumes and r.lease_owner is None))
                 ),
-                # resumes first (work already under way), then the longest unchanged
-                key=lambda r: (r.state not in resumes, r.updated_at, r.id),
+                # resumes first (work already under way), then the longest due
+                key=lambda r: (r.state not in resumes, r.run_after or r.created_at, r.id),
             )
             for row in waiting:
                 if len(claimed) >= request.limit:
@@ -601,6 +608,13 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 if r.kind == kind and not r.deleted:
                     counts[r.state] = counts.get(r.state, 0) + 1
         return counts
+
+
+def due_time(run_after: datetime | timedelta | None, now: datetime) -> datetime:
+    """A new entity's due time: the time given, now plus the delay given, or now."""
+    if run_after is None:
+        return now
+    return now + run_after if isinstance(run_after, timedelta) else run_after
 
 
 def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -144,7 +146,7 @@ def test_mermaid_self_loop_label_is_short_and_guard_meanings_are_in_the_rendered
     text = to_mermaid(extract(JobLifecycle))
     assert "finalizing --> finalizing : reclaim (reaper), see note" in text
     note = text[text.index("note left of queued") : text.index("end note")]
-    assert "finalizing loop: reclaim [lease_stale, reclaims_left] (reaper)" in note
+    assert "finalizing loop: reclaim [lease_stale, owned, reclaims_left] (reaper)" in note
     assert "lease_stale: the lease expired" in note and "reclaims_left: reclaims #lt; max_reclaims" in note
     assert "%% guard" not in text
 
@@ -157,3 +159,43 @@ def test_svg_keeps_the_spaces_next_to_bold_text() -> None:
     assert "<b>start</b>&#160;(worker)" in dot and "fired by the&#160;<b>worker</b>" in dot
     svg = render(extract(JobLifecycle), "svg").decode()
     assert ">\u00a0(worker)</text>" in svg and ">solid: fired by the\u00a0</text>" in svg
+
+
+def test_show_prints_each_failed_attempts_error_and_the_owner_beside_the_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import timedelta
+
+    from fsm.policy import RetryPolicy
+    from fsm.work import Worker
+
+    url = _db(tmp_path)
+    clock = ManualClock()
+    store = open_store(url, clock=clock)
+    retry = RetryPolicy(initial_interval=timedelta(seconds=1), jitter=0.0)
+    jobs = Engine(JobLifecycle, store, clock=clock, policy=JobLifecycle.policy.replace(default_retry=retry))
+    jobs.create("job-7")
+    calls: list[int] = []
+
+    def flaky(job: object) -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise ConnectionError(f"refused {len(calls)}")
+        return "exited"
+
+    worker = Worker(jobs, {"running": flaky}, poll_interval=timedelta(milliseconds=10))
+    while jobs.get("job-7").state != "finalizing":
+        worker.run_once()
+        while worker.running:
+            time.sleep(0.01)
+        clock.advance(seconds=5)
+    worker.stop()
+    store.close()  # type: ignore[attr-defined]
+    assert main(["show", "job-7", "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert "error (attempt 1): ConnectionError: refused 1" in out
+    assert "error (attempt 2): ConnectionError: refused 2" in out
+    assert f"owner {jobs.owner}" in out
+    assert main(["show", "job-7", "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [h["error"]["message"] for h in doc["history"] if h["error"]] == ["refused 1", "refused 2"]

@@ -18,7 +18,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -26,9 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm import Engine, FsmError, JobLifecycle, Lease, LeaseKeeper, ManualClock, UnknownEntity
+from fsm import Engine, FsmError, JobLifecycle, Lease, LeaseKeeper, ManualClock, RetryPolicy, UnknownEntity
 from fsm.limits import MAX_ID_LENGTH, MAX_JSON_DEPTH
 from fsm.records import BatchWrite, ClaimRequest, NewEntity, TransitionWrite
+from fsm.work import Worker
 from stores import Store
 
 EXAMPLES = int(os.environ.get("FSM_HOSTILE_EXAMPLES", "25"))
@@ -98,6 +99,26 @@ bad_ttl = st.one_of(
     st.lists(st.integers(), max_size=1),
 )
 
+bad_due = st.one_of(
+    st.datetimes(timezones=st.none()),  # naive: whose clock?
+    st.sampled_from(
+        [
+            datetime.max.replace(tzinfo=timezone(-timedelta(hours=5))),  # past the end of time in UTC
+            datetime.min.replace(tzinfo=timezone(timedelta(hours=5))),
+            -timedelta(seconds=1),
+            timedelta.max,
+            math.nan,
+            0,
+            "2026-01-01",
+            True,
+        ]
+    ),
+)
+"""Refused as a due time (``run_after``)."""
+bad_reap = st.one_of(
+    st.integers(), st.floats(), st.lists(short, min_size=1, max_size=2), st.binary(min_size=1, max_size=4)
+)
+"""Refused as ``Worker(reap=...)`` (a bool, a ReaperConfig or its mapping)."""
 bad_state = st.one_of(
     st.sampled_from(["bogus", "", "active", "'; DROP TABLE fsm_entities; --", "queued\x00", "QUEUED", "running "]),
     st.none(),
@@ -156,6 +177,30 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("create(data=non-mapping)", non_strings, lambda w, v: w.jobs.create(w.fresh, data=v)),
     ("create(concurrency_key)", bad_id, lambda w, v: w.jobs.create(w.fresh, concurrency_key=v)),
     ("create(columns)", bad_json, lambda w, v: w.jobs.create(w.fresh, columns={"c": v})),
+    ("create(run_after)", bad_due, lambda w, v: w.jobs.create(w.fresh, run_after=v)),
+    (
+        "store.create(run_after)",
+        bad_due,
+        lambda w, v: w.store.create(NewEntity(id=w.fresh, kind="job", state="queued", run_after=v)),
+    ),
+    ("fire(run_after)", bad_due, lambda w, v: w.jobs.fire(w.f, "retry", lease=w.lease, run_after=v)),
+    ("fire(error)", bad_json, lambda w, v: w.jobs.fire(w.f, "retry", lease=w.lease, error={"v": v})),
+    ("fire(error=non-mapping)", non_strings, lambda w, v: w.jobs.fire(w.f, "retry", lease=w.lease, error=v)),
+    (
+        "store.apply(run_after)",
+        bad_due,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, "start", "queued", "running", "worker", 0, run_after=v)),
+    ),
+    (
+        "store.apply(error)",
+        bad_json,
+        lambda w, v: w.store.apply(TransitionWrite(w.q, "start", "queued", "running", "worker", 0, error={"v": v})),
+    ),
+    ("Policy.replace(lease_ttl)", bad_ttl, lambda w, v: JobLifecycle.policy.replace(lease_ttl=v)),
+    ("Policy.replace(max_wait)", bad_ttl, lambda w, v: JobLifecycle.policy.replace(max_wait=v)),
+    ("RetryPolicy.replace(initial_interval)", bad_ttl, lambda w, v: RetryPolicy().replace(initial_interval=v)),
+    ("RetryPolicy.replace(max_attempts)", bad_token, lambda w, v: RetryPolicy().replace(max_attempts=v)),
+    ("Worker(reap)", bad_reap, lambda w, v: Worker(w.jobs, {"running": lambda job: None}, reap=v)),
     ("create_many(ids)", bad_id, lambda w, v: w.jobs.create_many([{}, {}], ids=[w.fresh, v])),
     ("create_many(data)", bad_json, lambda w, v: w.jobs.create_many([{}, {"v": v}], ids=[w.fresh, w.fresh + "b"])),
     ("create_many(data=non-list)", non_strings, lambda w, v: w.jobs.create_many(v)),
@@ -408,6 +453,8 @@ def test_every_entry_point_refuses_its_whole_class_once(any_store: Store, clock:
         id(bad_token): 2**64,
         id(bad_ttl): timedelta.max,
         id(non_strings): 42,
+        id(bad_due): datetime(2026, 1, 1),
+        id(bad_reap): 42,
         id(bad_state): "bogus",
         id(bad_clock): None,
     }

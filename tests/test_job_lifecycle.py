@@ -108,22 +108,42 @@ def test_reclaim_fences_a_stale_finalizer_and_a_worker_claims_it_to_resume(jobs:
     assert jobs.fire("j1", "complete", lease=new).state == "completed"
 
 
-def test_expire_finalizing_only_once_reclaims_are_spent(jobs: Engine, clock: ManualClock) -> None:
+def test_expire_finalizing_only_once_reclaims_are_spent_by_holder_deaths(jobs: Engine, clock: ManualClock) -> None:
     finalizing(jobs)
-    for _ in range(jobs.policy.max_reclaims):
+    for i in range(jobs.policy.max_reclaims):
         clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
-        err = refused(jobs, "j1", GuardRejected, "expire", actor=REAPER)
-        assert "reclaims_exhausted" in str(err)
+        refused(jobs, "j1", GuardRejected, "expire", actor=REAPER)  # reclaims_exhausted does not hold
         jobs.fire("j1", "reclaim", actor=REAPER)
+        (rescued,) = jobs.claim(owner=f"rescuer-{i}")  # a new holder takes it over, then dies too
+        assert rescued.lease_owner == f"rescuer-{i}"
     clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
     refused(jobs, "j1", GuardRejected, "reclaim", actor=REAPER)
     result = jobs.fire("j1", "expire", actor=REAPER)
-    assert result.state == "failed" and result.record.source == "finalizing"
+    assert result.state == "failed" and result.record.source == "finalizing" and result.record.reason == "expired"
+
+
+def test_a_reclaimed_finalizer_nobody_claims_waits_and_only_the_backstop_fails_it(
+    jobs: Engine, clock: ManualClock
+) -> None:
+    finalizing(jobs)
+    clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
+    jobs.fire("j1", "reclaim", actor=REAPER)
+    waited = timedelta()
+    while waited + jobs.policy.lease_ttl < jobs.policy.max_wait:  # every claim window passes unclaimed
+        clock.advance(jobs.policy.lease_ttl)
+        waited += jobs.policy.lease_ttl
+        refused(jobs, "j1", GuardRejected, "reclaim", actor=REAPER)  # waiting is not dying
+        refused(jobs, "j1", GuardRejected, "expire", actor=REAPER)
+    assert jobs.get("j1").reclaims == 1
+    clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))  # past max_wait since the reclaim
+    result = jobs.fire("j1", "expire", actor=REAPER)
+    assert result.state == "failed" and result.record.reason == "unclaimed"
 
 
 def test_expire_finalizing_is_refused_while_fresh_even_with_reclaims_spent(jobs: Engine, clock: ManualClock) -> None:
     finalizing(jobs)
-    for _ in range(jobs.policy.max_reclaims):
+    for i in range(jobs.policy.max_reclaims):
         clock.advance(jobs.policy.lease_ttl + timedelta(seconds=1))
         jobs.fire("j1", "reclaim", actor=REAPER)
+        jobs.claim(owner=f"rescuer-{i}")
     refused(jobs, "j1", GuardRejected, "expire", actor=REAPER)  # the last reclaim's lease is fresh

@@ -224,3 +224,21 @@ def test_the_cli_parser_still_takes_a_float_interval() -> None:
 
     args = build_parser().parse_args(["reaper", "--interval", "0.5"])
     assert isinstance(args, argparse.Namespace) and args.interval == 0.5
+
+
+def test_every_settings_field_has_a_default_a_type_checker_sees() -> None:
+    """A user's ``mypy --strict`` must accept ``Policy(lease_ttl=...)``: pydantic's
+    dataclass transform is read by type checkers, which only see a default given as
+    ``Field(default=...)`` or ``Field(default_factory=...)``, not a positional one."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    positional = []
+    for module in ("fsm/policy.py", "fsm/reaping/config.py"):
+        for node in ast.walk(ast.parse((root / module).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Field":
+                keywords = {k.arg for k in node.keywords}
+                if node.args or not keywords & {"default", "default_factory"}:
+                    positional.append(f"{module}:{node.lineno}")
+    assert positional == []

@@ -57,6 +57,7 @@ FSM_API = {
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "RetryPolicy",
     "Snapshot",
     "StaleVersion",
     "State",
@@ -72,6 +73,9 @@ FSM_API = {
     "new_owner_id",
     "operator_override",
     "reaper",
+    "recovery",
+    "retries",
+    "starts",
     "worker",
 }
 

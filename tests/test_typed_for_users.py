@@ -120,7 +120,7 @@ def readme_modules() -> dict[str, str]:
     """Every README Python block as a module: name -> source."""
     text = (ROOT / "README.md").read_text()
     named = {
-        "from fsm import Engine, GuardContext": "lifecycles",
+        "# lifecycles.py": "lifecycles",
         "import pytest": "test_deploy",
         'pytest_plugins = ["fsm.testing.pytest_plugin"]': "conftest",
     }

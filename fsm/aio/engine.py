@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -130,9 +130,12 @@ class AsyncEngine:
         *,
         data: Mapping[str, Any] | None = None,
         concurrency_key: str | None = None,
+        run_after: datetime | timedelta | None = None,
     ) -> Snapshot:
         """See :meth:`fsm.Engine.create`."""
-        return await self._call(self.sync.create, entity_id, data=data, concurrency_key=concurrency_key)
+        return await self._call(
+            self.sync.create, entity_id, data=data, concurrency_key=concurrency_key, run_after=run_after
+        )
 
     async def create_many(
         self,
@@ -155,6 +158,8 @@ class AsyncEngine:
         data: Mapping[str, Any] | None = None,
         actor: Actor | str = Actor.WORKER,
         owner: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
         """See :meth:`fsm.Engine.fire`: one compare-and-set write, the same refusals.  Given
         the snapshot (or the result of the last fire) the caller holds, the read is skipped."""
@@ -168,6 +173,8 @@ class AsyncEngine:
             data=data,
             actor=actor,
             owner=owner,
+            error=error,
+            run_after=run_after,
         )
 
     async def get(self, entity_id: str) -> Snapshot:

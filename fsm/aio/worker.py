@@ -33,8 +33,8 @@ from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
-from fsm.errors import FsmError
-from fsm.records import Snapshot
+from fsm.errors import FsmError, StoreUnavailable
+from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease
 from fsm.work.loop import (
     DEFAULT_CONCURRENCY,
@@ -61,6 +61,7 @@ class AsyncJob(HeldEntity):
     def __init__(self, engine: AsyncEngine, snapshot: Snapshot, held: HeldLease) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
+        self._writes: set[asyncio.Task[None]] = set()  # progress writes under way (kept alive)
 
     async def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
@@ -69,18 +70,51 @@ class AsyncJob(HeldEntity):
         return await self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
 
     async def fire(
-        self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+        self,
+        event: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
         """Fire ``event`` under this job's lease; the job's snapshot follows."""
         result = await self.engine.fire(
-            self.id, event, lease=self.held.check(), data=data, idempotency_key=idempotency_key
+            self.id,
+            event,
+            lease=self.held.check(),
+            data=data,
+            idempotency_key=idempotency_key,
+            reason=reason,
+            error=error,
+            run_after=run_after,
         )
         self.snapshot = result.snapshot
         return result
 
+    async def history(self) -> list[HistoryRecord]:
+        """The entity's history (the worker counts a state's attempts in it)."""
+        return await self.engine.history(self.id)
+
     async def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
         return await self.engine.progress(self.id)
+
+    def progress(self, details: Any) -> asyncio.Task[None]:
+        """Record progress details now: a task writes them at once under this job's lease
+        (``await job.progress(...)`` waits for the commit and raises ``Fenced`` for a fenced
+        holder); a store that cannot be reached leaves them to the keeper's next renewal."""
+        task = asyncio.get_running_loop().create_task(self._record_progress(details))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+    async def _record_progress(self, details: Any) -> None:
+        try:
+            await self.engine.record_progress(self.held.check(), details)
+        except StoreUnavailable:
+            self.held.progress(details)
 
     async def refresh(self) -> Snapshot:
         """Read the entity again (after the handler fired through other means)."""
@@ -109,7 +143,13 @@ class AsyncWorker(CoreFace):
         keeper_period: timedelta | None = None,
     ) -> None:
         self.core = WorkerCore(
-            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
         )
         self.engine = engine
         self.keeper_period = keeper_period

@@ -14,7 +14,7 @@ import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.clock import Clock, new_owner_id
@@ -54,7 +54,7 @@ from fsm.errors import (
 )
 from fsm.guards import HOLDS_LEASE
 from fsm.lifecycle import Lifecycle
-from fsm.limits import MAX_CREATE_MANY, json_copy
+from fsm.limits import MAX_CREATE_MANY, check_run_after, json_copy
 from fsm.policy import Policy
 from fsm.records import Actor, FeedEntry, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
@@ -172,8 +172,12 @@ class Engine(EngineWork):
         data: Mapping[str, Any] | None = None,
         concurrency_key: str | None = None,
         columns: Mapping[str, Any] | None = None,
+        run_after: datetime | timedelta | None = None,
     ) -> Snapshot:
         """Create an entity in the lifecycle's initial state; ``data`` is validated first.
+
+        ``run_after``: when the entity becomes due, an aware time or a delay from the
+        store's now; a claim takes it no earlier (default: at once).
 
         ``columns``: values of a bound application table's own columns (one it declares
         ``NOT NULL`` without a default); a store without such a table refuses them.
@@ -190,6 +194,7 @@ class Engine(EngineWork):
                 concurrency_key=concurrency_key,
                 data=clean,
                 columns=None if columns is None else _columns(columns),
+                run_after=check_run_after(run_after),
             )
         )
 
@@ -248,6 +253,8 @@ class Engine(EngineWork):
         data: Mapping[str, Any] | None = None,
         actor: Actor | str = Actor.WORKER,
         owner: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
         """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
 
@@ -266,6 +273,10 @@ class Engine(EngineWork):
         transition that acquires one (default: this engine's owner id).  Firing again with
         the same ``idempotency_key`` returns the first result and writes nothing.
 
+        ``error`` (a handler error, as :func:`fsm.records.error_record` makes it) is kept in
+        the history row (``HistoryRecord.error``); ``run_after`` makes the entity due that
+        long after the store's now (a retry's backoff).  The worker passes both.
+
         Raises ``UnknownEvent``, ``UnknownEntity``, ``TransitionNotAllowed``,
         ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
         ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
@@ -276,6 +287,9 @@ class Engine(EngineWork):
             actor = actor_arg(actor)
         if reason is not None or idempotency_key is not None or data is not None:
             check_arguments(reason, idempotency_key, data)
+        extra: Attempt | None = None
+        if error is not None or run_after is not None:
+            extra = _attempt(error, run_after, self.kind)
         held: Snapshot | None = None
         cls = entity.__class__
         if cls is FireResult:
@@ -292,12 +306,12 @@ class Engine(EngineWork):
             text("owner", owner)
         try:
             if idempotency_key is None:
-                return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held)
+                return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held, extra)
             replay = self._replay(entity_id, event, idempotency_key, lease)
             if replay is not None:
                 return replay
             try:
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held)
+                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra)
             except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
                 # a concurrent call with the same key (a retried webhook) may have committed
                 # between our lookup and our read: then this is a replay, not a refusal
@@ -335,9 +349,11 @@ class Engine(EngineWork):
         data: Mapping[str, Any] | None,
         owner: str | None,
         held: Snapshot | None = None,
+        extra: Attempt | None = None,
     ) -> tuple[TransitionWrite, Branch, Snapshot | None]:
         """Judge the event and build its write: ``(write, branch, held)``, where ``held``
-        is the caller's snapshot if the write was judged on it (else the row read)."""
+        is the caller's snapshot if the write was judged on it (else the row read).
+        ``extra``: a handler attempt's error and due delay, added to the write."""
         # a str check first: a hand-made snapshot's unhashable state must not reach the dict
         if (
             held is not None
@@ -353,7 +369,7 @@ class Engine(EngineWork):
                 snap = self.get(entity_id)  # raises the precise error
         if lease is not None and (snap.lease_token != lease.token or snap.lease_owner != lease.owner):
             if held is not None:  # the caller's snapshot disagrees with its lease: read the row
-                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
             self._check_holder(snap, lease)  # a holder that lost the work never fires with it
         patch: dict[str, Any] | None = None
         new_data: dict[str, Any] | None = None
@@ -374,12 +390,14 @@ class Engine(EngineWork):
                 if held is None:
                     raise
                 # refused on the caller's snapshot, which may be stale: judge the row as it is
-                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+                return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:
                 new_data = self._validate(changed, entity_id=snap.id)
         write = write_for(self.policy, self.owner, snap, branch, lease, idempotency_key, reason, new_data, patch, owner)
+        if extra is not None:
+            write.error, write.run_after = extra
         return write, branch, held
 
     def _fire(
@@ -393,15 +411,18 @@ class Engine(EngineWork):
         data: Mapping[str, Any] | None,
         owner: str | None,
         held: Snapshot | None = None,
+        extra: Attempt | None = None,
     ) -> FireResult:
-        write, branch, held = self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held)
+        write, branch, held = self._prepare(
+            entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra
+        )
         try:
             new, record = self._apply(write)
         except StaleVersion:
             if held is None:
                 raise
             # the caller's snapshot was stale: read the row once and judge the event on it
-            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner)
+            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
         except IdempotencyKeyReused:
             assert idempotency_key is not None
             replay = self._replay(entity_id, event, idempotency_key, lease)
@@ -469,6 +490,24 @@ class Engine(EngineWork):
         stop = fenced(snap, lease)
         if stop is not None:
             raise stop
+
+
+Attempt = tuple[dict[str, Any] | None, timedelta | None]
+"""What a fire adds to its write for a handler's attempt: the error and the due delay."""
+
+
+def _attempt(error: object, run_after: object, kind: str) -> Attempt:
+    """``fire``'s ``error`` (a JSON object) and ``run_after`` (a delay), checked."""
+    copied: dict[str, Any] | None = None
+    if error is not None:
+        if not isinstance(error, Mapping):
+            raise InvalidArgument(f"error must be a mapping (see fsm.records.error_record), not {type(error).__name__}")
+        copied = json_copy(dict(error), lifecycle=kind)
+    if run_after is not None and not isinstance(run_after, timedelta):
+        raise InvalidArgument(f"a fire's run_after is a delay (timedelta), not {type(run_after).__name__}")
+    due = check_run_after(run_after)
+    assert due is None or isinstance(due, timedelta)
+    return copied, due
 
 
 def _feed_page(store: Store, kind: str, position: str | None) -> list[FeedEntry]:

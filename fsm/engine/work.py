@@ -121,6 +121,18 @@ class EngineWork(EngineLeases):
                 signals.send(signals.lease_acquired, self.kind, functools.partial(LeasePayload.of, self.kind, snap))
         return claimed
 
+    def waiting_for_worker(self, entity: Snapshot | str) -> bool:
+        """Whether the entity waits for a worker to claim it: in a state a claim starts from
+        (queued), or in one a claim resumes with no lease owner (reclaimed after its holder
+        died, released by a stopping worker, or retried).  Such an entity is never failed
+        for waiting, only by the lifecycle's ``max_wait`` backstop; ``run_after`` says when
+        it became due.  The inspector flags the same rows."""
+        snap = self.get(entity) if isinstance(entity, str) else entity
+        starts, resumes = claim_plan(self.table)
+        if any(s.source == snap.state for s in starts):
+            return True
+        return snap.state in resumes and snap.lease_owner is None
+
     def run(
         self,
         entity_id: str,

@@ -318,7 +318,7 @@ class InspectorData:
                 h = history_of(row)
             except MalformedRow:
                 continue
-            error = h.data.get("error") if isinstance(h.data, dict) else None
+            error = h.error or (h.data.get("error") if isinstance(h.data, dict) else None)
             if h.reason or error:
                 found[h.entity_id] = h
         return found

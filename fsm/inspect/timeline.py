@@ -115,11 +115,16 @@ def _line(now: datetime, event: Event, after: Event | None = None) -> str:
         h = event
         kind = "reaper" if h.actor == "reaper" else "transition"
         facts = [f"by {h.actor}", f"token {h.lease_token}"]
+        if h.owner:
+            facts.append(f"owner: {h.owner}")
         if h.reason:
             facts.append(f"reason: {h.reason}")
         if h.idempotency_key:
             facts.append(f"key: {h.idempotency_key}")
         data = f"<pre>{esc(pretty_json(h.data))}</pre>" if h.data else ""
+        if isinstance(h.error, dict):  # a handler's failed attempt (fsm.records.error_record)
+            failure = f"attempt {h.error.get('attempt', '?')}: {h.error.get('type')}: {h.error.get('message')}"
+            data += f"<p class=error>{esc(failure)}</p>"
         return (
             f"<li class='ev {kind}' data-seq='{h.seq}'>{_when(now, h.at)}<span class=tag>"
             f"{'reaper move' if kind == 'reaper' else 'transition'}</span> "

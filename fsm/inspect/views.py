@@ -29,6 +29,14 @@ def cache_note(cached: Cached[Any], what: str, problem: str | None = None) -> st
     return f"<span class=muted data-age='{age_s:.1f}'>{esc(note)}</span>{trouble}"
 
 
+def recorded(h: HistoryRecord) -> Any:
+    """What a history row records of an attempt: its ``error`` column (the worker's handler
+    errors: type, message, traceback, attempt), else its data (an error a caller put there)."""
+    if isinstance(h.error, dict):
+        return {"error": h.error, "attempt": h.error.get("attempt", "")}
+    return h.data
+
+
 def error_of(data: Any) -> str:
     """The error a history row's data records (``error``: text, or ``{type, message}``), or ''."""
     if not isinstance(data, dict):
@@ -52,7 +60,7 @@ def failure_of(last: HistoryRecord | None) -> str:
     """What the list shows in its failure column: the last transition's reason and error."""
     if last is None:
         return ""
-    parts = [p for p in (last.reason or "", error_of(last.data)) if p]
+    parts = [p for p in (last.reason or "", error_of(recorded(last))) if p]
     return " · ".join(parts)
 
 
@@ -235,26 +243,27 @@ def moves_section(now: datetime, activity: Activity) -> str:
 
 def attempts_section(now: datetime, history: list[HistoryRecord], starts: frozenset[str] = frozenset()) -> str:
     """Each attempt's error: every transition that records an error or a reason, with the
-    attempt it ended (the ``attempt`` its data records, else the attempt-counting starts
-    ``starts`` seen so far)."""
+    attempt it ended (the ``attempt`` its error or data records, else the attempt-counting
+    starts ``starts`` seen so far)."""
     numbers, seen = {}, 0
     for h in history:
         seen += h.event in starts
         numbers[h.seq] = seen
-    failed = [h for h in history if error_of(h.data) or (h.reason and h.target != h.source)]
+    failed = [h for h in history if error_of(recorded(h)) or (h.reason and h.target != h.source)]
     if not failed:
         return "<section class=attempts><h2>Errors by attempt</h2><p class=empty>No error recorded.</p></section>"
     rows = []
     for h in reversed(failed):
-        data = h.data if isinstance(h.data, dict) else {}
-        attempt = data.get("attempt", numbers.get(h.seq) or "")
-        trace = traceback_of(h.data)
+        found = recorded(h)
+        data = found if isinstance(found, dict) else {}
+        attempt = data.get("attempt") or numbers.get(h.seq) or ""
+        trace = traceback_of(data)
         detail = f"<details><summary>traceback</summary><pre>{esc(trace)}</pre></details>" if trace else ""
         rows.append(
             f"<tr data-attempt-seq='{h.seq}'><td title='{esc(stamp(h.at))}'>{esc(age(now, h.at))}</td>"
             f"<td class=n>{esc(attempt)}</td><td>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</td>"
             f"<td>{esc(h.actor)}</td><td>{esc(h.reason or '')}</td>"
-            f"<td class=error>{esc(error_of(h.data))}{detail}</td></tr>"
+            f"<td class=error>{esc(error_of(data))}{detail}</td></tr>"
         )
     return (
         "<section class=attempts><h2>Errors by attempt <span class=muted>newest first</span></h2><table>"
@@ -292,6 +301,7 @@ __all__ = [
     "failure_of",
     "holders_section",
     "moves_section",
+    "recorded",
     "ticks_section",
     "transition_table",
 ]

@@ -354,6 +354,10 @@ def claim_latency(snap: Snapshot, *, started: bool, ttl: timedelta) -> float | N
     start's commit (``updated_at``), or for a resume the lease's grant (expiry less TTL).
     Both on the store's clock."""
     due: datetime | None = getattr(snap, "run_after", None)
+    if due is not None and not started:
+        # a reclaim or a release keeps the row's place in line (its run_after): a resumed
+        # entity became claimable again when it entered the state it waits in
+        due = max(due, snap.state_entered_at)
     if started:
         claimed_at = snap.updated_at
         if due is None and snap.attempt <= 1:

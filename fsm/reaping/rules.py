@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fsm.engine import Engine
 from fsm.records import Actor, Condition
-from fsm.table import Branch, branch_conditions, negate_condition
+from fsm.table import Branch, branch_conditions, exclusive, negate_condition
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ def plan_rules(engine: Engine) -> list[Rule]:
                 set_based = all(g.condition is not None for g, _ in branch.guards)
                 extra: list[Condition] = []
                 for previous in earlier:
+                    if exclusive(previous, own):
+                        continue  # no row meets both (one needs a lease owner, the other none)
                     distinct = [c for c in previous if c not in own]
                     negated = negate_condition(distinct[0]) if len(distinct) == 1 else None
                     if negated is None:

@@ -69,6 +69,8 @@ class Step:
             )
         if self.kind == "acquire":
             return "the worker takes the lease"
+        if self.kind == "release":
+            return "the worker gives the lease back (a stopping worker)"
         if self.kind == "clock":
             return f"the clock advances {self.advance}"
         return "a newer entity with the same concurrency key reaches the same state"
@@ -151,6 +153,12 @@ class _Run:
         elif step.kind == "acquire":
             self.engine.acquire_lease(self.entity_id)
             ran = step
+        elif step.kind == "release":
+            lease = self._lease(snap)
+            if lease is None:
+                raise AssertionError("the worker holds no lease to give back")
+            self.engine.release_lease(lease)
+            ran = step
         elif step.kind == "sibling":
             sibling = f"{self.entity_id}-sibling-{len(self.done)}"
             mirror = _Run(self.engine, self.clock, self.guard_data, sibling)
@@ -190,13 +198,16 @@ class _Run:
 
     def key(self) -> tuple[Any, ...]:
         snap = self.snap
-        stale = snap.lease_is_stale(self.clock.now(), self.engine.policy.stale_after)
+        now, policy = self.clock.now(), self.engine.policy
+        stale = snap.lease_is_stale(now, policy.stale_after)
+        unclaimed = snap.lease_owner is None and snap.updated_at < now - policy.max_wait
         sibling = None if self.sibling is None else self.engine.get(self.sibling).state
         return (
             snap.state,
             self._lease(snap) is not None,
             snap.lease_owner is None,
             stale,
+            unclaimed,
             snap.attempt,
             snap.reclaims,
             json.dumps(snap.data, sort_keys=True),
@@ -219,9 +230,15 @@ class _Run:
                         patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(g.name, ())]
                 found += [Step("fire", event, actor, p) for p in dict.fromkeys(patches)]
         found.append(Step("acquire"))
+        if self._lease(snap) is not None:
+            found.append(Step("release"))
         found += [
             Step("clock", advance=d)
-            for d in (policy.lease_ttl + timedelta(seconds=1), policy.stale_after + timedelta(seconds=1))
+            for d in (
+                policy.lease_ttl + timedelta(seconds=1),
+                policy.stale_after + timedelta(seconds=1),
+                policy.max_wait + timedelta(seconds=1),  # a wait for a worker reaches its backstop
+            )
         ]
         if self.sibling is None and any(g.name == "superseded" for b in table.declared for g, _ in b.guards):
             found.append(Step("sibling"))

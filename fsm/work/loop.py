@@ -30,9 +30,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from fsm.errors import ConfigError, Fenced, FsmError
-from fsm.records import Actor, Snapshot
+from fsm.policy import Policy
+from fsm.records import Actor, Snapshot, error_record
 from fsm.table import CompiledTable
-from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, report
+from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
 
 log = logging.getLogger("fsm.worker")
 
@@ -132,7 +133,18 @@ class JobFace(Protocol):
     @property
     def state(self) -> str: ...
 
-    def fire(self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None) -> Any: ...
+    def fire(
+        self,
+        event: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
+    ) -> Any: ...
+
+    def history(self) -> Any: ...
 
     def refresh(self) -> Any: ...
 
@@ -148,6 +160,8 @@ class WorkerStats:
     """Entities left in a state without a handler (usually final)."""
     failed: int = 0
     """Handlers that raised (the entity was retried, failed or released)."""
+    retried: int = 0
+    """Handler errors the policy retried (the entity is due again after its backoff)."""
     fenced: int = 0
     """Handlers stopped because their lease was lost."""
     released: int = 0
@@ -202,8 +216,10 @@ class WorkerCore:
         concurrency: int,
         poll_interval: timedelta,
         grace: timedelta,
+        policy: Policy | None = None,
     ) -> None:
         check_worker(table, kind, handlers, concurrency, poll_interval, grace)
+        self.policy = policy if policy is not None else Policy()
         self.table = table
         self.kind = kind
         self.handlers = dict(handlers)
@@ -272,22 +288,44 @@ class WorkerCore:
                 self.count("fenced")
                 return
             except Exception as err:
-                report(self.kind, job, state, FAILED, started, error=err)
                 self.count("failed", f"{job.id}: {type(err).__name__}: {err}")
-                yield from self.after_error(job, err)
+                retried = yield from self.after_error(job, err)
+                report(self.kind, job, state, RETRY if retried else FAILED, started, error=err)
                 return
 
-    def after_error(self, job: JobFace, err: Exception) -> Steps:
-        """Fail the entity if its lifecycle lets the worker fire ``fail`` from here, else
-        give its lease back for another worker (the reaper's budgets bound the retries)."""
-        if self.may_fire(job.state, "fail"):
+    def after_error(self, job: JobFace, err: Exception) -> Generator[Call, Any, bool]:
+        """A handler error is an attempt, recorded with its error in the history row of the
+        transition it causes: ``retry`` (due again after the backoff) while the state's
+        :class:`~fsm.policy.RetryPolicy` retries it and attempts remain, else ``fail`` with
+        reason ``error``; a lifecycle that lets the worker fire neither gets the lease back
+        (the reaper's budgets bound what follows).  Returns whether it retried."""
+        state, token = job.state, job.snapshot.lease_token
+        retry = self.policy.retry_for(state)
+        can_retry = retry is not None and self.may_fire(state, "retry")
+        attempt = 1
+        if can_retry:
+            try:  # the n-th error in this state: each retry out of it recorded one before
+                history = yield step(job.history)
+                attempt += sum(1 for h in history if h.event == "retry" and h.source == state)
+            except FsmError as read_err:
+                log.warning("could not count the attempts of %s: %s", job.id, read_err)
+        error = error_record(err, attempt=attempt)
+        if can_retry and retry is not None and retry.retries(err) and attempt < retry.max_attempts:
+            delay = retry.backoff(attempt)
             try:
-                token = job.snapshot.lease_token
-                yield step(job.fire, "fail", idempotency_key=f"worker-fail:{token}")
-                return
+                yield step(job.fire, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}")
+                self.count("retried")
+                return True
+            except FsmError as fire_err:
+                log.warning("could not retry %s after its handler raised: %s", job.id, fire_err)
+        if self.may_fire(state, "fail"):
+            try:
+                yield step(job.fire, "fail", reason="error", error=error, idempotency_key=f"worker-fail:{token}")
+                return False
             except FsmError as fire_err:
                 log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
         yield from self.release(job)
+        return False
 
     def release(self, job: JobFace) -> Steps:
         try:

@@ -30,6 +30,10 @@ is drained for :meth:`Worker.wake` (which a ``NOTIFY`` listener calls) or the po
 interval, whichever comes first.  Its logic is :class:`fsm.work.loop.WorkerCore`'s,
 shared with the asyncio face.
 
+``Worker(..., reap=True)`` also runs the reaper, under the leader lease, while ``run()``
+runs: a deployment of workers alone recovers from dead holders without a ``fsm reaper``
+process (see :func:`worker_reaper`).
+
 ``stop()`` (or SIGTERM under ``run()``) stops claiming, lets running handlers finish
 within ``grace``, then releases the leases still held, so another worker can claim
 them at once instead of waiting for the reaper; a handler still running then sees
@@ -48,8 +52,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from fsm.errors import FsmError, LeaseLost
-from fsm.records import Snapshot
+from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
+from fsm.records import HistoryRecord, Snapshot
 from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease
 from fsm.work.keepers import LeaseKeepers
@@ -70,12 +74,33 @@ from fsm.work.wakeups import subscribe_wakeups
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
+    from fsm.reaping import Reaper, ReaperConfig
 
 log = logging.getLogger("fsm.worker")
 
 M = TypeVar("M", bound=BaseModel)
 
 Handler = Callable[["Job"], Outcome]
+
+
+def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, object]) -> Reaper:
+    """The reaper a ``Worker(..., reap=...)`` runs: the engine's lifecycle and policy (one
+    source of truth with the claim window), under the leader lease, so that of many
+    workers one reaps at a time and a standby takes over when the leader dies.
+
+    ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
+    of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
+    interval and batch size, ``leader`` is always on."""
+    from fsm.reaping import Reaper, ReaperConfig  # the reaper's layer, imported when asked for
+    from fsm.reaping.service import validated_config
+
+    if isinstance(reap, bool):
+        config = ReaperConfig(interval=engine.policy.lease_ttl, leader=True)
+    elif isinstance(reap, ReaperConfig | Mapping):
+        config = validated_config(reap).model_copy(update={"leader": True})
+    else:
+        raise ConfigError(f"reap must be a bool or a ReaperConfig, not {type(reap).__name__}")
+    return Reaper(engine.store, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
 
 
 def stopping_error(held: HeldLease) -> LeaseLost:
@@ -110,10 +135,6 @@ class HeldEntity:
         its grace): a long handler should check it between steps; ``held.reason`` says why."""
         return self.held.lost
 
-    def progress(self, details: Any) -> None:
-        """Progress details for the next renewal; the next owner reads them."""
-        self.held.progress(details)
-
 
 class Job(HeldEntity):
     """What a handler gets: the entity, its held lease, and the ledger bound to both."""
@@ -132,23 +153,58 @@ class Job(HeldEntity):
         return self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
 
     def fire(
-        self, event: str, *, data: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+        self,
+        event: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        run_after: timedelta | None = None,
     ) -> FireResult:
         """Fire ``event`` under this job's lease, from the snapshot the job holds; the
         job's snapshot follows.  Under a running worker the write shares a transaction with
         other handlers' outcomes (:mod:`fsm.work.completer`), still fenced by this job's
-        own version and token; it returns once committed."""
+        own version and token; it returns once committed.  ``reason``, ``error`` and
+        ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff): such a fire
+        is written alone."""
         lease = self.held.check()
-        if self.completer is not None and idempotency_key is None:
+        alone = idempotency_key is not None or reason is not None or error is not None or run_after is not None
+        if self.completer is not None and not alone:
             result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
         else:
-            result = self.engine.fire(self.snapshot, event, lease=lease, data=data, idempotency_key=idempotency_key)
+            result = self.engine.fire(
+                self.snapshot,
+                event,
+                lease=lease,
+                data=data,
+                idempotency_key=idempotency_key,
+                reason=reason,
+                error=error,
+                run_after=run_after,
+            )
         self.snapshot = result.snapshot
         return result
+
+    def history(self) -> list[HistoryRecord]:
+        """The entity's history (the worker counts a state's attempts in it)."""
+        return self.engine.history(self.id)
 
     def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
         return self.engine.progress(self.id)
+
+    def progress(self, details: Any) -> None:
+        """Record progress details now, in their own write under this job's lease, so they
+        survive a crash right after; the next owner reads them (``previous_progress``).
+        A fenced holder gets ``Fenced``; a store that cannot be reached leaves them to the
+        keeper's next renewal (within a third of the TTL)."""
+        try:
+            self.engine.record_progress(self.held.check(), details)
+        except Fenced:
+            raise
+        except StoreUnavailable:
+            self.held.progress(details)
 
     def refresh(self) -> Snapshot:
         """Read the entity again (after the handler fired through other means)."""
@@ -172,9 +228,16 @@ class Worker(CoreFace):
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
+        reap: bool | ReaperConfig | Mapping[str, object] = False,
     ) -> None:
         self.core = WorkerCore(
-            engine.table, engine.kind, handlers, concurrency=concurrency, poll_interval=poll_interval, grace=grace
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
         )
         self.engine = engine
         self.keeper_period = keeper_period
@@ -187,6 +250,8 @@ class Worker(CoreFace):
         self._changed = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
         self._woken = False
+        self.reaper: Reaper | None = None if reap is False else worker_reaper(engine, reap)
+        """The reaper this worker runs under the leader lease (``reap=``), or ``None``."""
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
         self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
@@ -279,6 +344,8 @@ class Worker(CoreFace):
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop_claiming())
+        if self.reaper is not None:
+            self.reaper.start()
         unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
         self.completer.start()
         try:
@@ -321,6 +388,8 @@ class Worker(CoreFace):
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self.keepers.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.reaper is not None:
+            self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
 
     def __enter__(self) -> Worker:
         return self
@@ -342,4 +411,5 @@ __all__ = [
     "check_worker",
     "parse_outcome",
     "stopping_error",
+    "worker_reaper",
 ]

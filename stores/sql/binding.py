@@ -153,7 +153,7 @@ class Layout:
     status_col: str | None = None
     binding: TableBinding | None = None
     indexes: dict[str, str] | None = None
-    """Quoted names of the entity indexes (``lease``, ``idle``, ``siblings``), when the store knows them."""
+    """Quoted names of the entity indexes (``lease``, ``claim``, ``siblings``), when the store knows them."""
 
     def ref(self, name: str, alias: str) -> str:
         """SQL reading logical column ``name`` of the row aliased ``alias`` ("" = unqualified)."""
@@ -177,7 +177,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         effects=_table(q, f"{prefix}effects", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
-        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "idle", "siblings")},
+        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "claim", "siblings")},
     )
 
 
@@ -205,6 +205,9 @@ def bound_layout(dialect: sa.Dialect, prefix: str, binding: TableBinding) -> Lay
         fallback["updated_at"] = updated
     for name in ("state_entered_at", "created_at"):  # NULL until the store writes them, or the app does
         fallback[name] = f"COALESCE({{a}}{col[name]}, {updated})"
+    # a row the application inserted itself (or one from before the column) is due since it
+    # was created
+    fallback["run_after"] = f"COALESCE({{a}}{col['run_after']}, {fallback['created_at']})"
     return Layout(
         entities=_table(q, binding.table, binding.schema),
         history=_table(q, f"{prefix}history", binding.schema),

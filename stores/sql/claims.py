@@ -1,10 +1,11 @@
 """Claiming and listing on SQL: workers take the oldest claimable entities.
 
 A claim is one transaction on the calling thread's connection: for each claimable state
-(resumes first: work already under way; then starts) it selects the rows unchanged the
-longest and locks them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent
-claimers divide the rows instead of waiting for each other; SQLite: ``BEGIN IMMEDIATE``
-takes the write lock first, so claimers queue), then starts each one through the store's
+(resumes first: work already under way; then starts) it selects the rows due the longest
+(``run_after <= now``, in ``run_after`` order, walking the ``claim`` index) and locks
+them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent claimers divide the rows
+instead of waiting for each other; SQLite: ``BEGIN IMMEDIATE`` takes the write lock
+first, so claimers queue), then starts each one through the store's
 own guarded ``apply`` (a transition with its history row) or takes its lease through
 ``acquire_lease`` (a reclaimed finalizer).  Every write keeps its compare-and-set, so even
 a claimer that raced past the lock could not take an entity twice.
@@ -36,14 +37,16 @@ class ClaimOps(SqlCore):
         kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
         live = f"{kind} = {f.p('kind')} AND NOT {deleted}"
         lock = " FOR UPDATE SKIP LOCKED" if f.name == "postgresql" else ""
-        # one state at a time, longest unchanged first: an index range scan on the reaper's
-        # (kind, state, updated_at) index that stops after ``limit`` unlocked rows, so a
-        # claim costs the same whatever the backlog
+        # one state at a time, due the longest first: a range scan on the (kind, state,
+        # run_after) index up to now that stops after ``limit`` unlocked rows, so a claim
+        # costs the same whatever the backlog, and a row not yet due is never looked at.
+        # Ordered by the due time alone, the index order: a tie-break on id would sort.
+        due = lay.ref("run_after", "e")
         pick = (
-            f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql.E} AS e "
-            f"WHERE {live} AND {state} = {f.p('state')}"
+            f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql._indexed('claim')} "
+            f"WHERE {live} AND {state} = {f.p('state')} AND {due} <= {f.now}"
         )
-        order = f" ORDER BY {lay.ref('updated_at', 'e')}, {lay.ref('id', 'e')} LIMIT {f.p('limit')}{lock}"
+        order = f" ORDER BY {due} LIMIT {f.p('limit')}{lock}"
         found = {
             "start": pick + order,
             "resume": pick + f" AND {lay.ref('lease_owner', 'e')} IS NULL" + order,
@@ -86,6 +89,7 @@ class ClaimOps(SqlCore):
             if left <= 0:
                 break
             params = {"kind": request.kind, "state": state, "limit": left}
+            self._time_params(params, self._now(), None)
             cur.execute(statements["resume" if start is None else "start"], params)
             for entity_id, _, version in cur.fetchall():
                 taken = self._take(entity_id, state, version, start, request)

@@ -169,7 +169,7 @@ class SqlCore:
         rows = self._run(self._sql.diagnose, {"id": entity_id, "now": None if now is None else self._f.time(now)})
         if not rows:
             return None, now or datetime.now(UTC)
-        return snapshot_of(rows[0]), now if now is not None else decode_time(rows[0][15])
+        return snapshot_of(rows[0]), now if now is not None else decode_time(rows[0][16])
 
     def _time_params(self, params: dict[str, Any], now: datetime | None, ttl: timedelta | None) -> None:
         """``now`` (when bound) and ``now + ttl`` as the dialect takes them."""

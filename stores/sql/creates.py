@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from fsm.errors import ConstraintViolated, EntityExists
@@ -39,11 +40,11 @@ class CreateOps(WakeOps):
             return found
         c, f, sql = self._sql.L.col, self._f, self._sql
         names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
-        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data"]
+        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
         cols = ", ".join(c[n] for n in names)
         if self._sqlite:
             item = "json_extract(j.value, '$[{}]')".format
-            values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4)]
+            values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4), f.now]
             found = (
                 f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
                 f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
@@ -53,6 +54,7 @@ class CreateOps(WakeOps):
             # one json.dumps for the whole batch; the snapshots are built from the batch, so
             # the statement returns only how many rows landed and their (shared) timestamp
             values = ["r->>0", "r->>1", "r->>2", "0", "0", f.now, f.now, f.now, "FALSE", "r->>3", "0", "0", "r->4"]
+            values.append(f.now)  # due at once (a batch with due times goes row by row)
             found = (
                 f"WITH i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
                 f"FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS r "
@@ -70,7 +72,11 @@ class CreateOps(WakeOps):
         """:meth:`create_many` of a batch already checked by
         :func:`fsm.limits.check_new_entities`' rules (the engine checks every item with the
         same limits when it validates it; see ``stores.base.unchecked_create_many``)."""
-        if self.binding is not None or self._children or any(e.columns for e in batch):  # type: ignore[attr-defined]
+        if (
+            self.binding is not None  # type: ignore[attr-defined]
+            or self._children
+            or any(e.columns or e.run_after is not None for e in batch)
+        ):
             return self._create_each(list(batch))
         now = self._now()
         params: dict[str, Any] = {}
@@ -115,7 +121,9 @@ class CreateOps(WakeOps):
         else:
             when = decode_time(at)
         return [
-            Snapshot(e.id, e.kind, e.state, 0, None, 0, None, when, when, when, False, e.concurrency_key, 0, 0, e.data)
+            Snapshot(
+                e.id, e.kind, e.state, 0, None, 0, None, when, when, when, False, e.concurrency_key, 0, 0, e.data, when
+            )
             for e in batch
         ]
 
@@ -149,14 +157,20 @@ class CreateOps(WakeOps):
                     "ck": entity.concurrency_key,
                     "data": dumps_data(data, entity.id),
                 }
-                self._time_params(params, self._now(), None)
+                now = self._now()
+                self._time_params(params, now, None)
+                due: str | None = None
+                if isinstance(entity.run_after, datetime):
+                    due, params["due"] = "at", self._f.time(entity.run_after)
+                elif entity.run_after is not None:
+                    due, params["due"] = "in", self._f.offset(now, entity.run_after)
                 status = getattr(self, "_status", None)
                 if status is not None:
                     params["status"] = status(entity.state)
                 extra: tuple[str, ...] = ()
                 if entity.columns:
                     extra = self._column_params(entity.columns, params)  # type: ignore[attr-defined]
-                rows = self._write_children(cur, self._sql.create(extra), params, entity.id, children)  # type: ignore[attr-defined]
+                rows = self._write_children(cur, self._sql.create(extra, due), params, entity.id, children)  # type: ignore[attr-defined]
                 if not rows:
                     raise EntityExists(entity.id)
                 made.append(snapshot_of(rows[0]))

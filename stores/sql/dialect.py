@@ -21,13 +21,23 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.records import COUNTERS, Condition, CounterAtLeast, CounterBelow, LeaseChange, LeaseStale, NewerSibling
+from fsm.records import (
+    COUNTERS,
+    Condition,
+    CounterAtLeast,
+    CounterBelow,
+    LeaseChange,
+    LeaseStale,
+    NewerSibling,
+    Owned,
+    Unclaimed,
+)
 from stores.sql.binding import Layout
-from stores.sql.schema import ENTITY_COLUMNS, HISTORY_COLUMNS, decode_time, encode_sqlite_time
+from stores.sql.schema import ENTITY_COLUMNS, HISTORY_COLUMNS, HISTORY_MOVE_COLUMNS, decode_time, encode_sqlite_time
 
 ConditionShape = tuple[tuple[type, str | None], ...]
 
-LEAN_COLUMNS = ("version", "lease_owner", "lease_token", "lease_expires_at", "attempt", "reclaims")
+LEAN_COLUMNS = ("version", "lease_owner", "lease_token", "lease_expires_at", "attempt", "reclaims", "run_after")
 """What a transition changes besides state and times (all columns of a lean ``RETURNING``)."""
 
 
@@ -218,6 +228,7 @@ class Statements:
         self.exists = f"SELECT 1 FROM {self.E} AS e WHERE e.{c['id']} = {f.p('id')}"
         hcols = ", ".join(HISTORY_COLUMNS)
         self.hist_cols = hcols
+        self.hist_move_cols = ", ".join(HISTORY_MOVE_COLUMNS)  # a reaper's batch: no owner, no error
         self.history = f"SELECT {hcols} FROM {self.H} WHERE entity_id = {f.p('id')} ORDER BY seq"
         self.find = f"SELECT {hcols} FROM {self.H} WHERE entity_id = {f.p('id')} AND idempotency_key = {f.p('key')}"
         self.sibling = (
@@ -258,6 +269,10 @@ class Statements:
                 f" AND {lay.ref('state', s)} = {lay.ref('state', a)} AND NOT {lay.ref('deleted', s)}"
                 f" AND {cs} >= {ca} AND ({cs} > {ca} OR {lay.ref('id', s)} > {lay.ref('id', a)}))"
             )
+        if isinstance(cond, Owned):
+            return f"{lay.ref('lease_owner', a)} IS {'NOT NULL' if cond.held else 'NULL'}"
+        if isinstance(cond, Unclaimed):
+            return f"({lay.ref('lease_owner', a)} IS NULL AND {lay.ref('updated_at', a)} < {f.now_minus(f'wait{i}')})"
         if isinstance(cond, CounterBelow | CounterAtLeast):
             if cond.counter not in COUNTERS:
                 raise ValueError(f"unknown counter {cond.counter!r}; counters are {', '.join(COUNTERS)}")
@@ -273,11 +288,19 @@ class Statements:
         for i, c in enumerate(require):
             if isinstance(c, LeaseStale):
                 params[f"stale{i}"] = f.offset(now, -c.stale_after) if f.name == "sqlite" else c.stale_after
+            elif isinstance(c, Unclaimed):
+                params[f"wait{i}"] = f.offset(now, -c.max_wait) if f.name == "sqlite" else c.max_wait
             elif isinstance(c, CounterBelow | CounterAtLeast):
                 params[f"lim{i}"] = c.limit
 
     def _move_sets(
-        self, change: LeaseChange, has_ttl: bool, bump_attempt: bool, bump_reclaims: bool, new_data: bool
+        self,
+        change: LeaseChange,
+        has_ttl: bool,
+        bump_attempt: bool,
+        bump_reclaims: bool,
+        new_data: bool,
+        has_due: bool = False,
     ) -> str:
         """SET clause of a transition: new state, version + 1, lease change, counters, times."""
         c, f = self.L.col, self.f
@@ -297,6 +320,8 @@ class Statements:
             sets.append(f"{c['reclaims']} = e.{c['reclaims']} + 1")
         if new_data:
             sets.append(f"{c['data']} = {f.json('data')}")
+        if has_due:  # a retry: due once its backoff has passed
+            sets.append(f"{c['run_after']} = {f.now_plus('due')}")
         if self.L.status_col is not None:
             sets.append(f"{self.L.status_col} = {f.p('status')}")
         return ", ".join(sets)
@@ -315,6 +340,7 @@ class Statements:
         new_data: bool,
         lean: bool = False,
         blind: bool = False,
+        has_due: bool = False,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -327,7 +353,19 @@ class Statements:
         PostgreSQL; otherwise every entity column.  ``blind`` (SQLite, with ``lean``) returns
         nothing: the update also requires the lease holder and token the caller's snapshot
         shows (``bowner``, ``btoken``), so the store knows every column it writes."""
-        key = ("apply", change, has_ttl, token_check, shape, bump_attempt, bump_reclaims, new_data, lean, blind)
+        key = (
+            "apply",
+            change,
+            has_ttl,
+            token_check,
+            shape,
+            bump_attempt,
+            bump_reclaims,
+            new_data,
+            lean,
+            blind,
+            has_due,
+        )
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
@@ -344,7 +382,7 @@ class Statements:
         if blind:
             guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
-        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data)
+        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due)
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
         common = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)
@@ -353,29 +391,32 @@ class Statements:
             found = (
                 f"WITH u AS (UPDATE {self.E} AS e SET {sets} WHERE {guard} RETURNING {returning}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.lease_token, {f.p('reason')}, {f.p('key')}, "
-                f"u.fsm_now, {f.json('patch')} FROM u) SELECT * FROM u",
+                f"u.fsm_now, {f.json('patch')}, {f.p('howner')}, {f.json('error')} FROM u) SELECT * FROM u",
             )
         else:
             update = self._update(sets, guard, returning=returning)
             found = (
                 update.partition(" RETURNING ")[0] if blind else update,
                 f"{hist} VALUES ({f.p('id')}, {f.p('seq')}, {common}, {f.p('htoken')}, {f.p('reason')}, {f.p('key')}, "
-                f"{f.now}, {f.p('patch')})",
+                f"{f.now}, {f.p('patch')}, {f.p('howner')}, {f.p('error')})",
             )
         self._shapes[key] = found
         return found
 
-    def create(self, extra: Sequence[str]) -> str:
-        """Insert at version 0, or nothing when the id exists (``ON CONFLICT DO NOTHING``)."""
-        key = ("create", tuple(extra))
+    def create(self, extra: Sequence[str], due: str | None = None) -> str:
+        """Insert at version 0, or nothing when the id exists (``ON CONFLICT DO NOTHING``).
+
+        ``due``: how the due time is given: ``None`` (now), ``"at"`` (the ``due``
+        parameter, a time) or ``"in"`` (now plus the ``due`` parameter)."""
+        key = ("create", tuple(extra), due)
         found: str | None = self._shapes.get(key)
         if found is not None:
             return found
         c, f = self.L.col, self.f
         names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
-        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data"]
+        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
         values = [f.p("id"), f.p("kind"), f.p("state"), "0", "0", f.now, f.now, f.now, "FALSE", f.p("ck")]
-        values += ["0", "0", f.json("data")]
+        values += ["0", "0", f.json("data"), {None: f.now, "at": f.p("due"), "in": f.now_plus("due")}[due]]
         cols = [c[n] for n in names]
         if self.L.status_col is not None:
             cols.append(self.L.status_col)
@@ -551,7 +592,7 @@ class Statements:
             for i in range(set_data):
                 data = self.set_items(data, i)
             sets += f", {c['data']} = {data}"
-        hist = f"INSERT INTO {self.H} ({self.hist_cols})"
+        hist = f"INSERT INTO {self.H} ({self.hist_move_cols})"
         values = f"{f.p('event')}, {f.p('state')}, {f.p('target')}, {f.p('actor')}"
         limit = f" LIMIT {f.p('limit')}"
         if self.pg:
@@ -666,7 +707,7 @@ class Statements:
             f"AND {f.is_object('e.' + c['data'])}" + self.conditions(require, "e")
         )
         sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False)
-        hist = f"INSERT INTO {self.H} ({self.hist_cols})"
+        hist = f"INSERT INTO {self.H} ({self.hist_move_cols})"
         values = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         if self.pg:
             found = (

@@ -361,7 +361,7 @@ class ReaperOps(SqlCore):
         moved = []
         for row in rows:
             try:
-                moved.append((snapshot_of(row), decode_time(row[15])))
+                moved.append((snapshot_of(row), decode_time(row[16])))
             except MalformedRow as err:  # committed already; cannot happen for jsonb objects
                 log.error("moved a malformed row %r: %s", err.entity_id, err.reason)
         return moved

@@ -30,7 +30,7 @@ def dumps_data(value: Any, entity_id: str) -> str:
 def snapshot_of(row: Sequence[Any]) -> Snapshot:
     """A row (entity columns in Snapshot order) as a Snapshot, or ``MalformedRow``."""
     try:
-        state, data, exp = row[2], row[14], row[6]
+        state, data, exp, due = row[2], row[14], row[6], row[15]
         if state is None:
             raise ValueError("no state (leaf state column is NULL)")
         if data.__class__ is str:
@@ -41,7 +41,7 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
         return Snapshot(
             row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
             decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
-            row[12], row[13], data,
+            row[12], row[13], data, None if due is None else decode_time(due),
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None
@@ -50,12 +50,15 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
 def history_of(row: Sequence[Any]) -> HistoryRecord:
     """A history row (columns in HistoryRecord order) as a record, or ``MalformedRow``."""
     try:
-        data = row[10]
+        data, error = row[10], row[12]
         if data.__class__ is str:
             data = json.loads(data)
+        if error.__class__ is str:
+            error = json.loads(error)
         return HistoryRecord(
-            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], decode_time(row[9]), data
-        )
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], decode_time(row[9]), data,
+            row[11], error,
+        )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=f"history row {row[1]}: {err}") from None
 

@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -45,6 +45,7 @@ ENTITY_COLUMNS = (
     "attempt",
     "reclaims",
     "data",
+    "run_after",
 )
 """Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
 
@@ -60,10 +61,14 @@ HISTORY_COLUMNS = (
     "idempotency_key",
     "at",
     "data",
+    "owner",
+    "error",
 )
 """History columns, in :class:`fsm.records.HistoryRecord` field order."""
+HISTORY_MOVE_COLUMNS = HISTORY_COLUMNS[:11]
+"""What a reaper's batch writes of a history row: no owner, no error (both stay NULL)."""
 
-TIME_COLUMNS = frozenset({"lease_expires_at", "state_entered_at", "created_at", "updated_at"})
+TIME_COLUMNS = frozenset({"lease_expires_at", "state_entered_at", "created_at", "updated_at", "run_after"})
 
 ID_LENGTH = 255
 NAME_LENGTH = 64
@@ -165,6 +170,9 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         "attempt": sa.Column(names["attempt"], sa.Integer(), nullable=False, server_default=sa.text("0")),
         "reclaims": sa.Column(names["reclaims"], sa.Integer(), nullable=False, server_default=sa.text("0")),
         "data": sa.Column(names["data"], JsonDocument(), nullable=False, server_default=json_default()),
+        # nullable: a row written before revision 0004 (or by the application into a bound
+        # table) has none; the store reads a missing due time as the row's creation time
+        "run_after": sa.Column(names["run_after"], UtcDateTime(), nullable=True),
     }
     return [cols[name] for name in ENTITY_COLUMNS]
 
@@ -178,8 +186,11 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
       range on the expiry, and lease-less idle rows by ``lease_expires_at IS NULL`` plus a
       range on ``updated_at`` (the trailing column makes that branch exact too); its
       ``(kind, state)`` prefix also serves a rule with counter conditions only;
-    - ``idle``: ``(kind, state, updated_at)``, the workers' claim (oldest unchanged first);
-      no reaper rule reads it;
+    - ``claim``: ``(kind, state, run_after)`` (revision 0004), the workers' claim: a
+      claimable state's rows in due order, walked from the oldest due time up to now and
+      stopped after ``limit`` takers (never sorted).  Not partial on a free lease: a
+      lease taken or given back would then move the row in and out of it.  It replaced
+      ``idle`` ``(kind, state, updated_at)``, which only the claim read;
     - ``siblings``: ``(kind, concurrency_key, state, created_at)`` for the ``NewerSibling``
       probe, partial (``WHERE concurrency_key IS NOT NULL``): most rows have no key, and a
       row without one can never have a sibling.
@@ -194,7 +205,7 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
             c[names["lease_expires_at"]],
             c[names["updated_at"]],
         ),
-        sa.Index(f"ix_{stem}_idle", c[names["kind"]], c[names["state"]], c[names["updated_at"]]),
+        sa.Index(f"ix_{stem}_claim", c[names["kind"]], c[names["state"]], c[names["run_after"]]),
         sa.Index(
             f"ix_{stem}_siblings",
             c[names["kind"]],
@@ -257,6 +268,8 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
         sa.Column("idempotency_key", sa.String(ID_LENGTH), nullable=True),
         sa.Column("at", UtcDateTime(), nullable=False),
         sa.Column("data", JsonDocument(), nullable=True),
+        sa.Column("owner", sa.String(ID_LENGTH), nullable=True),
+        sa.Column("error", JsonDocument(), nullable=True),
     )
     # PostgreSQL only: the feed's order (stores.sql.feed), a column the ORM never names
     for statement in feed_ddl(prefix):
@@ -329,6 +342,7 @@ __all__ = [
     "ENTITY_COLUMNS",
     "HEAD_REVISION",
     "HISTORY_COLUMNS",
+    "HISTORY_MOVE_COLUMNS",
     "JsonDocument",
     "UtcDateTime",
     "build_metadata",

@@ -381,11 +381,16 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
             "data": dumps_data(data, entity.id),
         }
         self._time_params(params, now, None)
+        due: str | None = None
+        if isinstance(entity.run_after, datetime):
+            due, params["due"] = "at", self._f.time(entity.run_after)
+        elif entity.run_after is not None:
+            due, params["due"] = "in", self._f.offset(now, entity.run_after)
         if self._status is not None:
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
-        sql = self._sql.create(extra)
+        sql = self._sql.create(extra, due)
         if not self._sqlite:  # the wake-up rides in the insert: sent only if it commits
             sql = self._with_notify(sql)
             params["ntf"] = self._channel(entity.kind)
@@ -473,9 +478,11 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
         # update also requires its lease holder and token (they move without a version bump:
         # acquire_lease, release_lease); only a kept, held lease's expiry is unknown (a renewal
         # moves it), so that write reads it back.  No RETURNING: the rows written are counted.
+        due = write.run_after
         blind = (
             before is not None
             and self._sqlite
+            and due is None  # the due time the statement sets is read back
             and not (write.lease_change is LeaseChange.KEEP and before.lease_owner is not None)
         )
         shape = (
@@ -489,7 +496,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
             write.data is not None,
             before is not None,
         )
-        sql = self._sql.apply(*shape, blind)
+        sql = self._sql.apply(*shape, blind, due is not None)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -513,6 +520,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
             "patch": patch_text,
             "data": data_text,
             "new_owner": write.new_owner,
+            "howner": write.history_owner(),
+            "error": None if write.error is None else dumps_data(write.error, entity_id),
         }
         if self._status is not None:
             params["status"] = self._status(write.target)
@@ -523,6 +532,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
         for _ in range(ATTEMPTS + blind):  # a refused blind write is retried lean, not counted
             now = self._now()
             self._time_params(params, now, write.lease_ttl)
+            if due is not None:
+                params["due"] = self._f.offset(now, due)
             if require:
                 self._sql.condition_params(params, require, now)
             try:
@@ -537,15 +548,17 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
                 if before is None:
                     snap = row
                 else:  # positional: the hot path
-                    exp = row[3]
+                    exp, ra = row[3], row[6] if len(row) > 6 else before.run_after
                     snap = Snapshot(
                         entity_id, before.kind, write.target, row[0], row[1], row[2],
                         None if exp is None else decode_time(exp), at, before.created_at, at, False,
                         before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
+                        None if ra is None else decode_time(ra),
                     )  # fmt: skip
                 record = HistoryRecord(
                     entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
                     write.reason, write.idempotency_key, at, None if patch_text is None else json.loads(patch_text),
+                    params["howner"], write.error,
                 )  # fmt: skip
                 return snap, record
             except _Refused:

@@ -31,18 +31,22 @@ def test_compound_active_state_holds_running_and_finalizing_with_running_initial
     assert {n.id for n in d.nodes if n.final} == {"completed", "failed"}
 
 
-def test_every_guarded_branch_of_job_is_an_edge_including_all_three_expire_branches() -> None:
+def test_every_guarded_branch_of_job_is_an_edge_including_all_five_expire_branches() -> None:
     edges = _edges(extract(JobLifecycle))
     assert edges == [
         ("start", "queued", "active", "worker", ()),
         ("exited", "running", "finalizing", "worker", ("holds_lease",)),
         ("fail", "running", "failed", "worker", ("holds_lease",)),
-        ("expire", "running", "queued", "reaper", ("lease_stale", "attempts_left")),
-        ("expire", "running", "failed", "reaper", ("lease_stale",)),
+        ("retry", "running", "queued", "worker", ("holds_lease",)),
+        ("expire", "running", "queued", "reaper", ("lease_stale", "owned", "attempts_left")),
+        ("expire", "running", "failed", "reaper", ("lease_stale", "owned")),
+        ("expire", "running", "failed", "reaper", ("lease_stale", "unclaimed")),
         ("complete", "finalizing", "completed", "worker", ("holds_lease",)),
         ("fail", "finalizing", "failed", "worker", ("holds_lease",)),
-        ("expire", "finalizing", "failed", "reaper", ("lease_stale", "reclaims_exhausted")),
-        ("reclaim", "finalizing", "finalizing", "reaper", ("lease_stale", "reclaims_left")),
+        ("retry", "finalizing", "finalizing", "worker", ("holds_lease",)),
+        ("expire", "finalizing", "failed", "reaper", ("lease_stale", "owned", "reclaims_exhausted")),
+        ("expire", "finalizing", "failed", "reaper", ("lease_stale", "unclaimed")),
+        ("reclaim", "finalizing", "finalizing", "reaper", ("lease_stale", "owned", "reclaims_left")),
     ]
 
 
@@ -59,13 +63,16 @@ def test_pipeline_edges_carry_reasons_expired_and_duplicate_and_the_finalizer_le
 
 
 def test_job_labels_show_lease_effects_counters_and_reclaimed_reason() -> None:
-    by = {(e.event, e.source, e.target): e for e in extract(JobLifecycle).edges}
+    by = {(e.event, e.source, e.target, e.guards): e for e in extract(JobLifecycle).edges}
+    by |= {key[:3]: e for key, e in by.items() if "unclaimed" not in key[3]}
     assert by[("start", "queued", "active")].effects == ("acquires lease", "attempt+1")
     assert by[("reclaim", "finalizing", "finalizing")].effects == ("reason=reclaimed", "acquires lease", "reclaims+1")
     assert by[("expire", "running", "queued")].effects == ("reason=expired", "clears lease")
     # entering a final state always clears the lease: implied, not repeated on each edge
     assert by[("expire", "running", "failed")].effects == ("reason=expired",)
-    assert by[("expire", "running", "failed")].title == "expire [lease_stale] (reaper)"
+    assert by[("expire", "running", "failed")].title == "expire [lease_stale, owned] (reaper)"
+    backstop = by[("expire", "running", "failed", ("lease_stale", "unclaimed"))]
+    assert backstop.effects == ("reason=unclaimed",)
 
 
 def test_transition_declared_on_the_compound_is_one_edge_from_the_compound_not_one_per_leaf() -> None:

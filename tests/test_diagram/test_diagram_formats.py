@@ -395,16 +395,17 @@ def test_mermaid_labels_carry_guards_actor_and_effects_for_every_job_branch() ->
     doc = parse_mermaid(to_mermaid(extract(JobLifecycle)))
     labels = {(src, dst, *mermaid_label(label)[:3]): mermaid_label(label)[3] for src, dst, label in doc.edges}
     parsed = set(labels)
-    assert ("running", "queued", "expire", ("lease_stale", "attempts_left"), "reaper") in parsed
-    assert ("running", "failed", "expire", ("lease_stale",), "reaper") in parsed
-    assert ("finalizing", "failed", "expire", ("lease_stale", "reclaims_exhausted"), "reaper") in parsed
+    assert ("running", "queued", "expire", ("lease_stale", "owned", "attempts_left"), "reaper") in parsed
+    assert ("running", "failed", "expire", ("lease_stale", "owned"), "reaper") in parsed
+    assert ("running", "failed", "expire", ("lease_stale", "unclaimed"), "reaper") in parsed
+    assert ("finalizing", "failed", "expire", ("lease_stale", "owned", "reclaims_exhausted"), "reaper") in parsed
     # a self-loop's label is short (Mermaid sets it over its state's other labels): its
     # guards and effects are spelled out in the legend note
     assert ("finalizing", "finalizing", "reclaim", (), "reaper") in parsed
     (legend,) = [lines for state, lines in doc.notes if state == "queued"]
     assert (
-        "finalizing loop: reclaim [lease_stale, reclaims_left] (reaper): reason=reclaimed, acquires lease, reclaims+1"
-        in legend
+        "finalizing loop: reclaim [lease_stale, owned, reclaims_left] (reaper): reason=reclaimed, acquires lease, "
+        "reclaims+1" in legend
     )
     assert ("running", "finalizing", "exited", ("holds_lease",), "worker") in parsed
     effects = {(src, dst, ev): eff for (src, dst, ev, _g, _a), eff in labels.items()}
@@ -602,9 +603,11 @@ def test_dot_edges_carry_guards_and_actor_and_reaper_edges_are_dashed_and_red() 
     assert len(dashed_colors) == len(solid_colors) == 1 and dashed_colors != solid_colors
     expires = sorted(plain(a["label"]) for _t, _h, a in edges if plain(a["label"]).startswith("expire"))
     assert expires == [
-        "expire [lease_stale, attempts_left] (reaper)\nreason=expired, clears lease",
-        "expire [lease_stale, reclaims_exhausted] (reaper)\nreason=expired",
-        "expire [lease_stale] (reaper)\nreason=expired",
+        "expire [lease_stale, owned, attempts_left] (reaper)\nreason=expired, clears lease",
+        "expire [lease_stale, owned, reclaims_exhausted] (reaper)\nreason=expired",
+        "expire [lease_stale, owned] (reaper)\nreason=expired",
+        "expire [lease_stale, unclaimed] (reaper)\nreason=unclaimed",
+        "expire [lease_stale, unclaimed] (reaper)\nreason=unclaimed",
     ]
 
 

@@ -267,18 +267,23 @@ def test_a_completion_between_the_reapers_read_and_write_is_not_overwritten(
     assert [r.event for r in engine.history("j1")] == ["start", "exited", "complete"]
 
 
-def test_a_row_with_a_null_lease_is_still_reaped_by_updated_at(any_store: Store, clock: ManualClock) -> None:
+def test_a_row_with_a_null_lease_waits_for_a_worker_and_is_reaped_only_at_the_backstop(
+    any_store: Store, clock: ManualClock
+) -> None:
     engine = Engine(JobLifecycle, any_store, clock=clock)
     engine.create("j1")
     lease = engine.fire("j1", "start").lease
     assert lease is not None
-    engine.release_lease(lease)  # running with no lease at all
+    engine.release_lease(lease)  # running with no lease at all: a stopping worker gave it back
     reaper = reaper_for(any_store, clock)
-    clock.advance(engine.policy.stale_after - timedelta(seconds=1))
+    clock.advance(engine.policy.stale_after + timedelta(seconds=1))
+    assert reaper.run_once().total_moved == 0  # waiting for a worker is not dying
+    clock.advance(engine.policy.max_wait - engine.policy.stale_after - timedelta(seconds=2))
     assert reaper.run_once().total_moved == 0
-    clock.advance(seconds=2)
+    clock.advance(seconds=2)  # a NULL lease never leaves a row unreapable: the backstop fails it
     assert reaper.run_once().moved == {"job.expire": 1}
-    assert engine.get("j1").state == "queued"
+    snap = engine.get("j1")
+    assert snap.state == "failed" and engine.history("j1")[-1].reason == "unclaimed"
 
 
 def test_job_expire_requeues_while_attempts_remain_then_fails(any_store: Store, clock: ManualClock) -> None:
@@ -303,6 +308,9 @@ def test_a_finalizer_is_expired_only_once_its_reclaims_are_spent(any_store: Stor
         clock.advance(engine.policy.lease_ttl + timedelta(seconds=1))
         assert reaper.run_once().moved == {"job.reclaim": 1}
         assert engine.get("j1").reclaims == n
+        clock.advance(engine.policy.lease_ttl + timedelta(seconds=1))
+        assert reaper.run_once().total_moved == 0  # nobody claimed it: waiting, not a death
+        engine.claim(owner=f"rescuer-{n}")  # a new holder takes it, and dies in its turn
     clock.advance(engine.policy.lease_ttl + timedelta(seconds=1))
     assert reaper.run_once().moved == {"job.expire": 1}
     assert engine.get("j1").state == "failed"

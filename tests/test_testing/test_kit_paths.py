@@ -26,10 +26,12 @@ def test_every_state_and_every_transition_has_a_path(lifecycle: type, guard_data
 
 def test_paths_carry_the_clock_moves_and_guard_values_they_need() -> None:
     found = shortest_paths(JobLifecycle)
-    exhausted = found.transitions["expire: finalizing -> failed [lease_stale, reclaims_exhausted] (reaper)"]
+    exhausted = found.transitions["expire: finalizing -> failed [lease_stale, owned, reclaims_exhausted] (reaper)"]
     assert [s.event for s in exhausted.steps if s.kind == "fire"] == [
         "start", "exited", "reclaim", "reclaim", "expire"
     ]  # fmt: skip
+    # a reclaim counts a death: a new holder must take the lease before the next one
+    assert [s.kind for s in exhausted.steps].count("acquire") == 2
     assert len(exhausted.clock_moves) == 3 and exhausted.guard_values["reclaims_exhausted"] is True
     supersede = shortest_paths(PipelineLifecycle).transitions["supersede: running -> failed [superseded] (reaper)"]
     assert [s.kind for s in supersede.steps] == ["fire", "sibling", "fire"]
@@ -65,7 +67,7 @@ def test_the_coverage_report_names_what_a_thin_suite_never_fired() -> None:
         jobs.fire("j1", "exited", lease=lease)
         jobs.fire("j1", "complete", lease=lease)
     report = coverage.report(JobLifecycle)
-    assert "reclaim: finalizing -> finalizing [lease_stale, reclaims_left] (reaper)" in report.missed
+    assert "reclaim: finalizing -> finalizing [lease_stale, owned, reclaims_left] (reaper)" in report.missed
     assert "complete: finalizing -> completed [holds_lease] (worker)" in report.fired
     assert not report.complete and "NEVER FIRED  reclaim" in report.format()
     # the same from a store's history

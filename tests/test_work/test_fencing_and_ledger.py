@@ -145,17 +145,20 @@ def test_a_failed_effect_that_must_not_be_retried_raises_effect_failed_for_the_n
     assert failed.value.error == {"error": {"type": "ValueError", "message": "conflict in main"}}
 
 
-def test_a_reclaimed_entity_nobody_claims_is_reclaimed_until_its_budget_runs_out_then_failed(
+def test_a_reclaimed_entity_nobody_claims_waits_without_spending_reclaims_until_the_backstop(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     engine = Engine(JobLifecycle, store, clock=clock)
     finalizing(engine)
     reaper = Reaper(store, [JobLifecycle], clock=clock)
     moves = []
-    for _ in range(10):
-        clock.advance(engine.policy.lease_ttl + timedelta(seconds=1))  # nobody claims in time
+    waited = timedelta()
+    while engine.get("j1").state != "failed" and waited < 2 * engine.policy.max_wait:
+        step = engine.policy.lease_ttl + timedelta(seconds=1)
+        clock.advance(step)  # nobody claims in time: every worker is busy
+        waited += step
         moves.extend(sorted(reaper.run_once().moved))
-        if engine.get("j1").state == "failed":
-            break
-    assert moves == ["job.reclaim"] * engine.policy.max_reclaims + ["job.expire"]
-    assert engine.get("j1").reclaims == engine.policy.max_reclaims
+    assert moves == ["job.reclaim", "job.expire"]  # one death, one reclaim; then only the backstop
+    assert engine.get("j1").reclaims == 1
+    assert engine.history("j1")[-1].reason == "unclaimed"
+    assert waited > engine.policy.max_wait

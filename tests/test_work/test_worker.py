@@ -78,7 +78,7 @@ def test_a_resumed_finalizer_replays_recorded_gates_and_runs_only_the_rest() -> 
 
 
 def test_a_handler_that_raises_fails_its_entity_and_never_kills_the_worker(caplog: pytest.LogCaptureFixture) -> None:
-    engine = Engine(JobLifecycle, MemoryStore())
+    engine = Engine(JobLifecycle, MemoryStore(), policy=JobLifecycle.policy.replace(default_retry=None))
 
     def run_agent(job: Job) -> str:
         if job.id == "bad":
@@ -90,6 +90,14 @@ def test_a_handler_that_raises_fails_its_entity_and_never_kills_the_worker(caplo
     with Worker(engine, {"running": run_agent}, **QUICK) as worker:
         drain(worker, 2)
     assert engine.get("bad").state == "failed"
+    failure = engine.history("bad")[-1]
+    assert failure.reason == "error" and failure.error is not None
+    assert (failure.error["type"], failure.error["message"], failure.error["attempt"]) == (
+        "RuntimeError",
+        "agent crashed",
+        1,
+    )
+    assert "raise RuntimeError" in failure.error["traceback"]
     assert engine.get("good").state == "finalizing"
     assert worker.stats.failed == 1 and "bad: RuntimeError: agent crashed" in worker.stats.errors
     assert any("bad" in r.getMessage() for r in caplog.records if r.name == "fsm.worker")

@@ -11,6 +11,8 @@ import asyncio
 import threading
 from datetime import timedelta
 
+import pytest
+
 from fsm import AsyncEngine, Engine, JobLifecycle
 from fsm.aio import AsyncJob, AsyncWorker
 from fsm.work import Job, Worker
@@ -162,3 +164,25 @@ def test_an_async_handler_running_past_the_grace_is_told_then_cancelled() -> Non
         assert snap.state == "running" and snap.lease_owner is None
 
     asyncio.run(scenario())
+
+
+def test_a_worker_that_reaps_runs_a_leader_reaper_of_its_lifecycle_and_policy_and_stops_it() -> None:
+    from fsm import ConfigError
+    from fsm.reaping import ReaperConfig
+
+    policy = JobLifecycle.policy.replace(lease_ttl=timedelta(seconds=7))
+    engine = Engine(JobLifecycle, MemoryStore(), policy=policy)
+    worker = Worker(engine, {"running": lambda job: "exited"}, poll_interval=A_DAY, reap=True)
+    assert worker.reaper is not None
+    assert worker.reaper.config.leader and worker.reaper.config.interval == timedelta(seconds=7)
+    assert [p.effective_policy for p in worker.reaper.policies] == [policy]  # one source of truth
+    thread = in_thread(worker)
+    wait_until(lambda: worker.reaper is not None and worker.reaper.running, "the reaper ticking")
+    worker.stop()
+    thread.join(PATIENT)
+    assert not worker.reaper.running
+    chosen = Worker(engine, {}, reap=ReaperConfig(interval=timedelta(seconds=3)))
+    assert chosen.reaper is not None and chosen.reaper.config.leader  # always under the leader lease
+    assert Worker(engine, {}).reaper is None
+    with pytest.raises(ConfigError):
+        Worker(engine, {}, reap={"interval": -1})

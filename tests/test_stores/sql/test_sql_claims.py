@@ -11,31 +11,30 @@ from fsm import ManualClock
 from stores.sql import SqlStore
 
 
-def test_the_claim_pick_walks_the_state_index_in_order_on_sqlite(tmp_path: object) -> None:
+def test_the_claim_pick_walks_the_due_time_index_in_order_on_sqlite(tmp_path: object) -> None:
     store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=ManualClock())
     try:
         with store.engine.begin() as conn:
             conn.exec_driver_sql(
                 "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 5000) "
-                "INSERT INTO fsm_entities (id, kind, state, state_entered_at, created_at, updated_at) "
-                "SELECT 'e' || n, 'job', 'queued', 't', 't', 't' FROM g"
+                "INSERT INTO fsm_entities (id, kind, state, state_entered_at, created_at, updated_at, run_after) "
+                "SELECT 'e' || n, 'job', 'queued', 't', 't', 't', 't' || n FROM g"
             )
             conn.exec_driver_sql("ANALYZE")
         for which in ("start", "resume"):
             sql = store._claim_sql()[which]
             with store.engine.connect() as conn:
                 plan = conn.exec_driver_sql(
-                    f"EXPLAIN QUERY PLAN {sql}", {"kind": "job", "state": "queued", "limit": 5}
+                    f"EXPLAIN QUERY PLAN {sql}", {"kind": "job", "state": "queued", "limit": 5, "now": "u"}
                 ).fetchall()
             text = " | ".join(str(row[-1]) for row in plan)
-            assert "USING INDEX ix_fsm_entities_idle" in text, text
-            # no sort of the whole backlog: at most the ties on updated_at are ordered by id
-            assert "TEMP B-TREE FOR ORDER BY" not in text, text
+            assert "USING INDEX ix_fsm_entities_claim (kind=? AND state=? AND run_after<?)" in text, text
+            assert "TEMP B-TREE" not in text, text  # walked in due order: nothing is sorted
     finally:
         store.close()
 
 
-def test_the_claim_pick_is_an_index_scan_without_a_sort_on_postgres() -> None:
+def test_the_claim_pick_is_a_due_time_index_scan_without_a_sort_on_postgres() -> None:
     from conftest import isolated_postgres_store
 
     store = isolated_postgres_store(ManualClock())
@@ -45,9 +44,9 @@ def test_the_claim_pick_is_an_index_scan_without_a_sort_on_postgres() -> None:
         with store.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    f"INSERT INTO {table} (id, kind, state, state_entered_at, created_at, updated_at)"
+                    f"INSERT INTO {table} (id, kind, state, state_entered_at, created_at, updated_at, run_after)"
                     " SELECT 'e' || g, 'job', CASE WHEN g % 10 = 0 THEN 'running' ELSE 'queued' END,"
-                    " now(), now(), now() - g * interval '1 second' FROM generate_series(1, 20000) AS g"
+                    " now(), now(), now(), now() - g * interval '1 second' FROM generate_series(1, 20000) AS g"
                 )
             )
             conn.execute(sa.text(f"ANALYZE {table}"))
@@ -58,11 +57,8 @@ def test_the_claim_pick_is_an_index_scan_without_a_sort_on_postgres() -> None:
                 {"kind": "job", "state": "queued", "limit": 5, "now": datetime.now(UTC) + timedelta(0)},
             )
             plan = "\n".join(r[0] for r in raw.fetchall())
-            assert f"Index Scan using ix_{table}_idle" in plan, plan
+            assert f"Index Scan using ix_{table}_claim" in plan, plan
             assert "Seq Scan" not in plan, plan
-            # no sort of the whole backlog: at most the ties on updated_at are ordered by id
-            assert all(
-                line.strip().startswith("->  Incremental Sort") for line in plan.splitlines() if "Sort  " in line
-            )
+            assert "Sort" not in plan, plan  # walked in due order: nothing is sorted
     finally:
         store.close()

@@ -31,10 +31,13 @@ def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) ->
     for short in tables:
         table = f"{prefix}{short}"
         found[short] = {
-            "columns": [
+            # by name: migrations add columns at the end in their order (PostgreSQL's feed
+            # column in 0003 before 0004's), create_all in the schema's; no statement of the
+            # store depends on the column order (every one names its columns)
+            "columns": sorted(
                 (c["name"], str(c["type"]), c["nullable"], str(c["default"]).replace(prefix, "{p}"))
                 for c in inspector.get_columns(table)
-            ],
+            ),
             "pk": inspector.get_pk_constraint(table)["constrained_columns"],
             "indexes": sorted(
                 (plain(i["name"]), tuple(i["column_names"]), bool(i["unique"]), _where(i))
@@ -65,7 +68,7 @@ def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarg
         created_schema, migrated_schema = _schema(engine, sql_target.prefix), _schema(engine, migrated)
         assert created_schema == migrated_schema
         assert created_schema["entities"]["indexes"] == [
-            ("ix_{p}entities_idle", ("kind", "state", "updated_at"), False, None),
+            ("ix_{p}entities_claim", ("kind", "state", "run_after"), False, None),
             ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False, None),
             (
                 "ix_{p}entities_siblings",
@@ -106,7 +109,9 @@ def test_downgrade_to_base_drops_the_tables_and_create_true_builds_them_again(sq
     assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION
 
 
-def test_a_database_at_0001_upgrades_to_the_lean_indexes_keeping_its_rows(sql_target: SqlTarget) -> None:
+def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in_line(
+    sql_target: SqlTarget,
+) -> None:
     engine = sql_target.engine()
     assert isinstance(engine, sa.Engine)
     reference = f"r{sql_target.prefix}"
@@ -126,8 +131,13 @@ def test_a_database_at_0001_upgrades_to_the_lean_indexes_keeping_its_rows(sql_ta
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0003"
-        assert store.get("old").state == "queued"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0004"
+        old = store.get("old")
+        assert old.state == "queued"
+        assert old.run_after == old.created_at  # due since it was created: it keeps its place
+        assert f"ix_{sql_target.prefix}entities_idle" not in {
+            i["name"] for i in sa.inspect(engine).get_indexes(f"{sql_target.prefix}entities")
+        }
         store.create(NewEntity("new", "job", "queued", concurrency_key="k"))
         SqlStore(engine, table_prefix=reference).close()  # create_all at head, for comparison
         upgraded, created = _schema(engine, sql_target.prefix), _schema(engine, reference)
