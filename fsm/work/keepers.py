@@ -182,7 +182,9 @@ class LeaseKeepers:
         while True:
             with self._changed:
                 while not self._stopped:
-                    first = min((k.due for k in self._kept.values()), default=None)
+                    # a lease its holder already lost is never renewed (run_once skips it):
+                    # counting its due time would wake this loop at once, forever
+                    first = min((k.due for k in self._kept.values() if not k.held.lost), default=None)
                     wait = None if first is None else first - time.monotonic()
                     if wait is not None and wait <= 0:
                         break

@@ -117,3 +117,23 @@ def test_a_period_not_below_the_ttl_is_refused(store: MemoryStore) -> None:
     jobs = Engine(JobLifecycle, store)
     with pytest.raises(ConfigError):
         LeaseKeepers(jobs, period=jobs.policy.lease_ttl)
+
+
+def test_a_lease_lost_but_not_yet_released_does_not_make_the_keeper_spin(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs, period=timedelta(milliseconds=5))
+    rounds: list[int] = []
+    real = keepers.run_once
+
+    def counted(**kw: Any) -> Any:
+        rounds.append(1)
+        return real(**kw)
+
+    keepers.run_once = counted  # type: ignore[method-assign]
+    (lease,) = claimed(jobs, 1)
+    held = keepers.keep(lease)
+    held._lost.set()  # its holder learnt it lost the lease and has not released it yet
+    threading.Event().wait(0.3)  # sixty periods: a loop counting the lost lease's due time spins
+    keepers.stop()
+    assert len(rounds) <= 2
