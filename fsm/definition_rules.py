@@ -21,6 +21,7 @@ Every refusal is an ``InvalidDefinition`` naming the lifecycle and the transitio
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from statemachine.transition_list import TransitionList
@@ -28,7 +29,7 @@ from statemachine.transition_list import TransitionList
 from fsm.builders import Transitions, transition_list
 from fsm.errors import InvalidDefinition
 from fsm.policy import Policy
-from fsm.records import Actor, LeaseChange
+from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe
 
 
@@ -37,6 +38,7 @@ def operator_override(
     *,
     reason: str | None = "operator",
     lease: LeaseChange = LeaseChange.KEEP,
+    changes: Iterable[DataChange] = (),
 ) -> TransitionList:
     """Mark transitions as an operator's override: fired like a worker transition (by a
     person or an admin tool, ``actor="worker"``), but allowed to leave ``finalizing``
@@ -45,10 +47,11 @@ def operator_override(
     Use it for an explicit abort; the name says what it does, history records ``reason``
     (``"operator"`` by default), and diagrams draw it apart (``(operator override)``).
     A plain ``worker(...)`` transition leaving ``finalizing`` without ``holds_lease`` is
-    refused at class creation.
+    refused at class creation.  ``changes`` are data changes applied in the override's
+    write, as :func:`~fsm.lifecycle.worker`'s are (a cancelled pipeline's running steps fail).
     """
     tl = transition_list(transitions, "operator_override")
-    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, (), True)
+    meta = TransitionMeta(Actor.WORKER, reason, LeaseChange(lease), False, False, tuple(changes), True)
     for t in tl:
         setattr(t, META_ATTR, meta)
     return tl

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from statemachine import State
 
+from fsm.definition_rules import operator_override
 from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
 from fsm.policy import Policy
 from fsm.records import LeaseChange, SetItems
@@ -45,11 +46,19 @@ class PipelineData(BaseModel):
 
 FAIL_RUNNING_STEPS = SetItems(key="steps", field="status", when=("running",), value="failed")
 """A failed pipeline's running steps fail with it (seeds/000: a dashboard must not show
-live steps in a dead pipeline); declared on the reaper's ``expire`` and ``supersede``."""
+live steps in a dead pipeline); declared on the reaper's ``expire`` and ``supersede``, and
+on the operator's ``cancel``."""
+
+RESET_STEPS = SetItems(key="steps", field="status", when=("running", "completed", "failed", "skipped"), value="queued")
+"""A pipeline retried as a new entity (``resubmit``) starts with every step queued again."""
 
 
 class PipelineLifecycle(Lifecycle):
-    """A CI/CD pipeline (seeds/000); reasons recorded: ``expired``, ``duplicate``."""
+    """A CI/CD pipeline (seeds/000); reasons recorded: ``expired``, ``duplicate``, and an
+    operator's ``cancelled`` (``cancel``, from queued or running, never from a finalizer
+    that may be deploying) and retry (``resubmit``: the first transition of a new pipeline
+    that retries a failed one, :mod:`fsm.inspect.retry`).  No lease to release: a running
+    pipeline holds none, and a released finalizer would wait for a finisher nobody sends."""
 
     kind = "pipeline"
     data_model = PipelineData
@@ -76,6 +85,10 @@ class PipelineLifecycle(Lifecycle):
         active.running.to(failed, cond="lease_stale"), reason="expired", changes=[FAIL_RUNNING_STEPS]
     ) | reaper(active.finalizing.to(failed, cond="lease_stale"), reason="expired", changes=[FAIL_RUNNING_STEPS])
     supersede = reaper(active.running.to(failed, cond="superseded"), reason="duplicate", changes=[FAIL_RUNNING_STEPS])
+    cancel = operator_override(
+        queued.to(failed) | active.running.to(failed), reason="cancelled", changes=[FAIL_RUNNING_STEPS]
+    )
+    resubmit = operator_override(queued.to.itself(), reason="retry", changes=[RESET_STEPS])  # type: ignore[no-untyped-call]
 
 
 class GateResult(BaseModel):
@@ -102,7 +115,16 @@ class JobLifecycle(Lifecycle):
 
     A handler error retries (``retry``: running back to the queue, a finalizer back to
     itself, each due after its backoff) under the policy's :class:`~fsm.policy.RetryPolicy`;
-    a dead holder is requeued or reclaimed (:func:`~fsm.lifecycle.recovery`)."""
+    a dead holder is requeued or reclaimed (:func:`~fsm.lifecycle.recovery`).
+
+    Operator overrides (``fsm inspect --allow-actions``): ``cancel`` fails a queued or
+    running job (its holder is fenced); ``release`` takes the lease from its holder (fenced
+    too) and gives the work back: a running job to the queue, a finalizer to the next
+    claim, which resumes it and replays its recorded effects, as after a reclaim.  A live
+    finalizer is never cancelled: its side-effecting gates may be half done, and failing
+    it is the split outcome seeds/002 is about; release it, or let its gates fail it.
+    ``resubmit`` is the first transition of a new job that retries a failed one
+    (:mod:`fsm.inspect.retry`)."""
 
     kind = "job"
     data_model = JobData
@@ -130,10 +152,18 @@ class JobLifecycle(Lifecycle):
     )
     retry = retries(queued=queued, running=active.running, finalizing=active.finalizing)
     expire, reclaim = recovery(queued=queued, running=active.running, finalizing=active.finalizing, failed=failed)
+    cancel = operator_override(queued.to(failed) | active.running.to(failed), reason="cancelled")
+    release = operator_override(
+        active.running.to(queued) | active.finalizing.to.itself(),  # type: ignore[no-untyped-call]
+        lease=LeaseChange.CLEAR,
+        reason="released",
+    )
+    resubmit = operator_override(queued.to.itself(), reason="retry")  # type: ignore[no-untyped-call]
 
 
 __all__ = [
     "FAIL_RUNNING_STEPS",
+    "RESET_STEPS",
     "GateResult",
     "JobData",
     "JobLifecycle",

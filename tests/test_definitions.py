@@ -327,6 +327,7 @@ def test_unless_on_a_counter_guard_is_rechecked_as_its_negation() -> None:
 
 
 def test_a_refused_subclass_leaves_the_parent_statechart_as_it_was_even_for_hidden_transitions() -> None:
+    before = [(t.target.id, t.event) for t in JobLifecycle.queued.transitions]  # start, cancel, resubmit
     with pytest.raises(InvalidDefinition):
 
         class Sneaky(JobLifecycle):
@@ -336,7 +337,7 @@ def test_a_refused_subclass_leaves_the_parent_statechart_as_it_was_even_for_hidd
     sm = JobLifecycle.restore("queued")
     sm.send("start")
     assert set(sm.configuration_values) == {"active", "running"}
-    assert [t.target.id for t in JobLifecycle.queued.transitions] == ["active"]
+    assert [(t.target.id, t.event) for t in JobLifecycle.queued.transitions] == before
 
 
 def test_built_in_guard_names_cannot_be_redefined() -> None:

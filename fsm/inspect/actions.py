@@ -10,6 +10,10 @@ finds no lease).  Nothing the lifecycle does not declare can be done from the pa
 each action is a transition in history like any other, its reason naming the operator:
 ``operator alice: stuck since the deploy``.
 
+A failed entity is never moved (I5): one whose lifecycle declares a *resubmit*
+(``operator_override(queued.to.itself())``) gets a *retry* button that creates a new
+entity with its data, the resubmit its first transition (:mod:`fsm.inspect.retry`).
+
 Every action is a POST carrying:
 
 - ``csrf``: a token bound to the session (or the bearer), an HMAC of the inspector's
@@ -30,10 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from fsm.errors import FsmError
 from fsm.inspect.timeline import esc
 from fsm.records import LeaseChange, Snapshot
 
 ACTION_PATH = "/action"
+
+RETRY = "retry-as-new"
+"""The retry action's ``event`` field: not an event name (a hyphen), so no lifecycle's."""
 
 
 @dataclass(frozen=True)
@@ -46,20 +54,32 @@ class Action:
 
 
 def actions_for(lifecycle: Any, snap: Snapshot) -> list[Action]:
-    """The declared operator overrides out of the entity's current configuration."""
-    if snap.deleted or snap.state in lifecycle.table.finals:
+    """The declared operator overrides out of the entity's current configuration; for a
+    failed entity whose lifecycle declares a resubmit, the retry (as a new entity)."""
+    from fsm.inspect import retry
+
+    resubmit = retry.resubmit_event(lifecycle)
+    if snap.deleted:
         return []
+    if snap.state in lifecycle.table.finals:
+        if resubmit is None or snap.state not in retry.retryable_states(lifecycle):
+            return []
+        try:
+            new_id = retry.retry_id(snap.id)
+        except FsmError:
+            return []
+        return [Action(RETRY, lifecycle.table.initial, f"retry as a new entity ({new_id})")]
     active = set(lifecycle.table.configurations.get(snap.state, (snap.state,)))
     found: dict[str, Action] = {}
     for branch in lifecycle.table.declared:
         if not branch.override or (branch.source not in active and branch.declared_on not in active):
             continue
-        if branch.event in found:
+        if branch.event in found or branch.event == resubmit:  # a resubmit records a retry's creation only
             continue
         if branch.lease_effect is LeaseChange.CLEAR and branch.target == branch.source:
             label = "release the lease"
-        elif branch.target in lifecycle.table.finals:
-            label = f"{branch.event} (to {branch.target})"
+        elif branch.lease_effect is LeaseChange.CLEAR:
+            label = f"release the lease (back to {branch.target})"
         else:
             label = f"{branch.event} (to {branch.target})"
         found[branch.event] = Action(branch.event, branch.target, label)
@@ -165,8 +185,10 @@ def fire_action(form: dict[str, str], *, lifecycles: dict[str, Any], store: Any,
         raise Refused(409, f"{entity_id} changed since the page was shown (version {snap.version}): nothing done")
     if event not in {a.event for a in actions_for(lifecycle, snap)}:
         raise Refused(400, f"{event!r} is not an operator override out of {snap.state}")
-    reason = f"operator {operator}" + (f": {note}" if note else "")
     engine = Engine(lifecycle, store, owner=f"fsm-inspect:{operator}")
+    if event == RETRY:
+        return retry_action(engine, snap, operator, note)
+    reason = f"operator {operator}" + (f": {note}" if note else "")
     try:
         return engine.fire(snap, event, reason=reason).snapshot
     except StaleVersion:
@@ -175,8 +197,22 @@ def fire_action(form: dict[str, str], *, lifecycles: dict[str, Any], store: Any,
         raise Refused(409, f"refused: {err}") from None
 
 
+def retry_action(engine: Any, snap: Snapshot, operator: str, note: str) -> Snapshot:
+    """The retry of a failed entity (:func:`fsm.inspect.retry.retry_failed`): the new one."""
+    from fsm.errors import EntityExists
+    from fsm.inspect.retry import retry_failed, retry_id
+
+    try:
+        return retry_failed(engine, snap.id, operator=operator, note=note, version=snap.version)
+    except EntityExists:
+        raise Refused(409, f"{snap.id} was retried already, as {retry_id(snap.id)}: nothing done") from None
+    except FsmError as err:
+        raise Refused(409, f"refused: {err}") from None
+
+
 __all__ = [
     "ACTION_PATH",
+    "RETRY",
     "Action",
     "Refused",
     "actions_for",
@@ -185,5 +221,6 @@ __all__ = [
     "entity_location",
     "fire_action",
     "parse_form",
+    "retry_action",
     "same_origin",
 ]

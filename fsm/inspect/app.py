@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from fsm.errors import ConfigError, FsmError, InvalidArgument, UnknownEntity
-from fsm.inspect import actions, assets, pages, views
+from fsm.inspect import actions, assets, pages, retry, views
 from fsm.inspect.data import BadInput, Filters, InspectorData, check_param
 from fsm.inspect.security import CSP, HEADERS, Tokens, allowed_hosts, secure
 from fsm.inspect.timeline import esc
@@ -137,6 +137,7 @@ def create_app(
         starts = attempt_starts.get(snap.kind, frozenset())
         body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap), starts)
         lifecycle = by_kind.get(snap.kind)
+        body = pages.with_retry_links(body, *retry.links(snap, history, lifecycle, data.history))  # ops: retries
         if allow_actions and lifecycle is not None:
             marker = "<section><h2>Timeline"
             forms = actions.actions_section(snap, actions.actions_for(lifecycle, snap), csrf_of(request))

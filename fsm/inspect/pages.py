@@ -295,6 +295,19 @@ def entity_page(
     )
 
 
+def with_retry_links(body: str, retry_of: str | None, retried_as: str | None) -> str:
+    """``body`` (an entity page) with its retry links under the id (:mod:`fsm.inspect.retry`):
+    "retry of X" on a retry, "retried as Y" on a failed entity that was retried."""
+    parts = []
+    if retry_of is not None:
+        parts.append(f"retry of <a class=retry-of href='{esc(entity_url(retry_of))}'>{esc(retry_of)}</a>")
+    if retried_as is not None:
+        parts.append(f"retried as <a class=retried-as href='{esc(entity_url(retried_as))}'>{esc(retried_as)}</a>")
+    if not parts:
+        return body
+    return body.replace("</h1>", f"</h1><p class='meta retry-links'>{' · '.join(parts)}</p>", 1)
+
+
 def error_page(status: int, title: str, detail_html: str) -> str:
     """A whole error page (``detail_html`` is trusted markup: callers escape what they put in it)."""
     body = (
@@ -314,4 +327,15 @@ def not_found(entity_id: str) -> str:
     )
 
 
-__all__ = ["NO_LIFECYCLE", "age", "diagram_image", "entity_page", "error_page", "esc", "not_found", "overview", "page"]
+__all__ = [
+    "NO_LIFECYCLE",
+    "age",
+    "diagram_image",
+    "entity_page",
+    "error_page",
+    "esc",
+    "not_found",
+    "overview",
+    "page",
+    "with_retry_links",
+]

@@ -35,18 +35,23 @@ def test_every_guarded_branch_of_job_is_an_edge_including_all_five_expire_branch
     edges = _edges(extract(JobLifecycle))
     assert edges == [
         ("start", "queued", "active", "worker", ()),
+        ("cancel", "queued", "failed", "worker", ()),  # the operator overrides: no guard, drawn apart
+        ("resubmit", "queued", "queued", "worker", ()),
         ("exited", "running", "finalizing", "worker", ("holds_lease",)),
         ("fail", "running", "failed", "worker", ("holds_lease",)),
         ("retry", "running", "queued", "worker", ("holds_lease",)),
         ("expire", "running", "queued", "reaper", ("lease_stale", "owned", "attempts_left")),
         ("expire", "running", "failed", "reaper", ("lease_stale", "owned")),
         ("expire", "running", "failed", "reaper", ("lease_stale", "unclaimed")),
+        ("cancel", "running", "failed", "worker", ()),
+        ("release", "running", "queued", "worker", ()),
         ("complete", "finalizing", "completed", "worker", ("holds_lease",)),
         ("fail", "finalizing", "failed", "worker", ("holds_lease",)),
         ("retry", "finalizing", "finalizing", "worker", ("holds_lease",)),
         ("expire", "finalizing", "failed", "reaper", ("lease_stale", "owned", "reclaims_exhausted")),
         ("expire", "finalizing", "failed", "reaper", ("lease_stale", "unclaimed")),
         ("reclaim", "finalizing", "finalizing", "reaper", ("lease_stale", "owned", "reclaims_left")),
+        ("release", "finalizing", "finalizing", "worker", ()),  # no cancel out of a live finalizer
     ]
 
 

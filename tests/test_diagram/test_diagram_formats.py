@@ -415,7 +415,7 @@ def test_mermaid_labels_carry_guards_actor_and_effects_for_every_job_branch() ->
 def test_mermaid_reaper_edges_are_told_apart_and_a_legend_note_explains_them() -> None:
     doc = parse_mermaid(to_mermaid(extract(PipelineLifecycle)))
     actors = Counter(mermaid_label(label)[2] for _s, _d, label in doc.edges)
-    assert actors == Counter({"worker": 5, "reaper": 3})
+    assert actors == Counter({"worker": 5, "reaper": 3, "operator override": 3})  # cancel x2, resubmit
     (legend,) = [lines for state, lines in doc.notes if state == "queued"]
     assert any("(reaper)" in line for line in legend) and any("(worker)" in line for line in legend)
     assert any("fsm-diagram ref=fsm.lifecycles:PipelineLifecycle format=mermaid" in c for c in doc.comments)
@@ -594,13 +594,14 @@ def test_dot_edges_carry_guards_and_actor_and_reaper_edges_are_dashed_and_red() 
     edges = state_edges(doc)
     for _tail, _head, attrs in edges:
         first = plain(attrs["label"]).splitlines()[0]
-        actor = "reaper" if first.endswith("(reaper)") else "worker"
-        assert first.endswith(f"({actor})")
-        assert attrs["style"] == ("dashed" if actor == "reaper" else "solid")
-        assert attrs["class"] == actor
+        actor = next(a for a in ("reaper", "operator override", "worker") if first.endswith(f"({a})"))
+        assert attrs["style"] == {"reaper": "dashed", "worker": "solid", "operator override": "bold"}[actor]
+        assert attrs["class"] == actor.replace(" ", "-")
     dashed_colors = {a["color"] for _t, _h, a in edges if a["style"] == "dashed"}
     solid_colors = {a["color"] for _t, _h, a in edges if a["style"] == "solid"}
-    assert len(dashed_colors) == len(solid_colors) == 1 and dashed_colors != solid_colors
+    bold_colors = {a["color"] for _t, _h, a in edges if a["style"] == "bold"}
+    assert len(dashed_colors) == len(solid_colors) == len(bold_colors) == 1
+    assert len(dashed_colors | solid_colors | bold_colors) == 3
     expires = sorted(plain(a["label"]) for _t, _h, a in edges if plain(a["label"]).startswith("expire"))
     assert expires == [
         "expire [lease_stale, owned, attempts_left] (reaper)\nreason=expired, clears lease",

@@ -247,3 +247,52 @@ def test_allow_actions_asks_for_the_token_even_on_loopback(monkeypatch: pytest.M
     assert "operator actions allowed" in said and "/login?code=" in said
     plain = build_parser().parse_args(["inspect", "--db", "sqlite:///x.db"])
     assert tokens_for(plain) is None and "read-only" in announce(plain, None)[0]
+
+
+def test_the_built_in_job_offers_cancel_and_release_but_never_cancels_a_finalizer(ops: Any) -> None:
+    base, _, store = ops
+    jobs = Engine(JobLifecycle, store, owner="worker-2")
+
+    def offered(entity_id: str) -> set[str]:
+        page = http(base + "/entity?id=" + entity_id, headers=BEARER).body
+        return {e for e in ("cancel", "release", "resubmit", "retry-as-new") if f"data-event='{e}'" in page}
+
+    jobs.create("b-queued")
+    assert offered("b-queued") == {"cancel"}  # resubmit records a retry's creation: never a button
+    jobs.create("b-run")
+    [held] = [s for s in jobs.claim(5) if s.id == "b-run"]
+    assert held.lease is not None and offered("b-run") == {"cancel", "release"}
+    assert "release the lease (back to queued)" in http(base + "/entity?id=b-run", headers=BEARER).body
+    form = {**form_for(jobs, "b-run", "release"), "csrf": csrf_token(TOKEN, "bearer")}
+    assert post(base, form).status == 303
+    requeued = jobs.get("b-run")
+    assert requeued.state == "queued" and requeued.lease_owner is None
+    assert jobs.history("b-run")[-1].reason == "operator alice: stuck since the deploy"
+    with pytest.raises(FsmError):  # the released holder is fenced
+        jobs.fire("b-run", "exited", lease=held.lease)
+    [again] = [s for s in jobs.claim(5) if s.id == "b-run"]
+    assert again.lease is not None and again.lease.token > held.lease.token
+    jobs.fire("b-run", "exited", lease=again.lease)
+    assert offered("b-run") == {"release"}  # a live finalizer: release it, never cancel it
+    refused = post(base, form_for(jobs, "b-run", "cancel"))
+    assert refused.status == 400 and "not an operator override" in refused.body
+    assert jobs.get("b-run").state == "finalizing"
+    with pytest.raises(FsmError):
+        jobs.fire("b-run", "cancel")
+
+
+def test_cancelling_a_running_pipeline_fails_its_running_steps() -> None:
+    from fsm import PipelineLifecycle
+    from stores import MemoryStore
+
+    pipes = Engine(PipelineLifecycle, MemoryStore())
+    steps = [{"name": "build", "status": "completed"}, {"name": "deploy", "status": "running"}]
+    pipes.create("p", data={"steps": steps})
+    pipes.fire("p", "start")
+    done = pipes.fire("p", "cancel", reason="operator alice").snapshot
+    assert done.state == "failed" and [s["status"] for s in done.data["steps"]] == ["completed", "failed"]
+    pipes.create("p2")
+    pipes.fire("p2", "start")
+    pipes.fire("p2", "finish")
+    with pytest.raises(FsmError):  # a pipeline's finalizer may be deploying: no cancel declared
+        pipes.fire("p2", "cancel")
