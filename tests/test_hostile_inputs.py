@@ -481,3 +481,191 @@ def test_within_refuses_what_is_not_a_connection_with_a_typed_error(any_store: S
         jobs.fire(job.id, "start")
     assert jobs.get(job.id).state == "queued" and jobs.history(job.id) == []
     assert jobs.fire(job.id, "start").state == "running"
+
+
+# -- the inspector's HTTP inputs (issue 21): every route and parameter ------------------------
+#
+# Each route of ``fsm inspect --allow-actions`` (behind the token), each query parameter it
+# reads (and one it does not), each hostile value: a 4xx page or an ordinary answer, never a
+# 500, always with the security headers, and the store unchanged; the action's form fields
+# the same way.  On SQLite and PostgreSQL.
+
+INSPECTOR_TOKEN = "a-hostile-tests-bearer-token-0123456789"
+LIST_PARAMS = ("kind", "state", "q", "holder", "limit", "expired", "data", "value", "after_t", "after_id")
+INSPECTOR_ROUTES: dict[str, tuple[str, ...]] = {
+    "/": LIST_PARAMS,
+    "/fragment/overview": LIST_PARAMS,
+    "/entity": ("id",),
+    "/fragment/entity": ("id",),
+    "/diagram.svg": ("id", "v"),
+    "/static/inspect.js": (),
+    "/static/inspect.css": (),
+    "/login": ("code",),
+}
+REFUSED_AS_TEXT = {
+    "nul": "a%00b",
+    "lone surrogate": "%ED%A0%80",  # U+D800's UTF-8 bytes
+    "low surrogate": "x%ED%BF%BFx",
+    "surrogate pair halves": "%ED%A0%BD%ED%B8%80",
+    "not utf-8": "%FF%FE",
+    "overlong nul": "%C0%80",
+    "beyond unicode": "%F4%90%80%80",
+}
+"""Refused on every route, in any parameter (a 400 before the route runs)."""
+ODD_VALUES = {
+    "huge": "x" * 12_000,
+    "nan": "NaN",
+    "minus infinity": "-Infinity",
+    "float": "1.5e3",
+    "negative": "-1",
+    "fullwidth digit": "%EF%BC%91",
+    "html": "%3Cscript%3Ealert(1)%3C/script%3E",
+    "json": "%7B%22a%22%3A%5B1%5D%7D",
+    "highest code point": "%F4%8F%BF%BF",
+}
+"""Typed wrong, too big, or odd: a 4xx where the route reads them as a number or a time,
+or past their length, and never a 500 anywhere."""
+NUMBERS_AND_TIMES = {"limit", "after_t"}
+
+
+@pytest.fixture(name="inspector", params=["sqlite", "postgres"], scope="module")
+def served_inspector(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from conftest import postgres_url
+    from inspect_support import serve_asgi, stop_serving
+
+    from fsm import PipelineLifecycle
+    from fsm.inspect.app import create_app
+    from fsm.inspect.security import Tokens
+    from stores.sql import SqlStore
+    from stores.sql.migrate import drop_schema
+
+    if request.param == "sqlite":
+        url, prefix = f"sqlite:///{tmp_path_factory.mktemp('hostile-http')}/fsm.db", "fsm_"
+    else:
+        url, prefix = postgres_url(), f"t{uuid.uuid4().hex[:10]}_"
+    store = SqlStore(url, table_prefix=prefix)
+    jobs = Engine(JobLifecycle, store, owner="worker-1")
+    jobs.create("h-queued", data={"task": "build"})
+    jobs.create("h-running")
+    [held] = jobs.claim(1)
+    assert held.id in {"h-queued", "h-running"}
+    jobs.create("h-failed")
+    jobs.fire("h-failed", "cancel", reason="operator seed")
+    ids = ["h-queued", "h-running", "h-failed", "h-failed~retry1", "h-queued~retry1"]
+    app = create_app(store, [JobLifecycle, PipelineLifecycle], tokens=Tokens(INSPECTOR_TOKEN), allow_actions=True)
+    server, thread, base = serve_asgi(app)
+
+    def state() -> Any:
+        rows = []
+        for entity_id in ids:
+            try:
+                rows.append((store.get(entity_id, include_deleted=True), store.history(entity_id)))
+            except UnknownEntity:
+                rows.append(None)
+        return rows, store.counts() if hasattr(store, "counts") else None
+
+    try:
+        yield base, state, jobs
+    finally:
+        stop_serving(server, thread)
+        if request.param == "postgres":
+            drop_schema(store.engine, table_prefix=prefix)
+        store.close()
+
+
+def _get(base: str, path_and_query: str, headers: dict[str, str] | None = None) -> Any:
+    from inspect_support import http
+
+    return http(base + path_and_query, headers={"Authorization": f"Bearer {INSPECTOR_TOKEN}", **(headers or {})})
+
+
+def _secured(answer: Any, what: str) -> None:
+    from fsm.inspect.security import HEADERS
+
+    assert answer.status < 500, (what, answer.status, answer.body[:300])
+    for name, value in HEADERS.items():
+        assert answer.headers.get(name) == value, (what, name, answer.status)
+
+
+def test_every_inspector_route_and_parameter_refuses_text_that_is_not_text(inspector: Any) -> None:
+    base, state, _ = inspector
+    before = state()
+    for path, params in INSPECTOR_ROUTES.items():
+        for name in (*params, "unknown", "id"):
+            for label, value in REFUSED_AS_TEXT.items():
+                for query in (f"{name}={value}", f"{name}=ok&{name}={value}", f"{value}=1"):
+                    answer = _get(base, f"{path}?{query}")
+                    _secured(answer, (path, query))
+                    assert answer.status == 400, (path, label, query, answer.status)
+    for label, value in REFUSED_AS_TEXT.items():  # in the path itself
+        answer = _get(base, f"/entity{value}")
+        _secured(answer, label)
+        assert 400 <= answer.status < 500, (label, answer.status)
+    assert state() == before
+
+
+def test_every_inspector_route_answers_odd_values_without_a_500(inspector: Any) -> None:
+    base, state, _ = inspector
+    before = state()
+    for path, params in INSPECTOR_ROUTES.items():
+        for name in (*params, "unknown"):
+            for label, value in ODD_VALUES.items():
+                extra = "&data=task" if name == "value" else ""
+                answer = _get(base, f"{path}?{name}={value}{extra}")
+                _secured(answer, (path, name, label))
+                if name in NUMBERS_AND_TIMES and path in {"/", "/fragment/overview"}:
+                    assert answer.status == 400, (path, name, label, answer.status)
+                if label == "huge" and name in params and name not in {"v", "expired"}:
+                    assert 400 <= answer.status < 500, (path, name, label, answer.status)
+    for query in ("after_t=2026-13-45T00:00:00%2B00:00", "after_t=2026-01-01T00:00:00", "limit=0x10", "limit=%20"):
+        answer = _get(base, f"/?{query}")
+        _secured(answer, query)
+        assert answer.status == 400, (query, answer.status)
+    assert state() == before
+
+
+def _post(base: str, body: bytes, content_type: str = "application/x-www-form-urlencoded") -> Any:
+    from inspect_support import http
+
+    headers = {"Authorization": f"Bearer {INSPECTOR_TOKEN}", "Content-Type": content_type}
+    return http(base + "/action", method="POST", data=body, headers=headers)
+
+
+def test_the_action_forms_hostile_fields_are_refused_and_change_nothing(inspector: Any) -> None:
+    from urllib.parse import urlencode
+
+    from fsm.inspect.actions import RETRY, csrf_token
+
+    base, state, jobs = inspector
+    csrf = csrf_token(INSPECTOR_TOKEN, "bearer")
+
+    def form(entity_id: str, event: str, **changes: str) -> dict[str, str]:
+        found = {"id": entity_id, "event": event, "version": str(jobs.get(entity_id).version), "csrf": csrf}
+        found.update(operator="alice", note="")
+        found.update(changes)
+        return found
+
+    before = state()
+    for entity_id, event in (("h-queued", "cancel"), ("h-failed", RETRY)):
+        good = urlencode(form(entity_id, event))
+        for name in ("id", "event", "version", "csrf", "operator", "note"):
+            bad_values = [*REFUSED_AS_TEXT.values(), "x" * 600, "NaN", "-1", "1.5e3", "%EF%BC%91", ""]
+            for value in bad_values:
+                fine = value in {"NaN", "-1", "1.5e3", "%EF%BC%91"} or (value == "" and name == "note")
+                if name in {"note", "operator"} and fine:
+                    continue  # fine names and notes (an operator may be called NaN); nothing else is
+                body = f"{good}&{name}={value}".replace(f"{name}=", f"{name}_=", 1)  # the hostile one counts
+                answer = _post(base, body.encode())
+                _secured(answer, (entity_id, name, value[:20]))
+                assert 400 <= answer.status < 500, (entity_id, name, value[:20], answer.status, answer.body[:300])
+        for body in (b"\xff\xfe", b"id=%00", b"=" * 100, b"a" * 20_000, good.encode() + b"&x=" + b"y" * 20_000):
+            answer = _post(base, body)
+            _secured(answer, body[:20])
+            assert 400 <= answer.status < 500, (body[:20], answer.status)
+        for content_type in ("text/plain", "multipart/form-data; boundary=x", "application/json", "form"):
+            answer = _post(base, good.encode(), content_type)
+            _secured(answer, content_type)
+            assert answer.status == 415, (content_type, answer.status)
+    assert state() == before

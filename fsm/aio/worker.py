@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
 from fsm.errors import FsmError, StoreUnavailable
+from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease
 from fsm.work.loop import (
@@ -141,6 +142,7 @@ class AsyncWorker(CoreFace):
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.core = WorkerCore(
             engine.table,
@@ -158,6 +160,8 @@ class AsyncWorker(CoreFace):
         self._changed = asyncio.Event()  # a slot freed, a wake-up or a stop: the loop looks again
         self._woken = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = worker_metrics(metrics_port)
+        """This process's Prometheus endpoint (``metrics_port=``, :mod:`fsm.observe.serving`), or ``None``."""
 
     @property
     def running(self) -> int:
@@ -274,6 +278,7 @@ class AsyncWorker(CoreFace):
                 log.info("released %s at stop", entity_id)
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
+        self.metrics = await asyncio.to_thread(release_worker_metrics, self.metrics)  # its server's join blocks
 
     async def __aenter__(self) -> AsyncWorker:
         return self

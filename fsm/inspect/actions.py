@@ -147,11 +147,14 @@ def parse_form(body: bytes) -> dict[str, str]:
 
     if len(body) > MAX_FORM:
         raise Refused(413, "the form is too large")
-    try:
+    try:  # strictly: a percent-escape that is not UTF-8 (a lone surrogate's bytes) is refused, not replaced
         text = body.decode("utf-8")
+        fields = parse_qs(text, keep_blank_values=True, max_num_fields=20, encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
-        raise Refused(400, "the form is not UTF-8") from None
-    return {k: v[0] for k, v in parse_qs(text, keep_blank_values=True, max_num_fields=20).items()}
+        raise Refused(400, "the form is not UTF-8 text") from None
+    except ValueError:  # more fields than any action form has
+        raise Refused(400, "the form has too many fields") from None
+    return {k: v[0] for k, v in fields.items()}
 
 
 def fire_action(form: dict[str, str], *, lifecycles: dict[str, Any], store: Any, expected_csrf: str) -> Snapshot:
@@ -172,7 +175,7 @@ def fire_action(form: dict[str, str], *, lifecycles: dict[str, Any], store: Any,
     if not operator:
         raise Refused(400, "say who you are (operator): the transition's history names you")
     raw_version = form.get("version", "")
-    if not raw_version.isdigit() or len(raw_version) > 18:
+    if not (raw_version.isascii() and raw_version.isdigit()) or len(raw_version) > 18:
         raise Refused(400, "the form's version is missing")
     try:
         snap = store.get(entity_id)

@@ -62,7 +62,7 @@ class Filters:
     def of(cls, query: Any) -> Filters:
         """The filters of a query string; :class:`BadInput` for one no store could take."""
         raw = str(query.get("limit", "") or "100")
-        if not raw.isdigit() or len(raw) > 6:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
             raise BadInput(f"limit must be a whole number from 1 to {MAX_ROWS}, not {raw[:20]!r}")
         path = check_param("data", str(query.get("data", "")))
         if path and (any(not key for key in path.split(".")) or '"' in path or "\\" in path):

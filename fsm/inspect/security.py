@@ -209,9 +209,12 @@ class TokenGate:
 
 
 def secure(app: ASGIApp, *, hosts: list[str], tokens: Tokens | None) -> Any:
-    """``app`` behind the layers above: headers outermost, then the Host check, then the token."""
+    """``app`` behind the layers above: headers outermost, then the Host check, then the
+    path and query string (:mod:`fsm.inspect.inputs`), then the token."""
+    from fsm.inspect.inputs import CleanInputs
+
     inner: ASGIApp = TokenGate(app, tokens) if tokens is not None else app
-    return SecurityHeaders(TrustedHostMiddleware(inner, allowed_hosts=hosts, www_redirect=False))
+    return SecurityHeaders(TrustedHostMiddleware(CleanInputs(inner), allowed_hosts=hosts, www_redirect=False))
 
 
 __all__ = [

@@ -6,7 +6,8 @@ of OpenTelemetry is imported, until :func:`instrument` is called.  It then wraps
 methods *on their classes* (``Engine.fire``, ``Engine.fire_many``, ``Engine.claim``,
 ``Engine.run``, ``KeeperCore.renew``, ``LeaseKeepers.run_once``, ``Reaper.run_once``)
 and connects receivers to four signals (``lease_renewed``, ``lease_lost``,
-``write_refused``, ``handled``); :func:`uninstrument` puts the methods back and
+``write_refused``, ``handled``: a handler's duration, a retry counted in ``fsm.retries``);
+:func:`uninstrument` puts the methods back and
 disconnects.  An uninstrumented process runs the engine's own functions, unchanged: the
 hot path pays nothing.  Both faces are covered: the async engine runs the sync engine's
 methods (in a greenlet, in the calling task's context, so spans nest under the caller's).
@@ -36,6 +37,7 @@ from fsm.reaping import Reaper
 from fsm.records import Actor, Snapshot
 from fsm.work.keeper import KeeperCore
 from fsm.work.keepers import LeaseKeepers
+from fsm.work.report import RETRY
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -327,9 +329,15 @@ class Instrumentation:
             a.STATE: payload.state,
             a.OUTCOME: payload.outcome,
         }
-        if payload.error is not None:
-            attrs[a.ERROR_TYPE] = payload.error.split(":", 1)[0]
+        error_type = None if payload.error is None else payload.error.split(":", 1)[0]
+        if error_type is not None:
+            attrs[a.ERROR_TYPE] = error_type
         self.instruments.process_duration.record(payload.duration_s, attrs)
+        if payload.outcome == RETRY:
+            retried: dict[str, Any] = {a.KIND: payload.kind, a.STATE: payload.state}
+            if error_type is not None:
+                retried[a.ERROR_TYPE] = error_type
+            self.instruments.retries.add(1, retried)
 
 
 def _just_started(snap: Snapshot, ttl: timedelta) -> bool:
@@ -348,8 +356,10 @@ _SAME_WRITE_S = 0.5
 def claim_latency(snap: Snapshot, *, started: bool, ttl: timedelta) -> float | None:
     """Seconds from ``snap``'s due time to its claim, or ``None`` when it cannot be known.
 
-    Due: the row's ``run_after`` when it has one; else, for a start, its creation on a
-    first attempt (a requeued entity's queueing time is gone once it is claimed); else,
+    Due: the row's ``run_after`` when it has one (a retried start: when its backoff
+    ended; a requeued one keeps its place in line, so its first due time); else, for a
+    start, its creation on a first attempt (a requeued entity's queueing time is gone
+    once it is claimed); else,
     for a resume (a reclaimed finalizer), the time it entered its state.  Claimed: the
     start's commit (``updated_at``), or for a resume the lease's grant (expiry less TTL).
     Both on the store's clock."""

@@ -48,6 +48,12 @@ class Instruments:
         self.lapses: Counter = meter.create_counter(
             a.LAPSES, unit="{lease}", description="Leases a holder found lost (refused, lapsed or given up)."
         )
+        self.retries: Counter = meter.create_counter(
+            a.RETRIES,
+            unit="{retry}",
+            description="Handler errors a worker retries (its entity due again after the backoff), by kind, "
+            "state and error type; the retry's own transition is counted in fsm.transitions too.",
+        )
         self.refused: Counter = meter.create_counter(
             a.REFUSED, unit="{write}", description="Late writes the fence refused, by operation."
         )

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
+from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease
@@ -229,6 +230,7 @@ class Worker(CoreFace):
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
         reap: bool | ReaperConfig | Mapping[str, object] = False,
+        metrics_port: int | None = None,
     ) -> None:
         self.core = WorkerCore(
             engine.table,
@@ -255,6 +257,8 @@ class Worker(CoreFace):
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
         self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
+        self.metrics = worker_metrics(metrics_port)
+        """This process's Prometheus endpoint (``metrics_port=``, :mod:`fsm.observe.serving`), or ``None``."""
 
     # -- one step ------------------------------------------------------------------------
 
@@ -390,6 +394,7 @@ class Worker(CoreFace):
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.reaper is not None:
             self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
+        self.metrics = release_worker_metrics(self.metrics)
 
     def __enter__(self) -> Worker:
         return self
