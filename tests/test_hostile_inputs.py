@@ -501,7 +501,10 @@ INSPECTOR_ROUTES: dict[str, tuple[str, ...]] = {
     "/static/inspect.js": (),
     "/static/inspect.css": (),
     "/login": ("code",),
+    "/events": ("id", "kind", "after"),
 }
+STREAMS = {"/events"}
+"""Routes that stream once their input is good: only inputs they refuse are sent to them."""
 REFUSED_AS_TEXT = {
     "nul": "a%00b",
     "lone surrogate": "%ED%A0%80",  # U+D800's UTF-8 bytes
@@ -612,6 +615,8 @@ def test_every_inspector_route_answers_odd_values_without_a_500(inspector: Any) 
     for path, params in INSPECTOR_ROUTES.items():
         for name in (*params, "unknown"):
             for label, value in ODD_VALUES.items():
+                if path in STREAMS and (label != "huge" or name not in params):
+                    continue  # a good request opens a stream that stays open
                 extra = "&data=task" if name == "value" else ""
                 answer = _get(base, f"{path}?{name}={value}{extra}")
                 _secured(answer, (path, name, label))
