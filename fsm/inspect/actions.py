@@ -76,7 +76,9 @@ def actions_for(lifecycle: Any, snap: Snapshot) -> list[Action]:
             continue
         if branch.event in found or branch.event == resubmit:  # a resubmit records a retry's creation only
             continue
-        if branch.lease_effect is LeaseChange.CLEAR and branch.target == branch.source:
+        if branch.target in lifecycle.table.finals:  # entering a final state clears the lease anyway
+            label = f"{branch.event} (to {branch.target})"
+        elif branch.lease_effect is LeaseChange.CLEAR and branch.target == branch.source:
             label = "release the lease"
         elif branch.lease_effect is LeaseChange.CLEAR:
             label = f"release the lease (back to {branch.target})"

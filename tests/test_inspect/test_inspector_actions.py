@@ -259,6 +259,8 @@ def test_the_built_in_job_offers_cancel_and_release_but_never_cancels_a_finalize
 
     jobs.create("b-queued")
     assert offered("b-queued") == {"cancel"}  # resubmit records a retry's creation: never a button
+    queued_page = http(base + "/entity?id=b-queued", headers=BEARER).body
+    assert "cancel (to failed)</button>" in queued_page and "release the lease" not in queued_page
     jobs.create("b-run")
     [held] = [s for s in jobs.claim(5) if s.id == "b-run"]
     assert held.lease is not None and offered("b-run") == {"cancel", "release"}
