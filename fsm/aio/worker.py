@@ -37,6 +37,7 @@ from fsm.errors import FsmError, StoreUnavailable
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.keeper import HeldLease
 from fsm.work.loop import (
+    DEFAULT_CLAIM_GATHER,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
@@ -47,7 +48,7 @@ from fsm.work.loop import (
     WorkerStats,
     drive_async,
 )
-from fsm.work.wakeups import subscribe_wakeups
+from fsm.work.wakeups import due_in_async, subscribe_wakeups
 from fsm.work.worker import HeldEntity, stopping_error
 
 log = logging.getLogger("fsm.worker")
@@ -141,6 +142,7 @@ class AsyncWorker(CoreFace):
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
+        claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
         self.core = WorkerCore(
             engine.table,
@@ -150,6 +152,7 @@ class AsyncWorker(CoreFace):
             poll_interval=poll_interval,
             grace=grace,
             policy=engine.policy,
+            claim_gather=claim_gather,
         )
         self.engine = engine
         self.keeper_period = keeper_period
@@ -209,6 +212,16 @@ class AsyncWorker(CoreFace):
         while not self._stopping and self.core.free() <= 0:
             self._changed.clear()
             await self._changed.wait()
+
+    async def wait_slot_more(self, need: int, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not self._stopping and self.core.free() < need:
+                    self._changed.clear()
+                    await self._changed.wait()
+
+    async def next_due(self) -> float | None:
+        return await due_in_async(self.engine.store, self.core.kind, self.core.claimable)
 
     async def wait_work(self, timeout: float) -> None:
         if self._stopping or self._woken:

@@ -35,6 +35,7 @@ from fsm.reaping.config import (
 )
 from fsm.reaping.leader import LeaderLease
 from fsm.reaping.rules import Rule, plan_rules
+from fsm.reaping.wakeups import notify_moved, wakes_workers
 from fsm.records import (
     Actor,
     BatchWrite,
@@ -111,6 +112,7 @@ class Reaper:
             Engine(rp.bound_lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        self._waking = [rule for rule in self.rules if wakes_workers(rule)]
         if self.config.leader and getattr(store, "binding", None) is not None:
             raise ConfigError(
                 "leader=True needs a store with the library's own tables: on a store bound to an application "
@@ -138,8 +140,12 @@ class Reaper:
                 if self.leader is not None and not dry_run and not self.leader.try_lead():
                     result.leading = False
                     return self._finish(result, started, dry_run)
-                for rule in self.rules:
-                    self._run_rule(rule, result, dry_run)
+                try:
+                    for rule in self.rules:
+                        self._run_rule(rule, result, dry_run)
+                finally:  # what committed before a failure is claimable too
+                    if not dry_run:
+                        notify_moved(self.store, {r.engine.kind for r in self._waking if result.moved[r.name]})
             except StoreUnavailable as err:  # down, or a corrupt file: typed, its message says it all
                 result.errors += 1
                 log.error("reaper tick failed: %s", err)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,11 +39,17 @@ DEFAULT_MAX_DELAY = timedelta(milliseconds=2)
 """The longest an outcome waits for others to share its commit."""
 
 
-@dataclass(eq=False)
 class _Pending:
-    item: Fire
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Fired | BaseException | None = None
+    """One outcome waiting for its batch.  ``done`` is a bare lock, held until the answer
+    is in (a lock is a C object: an Event would be two Python objects per outcome)."""
+
+    __slots__ = ("done", "item", "result")
+
+    def __init__(self, item: Fire) -> None:
+        self.item = item
+        self.result: Fired | BaseException | None = None
+        self.done = _allocate_lock()
+        self.done.acquire()
 
 
 class BatchCompleter:
@@ -87,23 +93,29 @@ class BatchCompleter:
         committed, or raises its own refusal (what :meth:`Engine.fire` would raise)."""
         pending = _Pending(Fire(entity, event, lease, data))
         with self._changed:
-            if self._stopped or self._thread is None:
-                pending = None  # type: ignore[assignment]
-            else:
-                if not self._pending:
+            running = not self._stopped and self._thread is not None
+            if running:
+                pending_now = self._pending
+                pending_now.append(pending)
+                n = len(pending_now)
+                if n == 1:
                     self._first_at = time.monotonic()
-                self._pending.append(pending)
-                self._changed.notify_all()
-        if pending is None:  # not running: on its own, as fire_many would write it
-            (alone,) = self.engine.fire_many([Fire(entity, event, lease, data)])
+                # the thread sleeps until the first outcome's delay is over: woken for the
+                # first one (the delay starts) and when the batch is due at once, not for
+                # each outcome in between (a wake-up each is a thread switch each)
+                if n == 1 or n >= self.max_batch or self.all_waiting(n):
+                    self._changed.notify()
+        if not running:  # not running: on its own, as fire_many would write it
+            (alone,) = self.engine.fire_many([pending.item])
             return _answer(alone)
-        pending.done.wait()
+        pending.done.acquire()
         return _answer(pending.result)
 
     def wake(self) -> None:
         """Look again whether every handler waits (the worker calls it when one finishes)."""
         with self._changed:
-            self._changed.notify_all()
+            if self._pending and self.all_waiting(len(self._pending)):
+                self._changed.notify()
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -125,7 +137,7 @@ class BatchCompleter:
         self.outcomes += len(batch)
         for pending, result in zip(batch, results, strict=True):
             pending.result = result
-            pending.done.set()
+            pending.done.release()
         return len(batch)
 
     # -- the thread ----------------------------------------------------------------------

@@ -63,6 +63,8 @@ class LeaseKeepers:
         self._kept: dict[str, _Kept] = {}
         self._changed = threading.Condition()
         self._stopped = False
+        self._idle = True
+        """Whether the thread waits with no lease due (or has not started)."""
         self._thread: threading.Thread | None = None
 
     # -- the holders' side ---------------------------------------------------------------
@@ -74,8 +76,12 @@ class LeaseKeepers:
         held = HeldLease(lease)
         now = time.monotonic()
         with self._changed:
+            # the thread sleeps until the earliest due lease; a new lease is due a period from
+            # now, after every kept one, so it wakes the thread only when the thread waits
+            # with no lease due (``_idle``), not once per claimed job
+            if self._idle:
+                self._changed.notify_all()
             self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl)
-            self._changed.notify_all()
             if self._thread is None and not self._stopped:
                 name = f"fsm-keepers-{self.engine.kind}"
                 self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -188,7 +194,9 @@ class LeaseKeepers:
                     wait = None if first is None else first - time.monotonic()
                     if wait is not None and wait <= 0:
                         break
+                    self._idle = wait is None
                     self._changed.wait(wait)
+                    self._idle = False
                 if self._stopped:
                     return
             try:

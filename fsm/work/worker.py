@@ -46,7 +46,6 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,6 +57,7 @@ from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease
 from fsm.work.keepers import LeaseKeepers
 from fsm.work.loop import (
+    DEFAULT_CLAIM_GATHER,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
@@ -70,7 +70,8 @@ from fsm.work.loop import (
     drive,
     parse_outcome,
 )
-from fsm.work.wakeups import subscribe_wakeups
+from fsm.work.pool import HandlerPool
+from fsm.work.wakeups import due_in, subscribe_wakeups
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
@@ -229,6 +230,7 @@ class Worker(CoreFace):
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
         reap: bool | ReaperConfig | Mapping[str, object] = False,
+        claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
         self.core = WorkerCore(
             engine.table,
@@ -238,10 +240,11 @@ class Worker(CoreFace):
             poll_interval=poll_interval,
             grace=grace,
             policy=engine.policy,
+            claim_gather=claim_gather,
         )
         self.engine = engine
         self.keeper_period = keeper_period
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"fsm-worker-{engine.kind}")
+        self._pool: HandlerPool[Job] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
         self._running: dict[str, HeldLease] = {}
         # one keeper thread renews every lease this worker holds, one transaction a round
         self.keepers = LeaseKeepers(engine, period=keeper_period)
@@ -285,15 +288,20 @@ class Worker(CoreFace):
             self.core.running += 1
             self._running[snap.id] = held
         try:
-            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer))
+            self._pool.submit(Job(self.engine, snap, held, self.completer))
         except RuntimeError:  # stop() shut the pool down while this claim was on its way
             self._work_refused(snap.id, held)
 
-    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+    def _forget(self, entity_id: str, held: HeldLease) -> None:
+        """A claimed job whose handler never ran: out of the keeper and the slot count."""
         self.keepers.release(held)
         with self._changed:
             if self._running.pop(entity_id, None) is not None:
                 self.core.running -= 1
+            self._changed.notify_all()
+
+    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+        self._forget(entity_id, held)
         try:
             self.engine.release_lease(held.lease)
         except FsmError as err:
@@ -319,6 +327,13 @@ class Worker(CoreFace):
     def wait_slot(self) -> None:
         with self._changed:
             self._changed.wait_for(lambda: self._stopping.is_set() or self.core.free() > 0)
+
+    def wait_slot_more(self, need: int, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping.is_set() or self.core.free() >= need, timeout)
+
+    def next_due(self) -> float | None:
+        return due_in(self.engine.store, self.core.kind, self.core.claimable)
 
     def wait_work(self, timeout: float) -> None:
         with self._changed:
@@ -387,7 +402,8 @@ class Worker(CoreFace):
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self.keepers.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for job in self._pool.shutdown():  # claimed, never started: released above
+            self._forget(job.id, job.held)
         if self.reaper is not None:
             self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
 
