@@ -154,6 +154,7 @@ class AsyncWorker(CoreFace):
             policy=engine.policy,
             claim_gather=claim_gather,
         )
+        self.core.due_later = self.wake
         self.engine = engine
         self.keeper_period = keeper_period
         self._running: dict[str, tuple[asyncio.Task[None], HeldLease]] = {}

@@ -219,6 +219,10 @@ def check_worker(
         raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
 
 
+def _nothing() -> None:
+    return None
+
+
 def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
     """A handler's outcome as ``(event, data)``."""
     return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
@@ -260,6 +264,9 @@ class WorkerCore:
         self.stats = WorkerStats()
         self.running = 0
         """Handlers under way (claimed, not yet done); the faces keep it."""
+        self.due_later: Callable[[], None] = _nothing
+        """Called when a handler put its entity back with a due time (a retry): the faces
+        wake their loop, which reads the next due time again (nothing else announces it)."""
         self._lock = threading.Lock()
 
     def free(self) -> int:
@@ -357,6 +364,7 @@ class WorkerCore:
             try:
                 yield step(job.fire, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}")
                 self.count("retried")
+                self.due_later()  # a drained loop sleeping past the backoff reads it again
                 return True
             except FsmError as fire_err:
                 log.warning("could not retry %s after its handler raised: %s", job.id, fire_err)

@@ -242,6 +242,7 @@ class Worker(CoreFace):
             policy=engine.policy,
             claim_gather=claim_gather,
         )
+        self.core.due_later = self.wake
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool: HandlerPool[Job] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
