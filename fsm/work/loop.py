@@ -269,6 +269,32 @@ class WorkerCore:
         wake their loop, which reads the next due time again (nothing else announces it)."""
         self._lock = threading.Lock()
 
+    @classmethod
+    def of(
+        cls,
+        engine: Any,
+        handlers: Mapping[str, Callable[..., Any]],
+        concurrency: int,
+        poll_interval: timedelta,
+        grace: timedelta,
+        claim_gather: timedelta,
+        wake: Callable[[], None],
+    ) -> WorkerCore:
+        """A face's core, for either face's engine (its table, kind and policy); ``wake``
+        is the face's: a handler's retry wakes the loop (:attr:`due_later`)."""
+        core = cls(
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
+            claim_gather=claim_gather,
+        )
+        core.due_later = wake
+        return core
+
     def free(self) -> int:
         return self.concurrency - self.running
 

@@ -76,6 +76,7 @@ from fsm.work.wakeups import due_in, subscribe_wakeups
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
     from fsm.reaping import Reaper, ReaperConfig
+    from stores.base import Store
 
 log = logging.getLogger("fsm.worker")
 
@@ -84,14 +85,17 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[["Job"], Outcome]
 
 
-def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, object]) -> Reaper:
+def worker_reaper(
+    engine: Engine, reap: bool | ReaperConfig | Mapping[str, object], *, store: Store | None = None
+) -> Reaper:
     """The reaper a ``Worker(..., reap=...)`` runs: the engine's lifecycle and policy (one
     source of truth with the claim window), under the leader lease, so that of many
     workers one reaps at a time and a standby takes over when the leader dies.
 
     ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
     of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
-    interval and batch size, ``leader`` is always on."""
+    interval and batch size, ``leader`` is always on.  ``store``: the store the reaper's
+    thread uses, when not the engine's (the asyncio worker's: a sync twin of its store)."""
     from fsm.reaping import Reaper, ReaperConfig  # the reaper's layer, imported when asked for
     from fsm.reaping.service import validated_config
 
@@ -101,7 +105,14 @@ def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, objec
         config = validated_config(reap).model_copy(update={"leader": True})
     else:
         raise ConfigError(f"reap must be a bool or a ReaperConfig, not {type(reap).__name__}")
-    return Reaper(engine.store, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+    on = engine.store if store is None else store
+    return Reaper(on, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+
+
+def alone(idempotency_key: str | None, reason: str | None, error: object, run_after: timedelta | None) -> bool:
+    """Whether a job's fire needs a write of its own (an idempotency key, a retry's reason,
+    record and backoff), rather than a place in the completer's next batch (both faces)."""
+    return idempotency_key is not None or reason is not None or error is not None or run_after is not None
 
 
 def stopping_error(held: HeldLease) -> LeaseLost:
@@ -170,8 +181,7 @@ class Job(HeldEntity):
         ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff): such a fire
         is written alone."""
         lease = self.held.check()
-        alone = idempotency_key is not None or reason is not None or error is not None or run_after is not None
-        if self.completer is not None and not alone:
+        if self.completer is not None and not alone(idempotency_key, reason, error, run_after):
             result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
         else:
             result = self.engine.fire(
@@ -232,17 +242,7 @@ class Worker(CoreFace):
         reap: bool | ReaperConfig | Mapping[str, object] = False,
         claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
-        self.core = WorkerCore(
-            engine.table,
-            engine.kind,
-            handlers,
-            concurrency=concurrency,
-            poll_interval=poll_interval,
-            grace=grace,
-            policy=engine.policy,
-            claim_gather=claim_gather,
-        )
-        self.core.due_later = self.wake
+        self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool: HandlerPool[Job] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
