@@ -34,6 +34,7 @@ def test_the_version_has_one_source_and_every_extra_is_declared() -> None:
     assert fsm.__version__ == __version__
     assert set(project["project"]["optional-dependencies"]) >= EXTRAS
     assert project["project"]["license"] == "MIT" and project["project"]["classifiers"]
+    assert project["project"]["license-files"] == ["LICENSE"] and "MIT License" in (ROOT / "LICENSE").read_text()
     assert f"## [{__version__}]" in (ROOT / "CHANGELOG.md").read_text()  # the changelog names this version
 
 
@@ -79,6 +80,7 @@ def test_the_built_wheel_installs_in_a_fresh_venv_and_runs(tmp_path: Path) -> No
     for typed in ("fsm/py.typed", "stores/py.typed", "signals/py.typed"):
         assert typed in names, f"{typed} missing from the wheel"
     assert not [n for n in names if n.startswith("tests/")], "the tests are not part of the wheel"
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], "the MIT license text ships in the wheel"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python, fsm_cli = venv / "bin" / "python", venv / "bin" / "fsm"

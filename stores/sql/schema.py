@@ -26,7 +26,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-HEAD_REVISION = "0004"
+from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
+
+HEAD_REVISION = "0005"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -274,6 +276,13 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
     # PostgreSQL only: the feed's order (stores.sql.feed), a column the ORM never names
     for statement in feed_ddl(prefix):
         sa.event.listen(table, "after_create", sa.DDL(statement).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
+    # SQLite only: positions never given twice (stores.sql.feed_mark)
+    for statement in feed_mark_ddl(prefix, md.schema):
+        ddl = sa.DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+        sa.event.listen(table, "after_create", ddl.execute_if(dialect="sqlite"))
+    for statement in drop_feed_mark_ddl(prefix, md.schema):
+        ddl = sa.DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+        sa.event.listen(table, "after_drop", ddl.execute_if(dialect="sqlite"))
     # partial: most transitions carry no key, and NULL keys never conflict anyway
     keyed = table.c.idempotency_key.isnot(None)
     sa.Index(

@@ -48,6 +48,15 @@ def _schema(engine: sa.Engine, prefix: str, tables: tuple[str, ...] = TABLES) ->
                 for f in inspector.get_foreign_keys(table)
             ),
         }
+    if engine.dialect.name == "sqlite":  # the feed's high-water table and triggers (0005)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+            found["feed_mark"] = sorted(
+                tuple(plain(value) for value in row)
+                for row in rows
+                if row[1].startswith(prefix) and (row[0] == "trigger" or row[1] == f"{prefix}feed_mark")
+            )
+        assert len(found["feed_mark"]) == 3, found["feed_mark"]
     return found
 
 
@@ -131,7 +140,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0004"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0005"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -196,3 +205,49 @@ def test_tables_without_a_version_are_not_silently_adopted(tmp_path: object) -> 
     engine.dispose()
     with pytest.raises(Exception, match="without a migration version"):
         SqlStore(url)
+
+
+def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_positions(tmp_path: object) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from fsm.records import NewEntity, TransitionWrite
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    upgrade(url, revision="0004")  # a database an older release made, with rows in it
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for name in ("a", "b"):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO fsm_entities (id, kind, state, version, state_entered_at, created_at, updated_at, "
+                    "run_after, data) VALUES (:id, 'job', 'failed', 1, :t, :t, :t, :t, '{}')"
+                ),
+                {"id": name, "t": "2026-01-01 00:00:00.000000+00:00"},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO fsm_history (entity_id, seq, event, source, target, actor, at) "
+                    "VALUES (:id, 1, 'fail', 'queued', 'failed', 'worker', '2026-01-01 00:00:00.000000+00:00')"
+                ),
+                {"id": name},
+            )
+    engine.dispose()
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys; from fsm.cli import main; sys.exit(main())", "migrate", "upgrade", url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    store = SqlStore(url, create=False)
+    try:
+        assert current_revision(url) == HEAD_REVISION == "0005"
+        fed = store.feed()
+        assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
+        # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
+        assert store.prune("job", ["failed"], datetime.now(UTC) + timedelta(days=1)) == ["a", "b"]
+        store.create(NewEntity(id="c", kind="job", state="queued"))
+        store.apply(TransitionWrite("c", "start", "queued", "running", "worker", 0))
+        assert [(e.record.entity_id, e.position) for e in store.feed(fed[-1].position)] == [("c", "s3")]
+    finally:
+        store.close()
