@@ -1,26 +1,42 @@
 """Claiming and listing on SQL: workers take the oldest claimable entities.
 
-A claim is one transaction on the calling thread's connection: for each claimable state
-(resumes first: work already under way; then starts) it selects the rows due the longest
-(``run_after <= now``, in ``run_after`` order, walking the ``claim`` index) and locks
-them (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent claimers divide the rows
-instead of waiting for each other; SQLite: ``BEGIN IMMEDIATE`` takes the write lock
-first, so claimers queue), then starts each one through the store's
-own guarded ``apply`` (a transition with its history row) or takes its lease through
-``acquire_lease`` (a reclaimed finalizer).  Every write keeps its compare-and-set, so even
-a claimer that raced past the lock could not take an entity twice.
+A claim takes up to ``limit`` entities in one statement with their history: for each
+claimable state (resumes first: work already under way; then starts) it picks the rows
+due the longest (``run_after <= now``, in ``run_after`` order, walking the ``claim``
+index, never sorting), skipping rows it cannot read, and takes them:
+
+- PostgreSQL: one statement, its own transaction.  Per state a ``MATERIALIZED`` pick
+  locks its rows ``FOR UPDATE SKIP LOCKED`` (concurrent claimers divide the rows instead
+  of waiting for each other; READ COMMITTED re-checks the pick on a row's newest version
+  when it locks it), under a ``LIMIT`` of what the earlier states left; an ``UPDATE`` by
+  primary key gives each a new token, lease and version (a start: the transition, with
+  its history row inserted from the ``RETURNING``; a resume: the lease only, and its
+  renewal log entry).
+- SQLite: inside ``BEGIN IMMEDIATE`` (claimers queue for the write lock), per state one
+  ``UPDATE .. WHERE id IN (the pick) RETURNING``, then one insert of the history rows
+  (or the renewal log entries) of the rows it took.
+
+A resumed finalizer gets its lease back (token + 1, no transition, its recorded effects
+replayed by its next holder); a start bumps ``attempt`` when its transition does.  A store
+bound to an application's table (a status column, child tables) claims row by row, as
+before: the pick, then each row through the store's own guarded ``apply`` or
+``acquire_lease``.  Every write keeps its guard, so even a claimer that raced past the
+lock could not take an entity twice.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, StaleVersion
 from fsm.limits import check_claim_request, check_id, check_listing
 from fsm.records import ClaimRequest, ClaimStart, Snapshot
+from stores.ledger import renewal_entry
 from stores.sql.connections import unavailable
-from stores.sql.core import SqlCore
+from stores.sql.core import SqlCore, SqliteWrite
 from stores.sql.rows import snapshot_of
 
 log = logging.getLogger("fsm.store")
@@ -28,6 +44,9 @@ log = logging.getLogger("fsm.store")
 
 class ClaimOps(SqlCore):
     """``claim``, ``entities`` and ``count_states`` of :class:`stores.sql.SqlStore`."""
+
+    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[bool, ...]], str]
+    _claim_sqlite_statements: dict[tuple[str, bool], str]
 
     def _claim_sql(self) -> dict[str, str]:
         found: dict[str, str] | None = getattr(self, "_claim_statements", None)
@@ -59,6 +78,223 @@ class ClaimOps(SqlCore):
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
         """See :meth:`stores.Store.claim`."""
         check_claim_request(request)
+        states = [*request.resumes, *(s.source for s in request.starts)]
+        if (
+            self.binding is not None  # type: ignore[attr-defined]
+            or self._children
+            or self._sql.L.status_col is not None
+            or len(set(states)) != len(states)  # a state picked twice: row by row
+        ):
+            return self._claim_each(request)
+        if not states:
+            return []
+        try:
+            return self._claim_set(request) if self._sqlite else self._claim_pg(request)
+        except self._integrity:
+            raise
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    # -- one statement (PostgreSQL) ------------------------------------------------------
+
+    def _claim_pg_sql(self, request: ClaimRequest) -> str:
+        """The whole claim of ``request``'s shape as one statement (see the module doc)."""
+        key = (
+            tuple(request.budget_for(s) is not None for s in request.resumes),
+            tuple(s.bump_attempt for s in request.starts),
+        )
+        cache: dict[tuple[tuple[bool, ...], tuple[bool, ...]], str] | None = getattr(self, "_claim_pg_statements", None)
+        if cache is None:
+            cache = self._claim_pg_statements = {}
+        found = cache.get(key)
+        if found is not None:
+            return found
+        lay, f, sql = self._sql.L, self._f, self._sql
+        c = lay.col
+        kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
+        due = lay.ref("run_after", "e")
+        lock = "FOR UPDATE OF e SKIP LOCKED"
+        parts: list[str] = []
+        outs: list[str] = []
+        taken = "0"  # what the earlier states took: the rest of the limit is this state's
+        n = 0
+
+        def pick(i: int, extra: str) -> str:
+            # the pick of the row-by-row claim (its plan: a range scan of the claim index in
+            # due order, no sort), its LIMIT what the earlier states left
+            return (
+                f"p{i} AS MATERIALIZED (SELECT {lay.ref('id', 'e')} AS id FROM {sql.E} AS e "
+                f"WHERE {kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra} "
+                f"ORDER BY {due} LIMIT GREATEST(%(limit)s - ({taken}), 0) {lock})"
+            )
+
+        # the UPDATE finds its rows by primary key from an array (an index probe per row,
+        # whatever a prepared plan guesses of the claim's size), and takes only the rows it
+        # can read (and, resuming, whose renewal budget is left): a row it leaves is stepped
+        # over, as the row-by-row claim steps over it
+        readable = f" AND {f.is_object('e.' + c['data'])}"
+        for budget in key[0]:
+            deadline = f"e.{c['state_entered_at']} + %(bud{n})s"
+            expiry = f"LEAST({f.now_plus('ttl')}, {deadline})" if budget else f.now_plus("ttl")
+            parts.append(pick(n, f" AND {lay.ref('lease_owner', 'e')} IS NULL"))
+            sets = (
+                f"{c['lease_owner']} = %(owner)s, {c['lease_token']} = e.{c['lease_token']} + 1, "
+                f"{c['lease_expires_at']} = {expiry}"
+            )
+            spent = f" AND {deadline} > {f.now}" if budget else ""
+            parts.append(
+                f"u{n} AS (UPDATE {sql.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM p{n}))"
+                f"{readable}{spent} RETURNING {sql.ret}, {n} AS part)"
+            )
+            parts.append(f"l{n} AS ({self._log_upsert_pg(f'u{n}', acquired=True)})")  # type: ignore[attr-defined]
+            outs.append(f"SELECT * FROM u{n}")
+            taken += f" + (SELECT count(*) FROM u{n})"
+            n += 1
+        hist = f"INSERT INTO {sql.H} ({sql.hist_cols})"
+        for bump in key[1]:
+            parts.append(pick(n, ""))
+            sets = (
+                f"{c['state']} = %(tg{n})s, {c['version']} = e.{c['version']} + 1, {c['lease_owner']} = %(owner)s, "
+                f"{c['lease_token']} = e.{c['lease_token']} + 1, {c['lease_expires_at']} = {f.now_plus('ttl')}, "
+                f"{c['state_entered_at']} = {f.now}, {c['updated_at']} = {f.now}"
+            )
+            if bump:
+                sets += f", {c['attempt']} = e.{c['attempt']} + 1, {c['reclaims']} = 0"
+            parts.append(
+                f"u{n} AS (UPDATE {sql.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM p{n}))"
+                f"{readable} RETURNING {sql.ret}, {n} AS part)"
+            )
+            parts.append(
+                f"h{n} AS ({hist} SELECT u{n}.id, u{n}.version, %(ev{n})s, %(st{n})s, %(tg{n})s, 'worker', "
+                f"u{n}.lease_token, NULL, NULL, {f.now}, NULL, %(owner)s, NULL FROM u{n})"
+            )
+            outs.append(f"SELECT * FROM u{n}")
+            taken += f" + (SELECT count(*) FROM u{n})"
+            n += 1
+        found = cache[key] = f"WITH {', '.join(parts)} " + " UNION ALL ".join(outs)
+        return found
+
+    def _claim_params(self, request: ClaimRequest, now: datetime | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"kind": request.kind, "owner": request.owner, "limit": request.limit}
+        self._time_params(params, now, request.ttl)
+        n = 0
+        for state in request.resumes:
+            params[f"st{n}"] = state
+            budget = request.budget_for(state)
+            if budget is not None:
+                params[f"bud{n}"] = self._f.interval(budget)
+            n += 1
+        for start in request.starts:
+            params[f"st{n}"], params[f"tg{n}"], params[f"ev{n}"] = start.source, start.target, start.event
+            n += 1
+        return params
+
+    def _claim_pg(self, request: ClaimRequest) -> list[Snapshot]:
+        """PostgreSQL: the claim in one statement, its own transaction (or a savepoint-free
+        part of the caller's, inside ``within``)."""
+        rows = self._run(self._claim_pg_sql(request), self._claim_params(request, self._now()))
+        taken: list[tuple[int, Snapshot]] = []
+        for row in rows:
+            try:
+                taken.append((row[16], snapshot_of(row)))
+            except MalformedRow as err:  # taken, but unreadable: its lease lapses, the reaper sees it
+                log.warning("claim took a row it cannot decode: %s", err)
+        return self._attach(_in_order(taken))
+
+    # -- SQLite: a statement per state inside BEGIN IMMEDIATE ----------------------------
+
+    def _claim_set(self, request: ClaimRequest) -> list[Snapshot]:
+        """SQLite: per state one ``UPDATE .. WHERE id IN (pick) RETURNING``, then the history
+        rows (or renewal log entries) of what it took, inside one ``BEGIN IMMEDIATE``.  A
+        returned row that cannot be decoded undoes the claim, which then goes row by row
+        (the row-by-row claim steps over it)."""
+        now = self._now()
+        assert now is not None  # SQLite's time is always this process's
+        params = self._claim_params(request, now)
+        taken: list[tuple[int, Snapshot]] = []
+        try:
+            with SqliteWrite(self._conns.slot(), "fsm_claim") as cur:
+                for n, state in enumerate(request.resumes):
+                    left = request.limit - len(taken)
+                    if left <= 0:
+                        break
+                    sql, values = self._qmark(self._claim_sqlite_sql("resume", request.budget_for(state) is not None))
+                    cur.execute(sql, values({**params, "state": state, "left": left, "bud": params.get(f"bud{n}")}))
+                    got = [snapshot_of(r) for r in cur.fetchall()]
+                    if got:  # their renewal log entries, in one statement
+                        entries = [[snap.id, snap.lease_token, renewal_entry(snap, now, acquired=True)] for snap in got]
+                        log_sql, log_values = self._qmark(self._log_many_sql())  # type: ignore[attr-defined]
+                        cur.execute(
+                            log_sql, log_values({"rows": json.dumps(entries, ensure_ascii=False), "now": params["now"]})
+                        )
+                    taken += [(n, s) for s in got]
+                for n, start in enumerate(request.starts, len(request.resumes)):
+                    left = request.limit - len(taken)
+                    if left <= 0:
+                        break
+                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt))
+                    cur.execute(sql, values({**params, "state": start.source, "target": start.target, "left": left}))
+                    got = [snapshot_of(r) for r in cur.fetchall()]
+                    if got:
+                        history = [
+                            (s.id, s.version, start.event, start.source, start.target, "worker", s.lease_token,
+                             None, None, params["now"], None, request.owner, None)
+                            for s in got
+                        ]  # fmt: skip
+                        cur.execute(
+                            self._history_sql(),  # type: ignore[attr-defined]
+                            (json.dumps(history, ensure_ascii=False, separators=(",", ":")),),
+                        )
+                    taken += [(n, s) for s in got]
+        except MalformedRow as err:
+            log.info("claim undone (%s); claiming row by row", err)
+            return self._claim_each(request)
+        return self._attach(_in_order(taken))
+
+    def _claim_sqlite_sql(self, what: str, flag: bool) -> str:
+        """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;
+        ``start``: ``flag`` bumps ``attempt``)."""
+        cache: dict[tuple[str, bool], str] | None = getattr(self, "_claim_sqlite_statements", None)
+        if cache is None:
+            cache = self._claim_sqlite_statements = {}
+        found = cache.get((what, flag))
+        if found is not None:
+            return found
+        lay, f, sql = self._sql.L, self._f, self._sql
+        c = lay.col
+        kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
+        due = lay.ref("run_after", "e")
+        # the pick of the row-by-row claim; the rows it cannot read (or, resuming, whose
+        # renewal budget is spent) are left by the update's own filter, stepped over
+        where = f"{kind} = :kind AND NOT {deleted} AND {state} = :state AND {due} <= :now"
+        outer = f.is_object(c["data"])
+        expiry = ":ttl"
+        if what == "resume":
+            where += f" AND {lay.ref('lease_owner', 'e')} IS NULL"
+            sets = f"{c['lease_owner']} = :owner, {c['lease_token']} = {c['lease_token']} + 1"
+            if flag:
+                deadline = f.col_plus(c["state_entered_at"], "bud")
+                outer += f" AND {deadline} > :now"
+                expiry = f"min(:ttl, {deadline})"
+            sets += f", {c['lease_expires_at']} = {expiry}"
+        else:
+            sets = (
+                f"{c['state']} = :target, {c['version']} = {c['version']} + 1, {c['lease_owner']} = :owner, "
+                f"{c['lease_token']} = {c['lease_token']} + 1, {c['lease_expires_at']} = :ttl, "
+                f"{c['state_entered_at']} = :now, {c['updated_at']} = :now"
+            )
+            if flag:
+                sets += f", {c['attempt']} = {c['attempt']} + 1, {c['reclaims']} = 0"
+        found = cache[(what, flag)] = (
+            f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN (SELECT {lay.ref('id', 'e')} FROM {sql._indexed('claim')} "
+            f"WHERE {where} ORDER BY {due} LIMIT :left) AND {outer} RETURNING {sql.ret}"
+        )
+        return found
+
+    # -- row by row (a bound table) ------------------------------------------------------
+
+    def _claim_each(self, request: ClaimRequest) -> list[Snapshot]:
+        """The pick, then each row through the store's own guarded writes, in one transaction."""
         slot = self._conns.slot()
         cur = slot.cursor
         try:
@@ -146,6 +382,14 @@ class ClaimOps(SqlCore):
         """See :meth:`stores.Store.count_states`."""
         rows = self._run(self._claim_sql()["count"], {"kind": check_id("kind", kind)})
         return {str(s): int(n) for s, n in rows}
+
+
+def _in_order(taken: list[tuple[int, Snapshot]]) -> list[Snapshot]:
+    """Claimed rows in the claim's order: by state (resumes first), then the longest due
+    (then id: a statement returns its rows in no promised order)."""
+    far = datetime.max.replace(tzinfo=UTC)
+    taken.sort(key=lambda t: (t[0], t[1].run_after or far, t[1].id))
+    return [snap for _, snap in taken]
 
 
 __all__ = ["ClaimOps"]
