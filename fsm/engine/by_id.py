@@ -6,8 +6,7 @@ branch for the actor has no guard (or only ``holds_lease``, with a lease: the st
 requires the caller's lease on the row) is a *move* ``source -> target``; a leaf whose
 first branch has any other guard, or a data change computed from the row's data, is left
 out (a row there is refused by the statement and judged on a read).  The moves must share
-one write shape (lease change, counters, reason, lease holding) and each target must have
-one source, so the history row's source is known from the row written.
+one write shape (lease change, counters, reason, lease holding).
 
 The store's statement then chooses the move from the row's state and writes it
 (:class:`~fsm.id_write.IdWrite`).  When it moves nothing, the engine reads the row and
@@ -71,9 +70,6 @@ def id_plan(table: CompiledTable, event: str, actor: Actor, with_lease: bool) ->
         for b in chosen.values()
     }
     if len(shapes) != 1:
-        return None
-    targets = [b.target for b in chosen.values()]
-    if len(set(targets)) != len(targets):  # two sources into one target: the source is unknown
         return None
     first = next(iter(chosen.values()))
     return IdPlan(

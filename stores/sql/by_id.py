@@ -11,14 +11,22 @@ first's target, not a source (or a bumped lease token), and moves nothing.
 - SQLite: ``UPDATE .. RETURNING`` then the history ``INSERT`` in one ``BEGIN IMMEDIATE``
   (a savepoint inside a caller's transaction).
 
-The history row's ``source`` comes from the new row's target, so only writes whose
-targets each have one source are taken here (:meth:`IdWrite.injective`).  A write that
+The history row's ``source`` is the state the row left.  Where each target has one source
+it is read off the target (``CASE u.state ..``); where two sources enter one target (a
+``fail`` from running or finalizing), PostgreSQL locks the row first in the same statement
+(``WITH o AS (SELECT .. FOR UPDATE), u AS (UPDATE .. FROM o ..)``: the locked row's state,
+as the update sees it), and SQLite inserts the history row first from the row
+(``INSERT INTO history .. SELECT .. FROM entities WHERE .. RETURNING seq, source, target``),
+then updates the row at that version, both under its write lock.
+
+A write that
 moves nothing returns ``None`` and the engine reads the row to judge it the read-first way
 (:mod:`fsm.engine.by_id`): the errors are that path's own.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +40,10 @@ from stores.sql.rows import dumps_data, snapshot_of
 from stores.sql.schema import decode_time
 
 Applied = tuple[Snapshot, HistoryRecord]
+
+
+class _Undo(Exception):
+    """Roll the write back: the row was not where the history row said."""
 
 
 class ByIdOps(SqlCore):
@@ -50,13 +62,13 @@ class ByIdOps(SqlCore):
         bound or child-table layout, or for a write whose target has two sources, ``None``
         at once: the caller reads the row and writes with the version compare-and-set."""
         check_id_write(write)
-        if not self.judges_by_id or not write.injective():
+        if not self.judges_by_id:
             return None
         return self.apply_by_id_checked(write)
 
     def apply_by_id_checked(self, write: IdWrite) -> Applied | None:
         """:meth:`apply_by_id` of a write the engine built from checked arguments and a
-        plan it derived for this store (:attr:`judges_by_id`, one source per target)."""
+        plan it derived for this store (:attr:`judges_by_id`)."""
         moves = write.moves
         due = write.run_after
         ttl = write.lease_ttl
@@ -94,7 +106,8 @@ class ByIdOps(SqlCore):
             assert now is not None
             if now.tzinfo is not UTC:  # as the stored text reads back
                 now = now.astimezone(UTC)
-            found = self._by_id_sqlite(sql, params, write, now)
+            run = self._by_id_sqlite_shared if _shared(moves) else self._by_id_sqlite
+            found = run(sql, params, write, now)
         else:
             found = self._by_id_pg(sql[0], params)
         if found is None:
@@ -142,13 +155,42 @@ class ByIdOps(SqlCore):
             raise unavailable(err, self._conns, params["id"]) from err
         return snap, source, now
 
+    def _by_id_sqlite_shared(
+        self, sql: tuple[str, ...], params: dict[str, Any], write: IdWrite, now: datetime
+    ) -> tuple[Snapshot, str, Any] | None:
+        """Two sources share a target: the history row first, from the row (its source),
+        then the row at that version; one transaction under SQLite's write lock."""
+        insert, insert_values = self._qmark(sql[0])
+        update, update_values = self._qmark(sql[1])
+        try:
+            with SqliteWrite(self._conns.slot(), "fsm_apply") as cur:
+                cur.execute(insert, insert_values(params))
+                rows = cur.fetchall()
+                if not rows:
+                    return None
+                seq, source, target = rows[0]
+                params["target"], params["version"] = target, seq - 1
+                cur.execute(update, update_values(params))
+                rows = cur.fetchall()
+                if not rows:  # pragma: no cover - the write lock is held since the insert read the row
+                    raise _Undo
+                snap = _written(rows[0], write, now, params)
+        except _Undo:
+            return None
+        except self._integrity:
+            return None
+        except self._errors as err:
+            raise unavailable(err, self._conns, params["id"]) from err
+        return snap, source, now
+
     def _by_id_statements(
         self, change: LeaseChange, has_ttl: bool, token: bool, write: IdWrite, has_due: bool
     ) -> tuple[str, ...]:
         """The statements of one shape (cached): lease change, ttl, holder check, counters,
         due time and the number of sources."""
         n = len(write.moves)
-        key = ("by_id", change, has_ttl, token, write.bump_attempt, write.bump_reclaims, has_due, n)
+        shared = _shared(write.moves)
+        key = ("by_id", change, has_ttl, token, write.bump_attempt, write.bump_reclaims, has_due, n, shared)
         cache = self._sql._shapes  # the store's cache of shaped statements (keys of its own)
         found: tuple[str, ...] | None = cache.get(key)
         if found is not None:
@@ -169,28 +211,59 @@ class ByIdOps(SqlCore):
             guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
         hist = f"INSERT INTO {st.H} ({st.hist_cols})"
         common = f"{f.p('event')}"
-        if st.pg:
-            if n > 1:  # the source its target came from (one each: see the module)
+        ret_cols = f"RETURNING {st.ret}"
+        tail = (
+            f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.fsm_source, u.state, {f.p('actor')}, "
+            f"u.lease_token, {f.p('reason')}, {f.p('key')}, u.fsm_now, {f.json('patch')}, {f.p('howner')}, "
+            f"{f.json('error')} FROM u) SELECT * FROM u"
+        )
+        if st.pg and shared:  # lock the row first: its state is the source, as the update sees it
+            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
+            sets = f"{c['state']} = CASE o.fsm_state {whens} END" + sets[sets.index(",") :]
+            found = (
+                f"WITH o AS (SELECT e.{c['id']} AS fsm_id, e.{c['state']} AS fsm_state FROM {st.E} AS e "
+                f"WHERE {guard} FOR UPDATE), "
+                f"u AS (UPDATE {st.E} AS e SET {sets} FROM o WHERE e.{c['id']} = o.fsm_id {ret_cols}, "
+                f"o.fsm_state AS fsm_source, {f.now} AS fsm_now), {tail}",
+            )
+        elif st.pg:
+            if n > 1:  # the source its target came from (one each)
                 back = " ".join(f"WHEN {f.p(f't{i}')} THEN {f.p(f's{i}')}" for i in range(n))
                 source = f"CASE e.{c['state']} {back} END"
             else:
                 source = f.p("source")
             found = (
-                f"WITH u AS (UPDATE {st.E} AS e SET {sets} WHERE {guard} RETURNING {st.ret}, "
-                f"CAST({source} AS text) AS fsm_source, {f.now} AS fsm_now), "
-                f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.fsm_source, u.state, {f.p('actor')}, "
-                f"u.lease_token, {f.p('reason')}, {f.p('key')}, u.fsm_now, {f.json('patch')}, {f.p('howner')}, "
-                f"{f.json('error')} FROM u) SELECT * FROM u",
+                f"WITH u AS (UPDATE {st.E} AS e SET {sets} WHERE {guard} {ret_cols}, "
+                f"CAST({source} AS text) AS fsm_source, {f.now} AS fsm_now), {tail}",
+            )
+        elif shared:  # the history row first, from the row; then the row at that version
+            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
+            token_after = f"e.{c['lease_token']} + 1" if change is LeaseChange.ACQUIRE else f"e.{c['lease_token']}"
+            plain_sets = f"{c['state']} = {f.p('target')}" + sets[sets.index(",") :]
+            found = (
+                f"{hist} SELECT e.{c['id']}, e.{c['version']} + 1, {common}, e.{c['state']}, "
+                f"CASE e.{c['state']} {whens} END, {f.p('actor')}, {token_after}, {f.p('reason')}, {f.p('key')}, "
+                f"{f.now}, {f.p('patch')}, {f.p('howner')}, {f.p('error')} FROM {st.E} AS e WHERE {guard} "
+                "RETURNING seq, source, target",
+                f"UPDATE {st.E} AS e SET {plain_sets} WHERE {st.live} AND e.{c['version']} = {f.p('version')} "
+                f"{ret_cols}",
             )
         else:
             found = (
-                f"UPDATE {st.E} AS e SET {sets} WHERE {guard} RETURNING {st.ret}",
+                f"UPDATE {st.E} AS e SET {sets} WHERE {guard} {ret_cols}",
                 f"{hist} VALUES ({f.p('id')}, {f.p('seq')}, {common}, {f.p('source')}, {f.p('target')}, "
                 f"{f.p('actor')}, {f.p('htoken')}, {f.p('reason')}, {f.p('key')}, {f.now}, {f.p('patch')}, "
                 f"{f.p('howner')}, {f.p('error')})",
             )
         cache[key] = found
         return found
+
+
+@functools.cache
+def _shared(moves: tuple[tuple[str, str], ...]) -> bool:
+    """Whether two sources of ``moves`` enter one target (the source is not read off it)."""
+    targets = [t for _, t in moves]
+    return len(set(targets)) != len(targets)
 
 
 def _written(row: Any, write: IdWrite, now: datetime, params: dict[str, Any]) -> Snapshot:

@@ -163,16 +163,17 @@ def test_every_built_in_worker_event_is_covered(store_pair: tuple[Store, Store],
 
 def test_plans_come_from_the_table() -> None:
     """Derived, not listed: one-branch events and a lease-guarded one are judged by the store;
-    one reaper event guarded by time is not; a target with two sources is not."""
+    one reaper event guarded by time is not, nor moves of two shapes (one holding the lease)."""
     plans = id_plans(PipelineLifecycle.table)
     assert plans[("start", Actor.WORKER, False)].moves == (("queued", "running"),)
     assert plans[("succeed", Actor.WORKER, True)].moves == (("finalizing", "completed"),)
     assert ("succeed", Actor.WORKER, False) not in plans  # holds_lease without a lease: GuardRejected on a read
     assert ("expire", Actor.REAPER, False) not in plans  # lease_stale is the reaper's (it reads)
     assert plans[("fail", Actor.WORKER, False)].moves == (("running", "failed"),)  # finalizing needs the lease
-    assert ("fail", Actor.WORKER, True) not in plans  # running and finalizing both enter failed
+    assert ("fail", Actor.WORKER, True) not in plans  # from running it needs no lease, from finalizing it does
     job = id_plans(JobLifecycle.table)
     assert job[("retry", Actor.WORKER, True)].moves == (("running", "queued"), ("finalizing", "finalizing"))
+    assert job[("fail", Actor.WORKER, True)].moves == (("running", "failed"), ("finalizing", "failed"))  # one target
 
 
 class Statements:
@@ -213,6 +214,16 @@ def test_a_store_judged_fire_makes_no_read(sql_target: SqlTarget) -> None:
             result = engine.fire(entity, event, lease=given)
         assert seen.texts == expected, (event, seen.texts)
         assert result.snapshot == store.get(entity)
+    # two sources into one target (fail from running or finalizing): still one statement
+    jobs = Engine(JobLifecycle, store, owner=OWNER)
+    job = jobs.create().id
+    started = jobs.fire(job, "start")
+    shared = ["WITH"] if sql_target.dialect == "postgres" else ["BEGIN", "INSERT", "UPDATE", "COMMIT"]
+    with Statements(store) as seen:
+        failed = jobs.fire(job, "fail", lease=started.lease)
+    assert seen.texts == shared
+    assert (failed.record.source, failed.record.target, failed.snapshot) == ("running", "failed", store.get(job))
+    assert store.history(job)[-1] == failed.record
     # a refusal reads the row once, to say why (as the read-first path would)
     with Statements(store) as seen, pytest.raises(TransitionNotAllowed, match="'completed' is final"):
         engine.fire(entity, "start")
@@ -337,3 +348,38 @@ def test_the_async_engine_fires_by_id_through_the_store(kind: str, tmp_path: Any
     asyncio.run(main())
     if inner is not None:
         assert inner.get("p").version == 3
+
+
+def test_two_racing_fails_into_one_target_never_both_win(sql_target: SqlTarget) -> None:
+    """``fail`` enters ``failed`` from running or finalizing (the row is locked first on
+    PostgreSQL, the history row inserted first on SQLite): of two at once, one wins."""
+    stores = [sql_target.store(), sql_target.store(create=False)]
+    engines = [Engine(JobLifecycle, s, owner=OWNER) for s in stores]
+    leases = {}
+    for n in range(12):
+        started = engines[0].fire(engines[0].create().id, "start")
+        if n % 2:
+            started = engines[0].fire(started.snapshot.id, "exited", lease=started.lease)
+        leases[started.snapshot.id] = started.lease
+    barrier = threading.Barrier(2)
+    outcomes: list[list[str]] = [[], []]
+
+    def run(k: int) -> None:
+        for i, lease in leases.items():
+            barrier.wait()
+            try:
+                engines[k].fire(i, "fail", lease=lease)
+                outcomes[k].append("won")
+            except FsmError as err:
+                outcomes[k].append(type(err).__name__)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n, i in enumerate(leases):
+        assert sorted([outcomes[0][n], outcomes[1][n]]).count("won") == 1
+        history = stores[0].history(i)
+        assert [r.seq for r in history] == list(range(1, len(history) + 1))
+        assert history[-1].source == ("finalizing" if n % 2 else "running") and history[-1].target == "failed"
