@@ -225,6 +225,9 @@ def serve_asgi(app: Any) -> tuple[Any, threading.Thread, str]:
 
 
 def stop_serving(server: Any, thread: threading.Thread | None) -> None:
+    streams = getattr(server.config.app, "streams", None)
+    if streams is not None:  # open /events streams (a browser still on the page) would hold uvicorn
+        streams.close()
     server.should_exit = True
     if thread is not None:
         thread.join(10)

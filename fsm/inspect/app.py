@@ -4,7 +4,10 @@
   ticks; ``/fragment/overview`` is the same without the page around it (live updates);
 - ``/entity?id=..``: one entity (``/fragment/entity?id=..`` live); ``/diagram.svg?id=..``
   its lifecycle's diagram with the current state highlighted, served as an image (an
-  ``<img>`` never runs script, whatever the SVG holds).
+  ``<img>`` never runs script, whatever the SVG holds);
+- ``/events``: the committed transitions as server-sent events (:mod:`fsm.inspect.events`),
+  whoever made them; the pages refetch their fragment when one arrives, and poll when the
+  browser cannot keep a stream open.
 
 Every response carries a Content-Security-Policy that allows only this server's script and
 style, so even a rendering mistake could not run injected script; the application sits
@@ -15,21 +18,25 @@ surrogates, too long, not a number) gets a 400 page that says what is wrong.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from fsm.engine.watch import PAGE
 from fsm.errors import ConfigError, FsmError, InvalidArgument, UnknownEntity
 from fsm.inspect import actions, assets, pages, views
 from fsm.inspect.data import BadInput, Filters, InspectorData, check_param
+from fsm.inspect.events import StreamLimits, Streams, stream
 from fsm.inspect.security import CSP, HEADERS, Tokens, allowed_hosts, secure
 from fsm.inspect.timeline import esc
 from fsm.lifecycle import Lifecycle
@@ -52,12 +59,15 @@ def create_app(
     tokens: Tokens | None = None,
     count_every: float = 5.0,
     allow_actions: bool = False,
+    stream_limits: StreamLimits | None = None,
 ) -> Any:
     """The inspector over ``store`` (an ASGI application); ``lifecycles`` give the diagrams
     and the state order.  ``hosts`` is the Host allowlist (default: loopback names only);
     with ``tokens`` every request must hold the token (:mod:`fsm.inspect.security`).
     ``count_every``: the least seconds between two recounts of the store (:mod:`fsm.inspect.cache`).
-    ``allow_actions`` adds the operator actions (:mod:`fsm.inspect.actions`); it needs ``tokens``."""
+    ``allow_actions`` adds the operator actions (:mod:`fsm.inspect.actions`); it needs ``tokens``.
+    ``stream_limits`` paces and bounds ``/events`` (:class:`fsm.inspect.events.StreamLimits`);
+    the returned app's ``streams.close()`` ends every open stream (at shutdown)."""
     if allow_actions and tokens is None:
         raise ConfigError("operator actions need the token: give tokens (fsm inspect --allow-actions asks for it)")
     from fsm.engine.work import claim_plan
@@ -75,6 +85,8 @@ def create_app(
     )
     attempt_starts = {k: frozenset(s.event for s in starts if s.bump_attempt) for k, (starts, _) in plans.items()}
     database = safe_url(str(store.engine.url))
+    streams = Streams(stream_limits or StreamLimits())
+    settle_ms = int(count_every * 1000) + 250  # the counts cache's least age, and a margin
     badge = "operator actions on" if allow_actions else "read-only"
 
     def html(text: str, status: int = 200) -> HTMLResponse:
@@ -106,7 +118,13 @@ def create_app(
         body = overview_fragment(request)
         return html(
             pages.page(
-                "fsm inspect", body, live=live_url("/fragment/overview", request), refresh_ms=refresh_ms, badge=badge
+                "fsm inspect",
+                body,
+                live=live_url("/fragment/overview", request),
+                refresh_ms=refresh_ms,
+                badge=badge,
+                events="/events",
+                settle_ms=settle_ms,
             )
         )
 
@@ -160,7 +178,9 @@ def create_app(
         body, status = entity_fragment(entity_id, request)
         live = live_url("/fragment/entity", request)
         title = f"{entity_id} · fsm inspect"
-        return html(pages.page(title, body, live=live, refresh_ms=refresh_ms, badge=badge), status)
+        events = "/events?" + urlencode({"id": entity_id})
+        page = pages.page(title, body, live=live, refresh_ms=refresh_ms, badge=badge, events=events)  # no cache
+        return html(page, status)
 
     def entity_live(request: Request) -> Response:
         body, status = entity_fragment(entity_id_of(request), request)
@@ -180,6 +200,42 @@ def create_app(
         except FsmError as err:
             return Response(f"no diagram: {err}", status_code=404, media_type="text/plain")
         return Response(svg, media_type="image/svg+xml")
+
+    async def events(request: Request) -> Response:
+        params = request.query_params
+        entity_id = check_param("id", params.get("id", "")) or None
+        kind = check_param("kind", params.get("kind", "")) or None
+        after = check_param("Last-Event-ID", request.headers.get("last-event-id", ""), limit=2400)
+        after = after or check_param("after", params.get("after", ""), limit=2400)
+        try:
+            if after:  # the store's own check: a position it never gave is a 400
+                await run_in_threadpool(store.feed, after, kind=kind, limit=1)
+                start = after
+            else:
+                start = await run_in_threadpool(store.feed_head)
+        except InvalidArgument:
+            raise
+        except FsmError as err:  # an unreachable store: the page polls and says so
+            return html(pages.error_page(503, "Store unavailable", esc(str(err))), 503)
+        stop = asyncio.Event()
+        key = streams.enter(stop)
+        if key is None:
+            busy = html(pages.error_page(503, "Busy", "Too many live streams are open; the page polls instead."), 503)
+            busy.headers["retry-after"] = "30"
+            return busy
+
+        async def read(position: str | None) -> Any:
+            return await run_in_threadpool(store.feed, position, kind=kind, limit=PAGE)
+
+        body = stream(
+            read,
+            start,
+            entity_id=entity_id,
+            limits=streams.limits,
+            stop=stop,
+            subscribe=getattr(store, "feed_wakeup", None),
+        )
+        return EventStream(body, on_close=lambda: streams.leave(key))
 
     def script(request: Request) -> Response:
         return Response(assets.SCRIPT, media_type="text/javascript")
@@ -223,6 +279,7 @@ def create_app(
         Route("/entity", entity),
         Route("/fragment/entity", entity_live),
         Route("/diagram.svg", diagram),
+        Route("/events", events),
         Route("/static/inspect.js", script),
         Route("/static/inspect.css", style),
     ]
@@ -245,7 +302,26 @@ def create_app(
         yield
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
-    return secure(app, hosts=hosts if hosts is not None else allowed_hosts("127.0.0.1"), tokens=tokens)
+    outer = secure(app, hosts=hosts if hosts is not None else allowed_hosts("127.0.0.1"), tokens=tokens)
+    outer.streams = streams
+    return outer
 
 
-__all__ = ["CSP", "HEADERS", "create_app"]
+class EventStream(StreamingResponse):
+    """A ``text/event-stream`` response that calls ``on_close`` however it ends (finished,
+    client gone, cancelled before its first byte)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None]) -> None:
+        super().__init__(content, headers={"x-accel-buffering": "no"})  # no proxy buffering
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+__all__ = ["CSP", "HEADERS", "EventStream", "create_app"]

@@ -5,14 +5,22 @@ from __future__ import annotations
 SCRIPT = """\
 // Live updates without reloading: fetch this page's fragment and swap it in.
 // The server renders every value escaped; nothing here builds HTML from data.
+// With server-sent events (/events: committed transitions, from any process) the page
+// refetches when one arrives, and polls 5x slower for the rest (renewals, effects, ages);
+// where the browser has no EventSource, or the stream is refused (busy, signed out), it
+// polls every data-every ms.
 (function () {
   var live = document.getElementById('live');
   var status = document.getElementById('status');
   if (!live) { return; }
   var every = parseInt(live.getAttribute('data-every'), 10) || 2000;
-  var busy = false;
+  var settle = parseInt(live.getAttribute('data-settle'), 10) || 0;
+  var events = live.getAttribute('data-events');
+  var GAP = 500;  // at most two refetches a second, however fast transitions come
+  var busy = false, again = false, pending = null, last = 0, polling = null, source = null;
+  function mode() { return source ? 'live (events)' : 'live (polling)'; }
   function tick() {
-    if (busy) { return; }
+    if (busy) { again = true; return; }
     var active = document.activeElement;
     if (active && live.contains(active) && (active.tagName === 'INPUT' || active.tagName === 'SELECT')) {
       return;  // never swap the form under the user's cursor
@@ -22,20 +30,51 @@ SCRIPT = """\
     });
     if (edited) { return; }  // nor an action form the operator has started to fill in
     busy = true;
+    last = Date.now();
     fetch(live.getAttribute('data-src'), {headers: {'Accept': 'text/html'}, cache: 'no-store'})
       .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })
       .then(function (text) {
         live.innerHTML = text;
-        status.textContent = 'live · updated ' + new Date().toLocaleTimeString();
+        status.textContent = mode() + ' · updated ' + new Date().toLocaleTimeString();
         status.className = 'status ok';
       })
       .catch(function (err) {
         status.textContent = 'not updating: ' + err.message;
         status.className = 'status bad';
       })
-      .finally(function () { busy = false; });
+      .finally(function () {
+        busy = false;
+        if (again) { again = false; changed(); }
+      });
   }
-  setInterval(tick, every);
+  function changed() {
+    if (pending !== null) { return; }
+    pending = setTimeout(function () { pending = null; tick(); }, Math.max(0, last + GAP - Date.now()));
+  }
+  function poll() {
+    if (polling === null) { polling = setInterval(tick, every); }
+  }
+  if (events && window.EventSource) {
+    source = new EventSource(events);
+    source.addEventListener('transition', function () {
+      changed();
+      // the cached counts: the refetch after the cache's age starts a recount (if none ran
+      // since the event), the one after that shows it
+      if (settle) { setTimeout(changed, settle); setTimeout(changed, 2 * settle); }
+    });
+    source.onopen = function () { status.textContent = mode(); status.className = 'status ok'; };
+    source.onerror = function () {
+      if (source && source.readyState === EventSource.CLOSED) {  // refused: no retry will come
+        source.close();
+        source = null;
+        poll();
+      }
+    };
+    // what is no transition (renewals, effects, progress), ages and cached counts: 5x slower than polling
+    setInterval(tick, every * 5);
+  } else {
+    poll();
+  }
 })();
 """
 

@@ -126,7 +126,11 @@ def handle(args: argparse.Namespace) -> int:
         return 2
     for line in announce(args, tokens):
         print(line, file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    from fsm.inspect.events import end_streams_on_exit
+
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    end_streams_on_exit(server, app)  # open /events streams would hold the shutdown forever
+    server.run()
     return 0
 
 

@@ -33,14 +33,26 @@ def entity_url(entity_id: str) -> str:
     return "/entity?" + urlencode({"id": entity_id})
 
 
-def page(title: str, body: str, *, live: str, refresh_ms: int, badge: str = "read-only") -> str:
-    """A whole page; the element ``#live`` is refreshed from ``live`` every ``refresh_ms``."""
+def page(
+    title: str,
+    body: str,
+    *,
+    live: str,
+    refresh_ms: int,
+    badge: str = "read-only",
+    events: str = "",
+    settle_ms: int = 0,
+) -> str:
+    """A whole page; the element ``#live`` is refreshed from ``live`` when the event stream
+    ``events`` tells of a transition (and ``settle_ms`` and twice that later, for what a
+    cache recounts), or every ``refresh_ms`` where the browser cannot keep the stream open."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{esc(title)}</title><link rel=stylesheet href=/static/inspect.css></head><body>"
         f"<header><a class=home href=/>fsm inspect</a> <span class=ro>{esc(badge)}</span>"
         "<span id=status class=status>live</span></header>"
-        f"<main id=live data-src='{esc(live)}' data-every='{int(refresh_ms)}'>{body}</main>"
+        f"<main id=live data-src='{esc(live)}' data-every='{int(refresh_ms)}' "
+        f"data-events='{esc(events)}' data-settle='{int(settle_ms)}'>{body}</main>"
         "<script src=/static/inspect.js></script></body></html>"
     )
 

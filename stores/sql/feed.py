@@ -18,17 +18,31 @@ only narrows that race and re-reads its window on every poll.
   commits later has a larger id.  So the keyset ``(txid, entity_id, seq)`` below that bound
   is final, and a cursor over it never skips a late commit.  The price: a transaction left
   open anywhere on the server holds the feed back (never loses it) until it ends.
+
+Wake-ups (PostgreSQL, opt-in: :meth:`FeedOps.enable_feed_notify`): a statement trigger
+sends ``NOTIFY`` on the ``{prefix}feed`` channel after each history insert, and watchers
+hear it through the process's one ``LISTEN`` connection (:mod:`stores.sql.notify`, shared
+with the workers' wake-ups; it reconnects, and calls every subscriber after a reconnect).
+Opt-in, not part of the schema: PostgreSQL serializes the commits of transactions that
+sent ``NOTIFY`` (one lock on the notification queue, held through the commit), so a
+trigger on every transition would cap the writers' throughput.  Without it a watch polls
+its keyset read; with it a watcher reads as soon as a transition commits.  Either way the
+keyset read decides what is new, so a missed or coalesced notification loses nothing.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
-from fsm.errors import InvalidArgument
+from fsm.errors import ConfigError, InvalidArgument
 from fsm.records import FeedEntry
 from stores.feed import counter, feed_args
 from stores.sql.core import SqlCore
+from stores.sql.notify import conninfo_of, listener_for
+from stores.sql.notify import quote as quote_name
 from stores.sql.rows import history_of
 from stores.sql.schema import FEED_TXID, HISTORY_COLUMNS
 
@@ -93,6 +107,78 @@ class FeedOps(SqlCore):
         # never empty, so ``(xmin, "", 0)`` sorts below all of its rows)
         return f"p{row[0]}.0." if self._f.name == "postgresql" else f"s{row[0]}"
 
+    # -- wake-ups (PostgreSQL) -----------------------------------------------------------
+
+    def _feed_names(self) -> tuple[str, str]:
+        """The trigger function's name and the channel."""
+        prefix = self.table_prefix  # type: ignore[attr-defined]
+        return f"{prefix}feed_notify", feed_channel(prefix)
+
+    def enable_feed_notify(self) -> None:
+        """Install the statement trigger that sends ``NOTIFY`` after each history insert
+        (idempotent; PostgreSQL only, else ``ConfigError``).  Mind the cost (module doc)."""
+        if self._f.name != "postgresql":
+            raise ConfigError("feed notifications are PostgreSQL's; SQLite's feed is polled")
+        function, name = self._feed_names()
+        schema = getattr(self, "schema", None)
+        qualified = f"{quote_name(schema)}.{quote_name(function)}" if schema else quote_name(function)
+        statements = (
+            f"CREATE OR REPLACE FUNCTION {qualified}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$fsm$ BEGIN PERFORM pg_notify('{name}', ''); RETURN NULL; END $fsm$",
+            f"CREATE OR REPLACE TRIGGER {quote_name(function)} AFTER INSERT ON {self._sql.H} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {qualified}()",
+        )
+        with self.engine.begin() as conn:  # type: ignore[attr-defined]
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+
+    def disable_feed_notify(self) -> None:
+        """Remove the trigger (idempotent; a no-op on SQLite)."""
+        if self._f.name != "postgresql":
+            return
+        function, _ = self._feed_names()
+        with self.engine.begin() as conn:  # type: ignore[attr-defined]
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {quote_name(function)} ON {self._sql.H}")
+
+    def feed_wakeup(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (on the listener's thread) when the feed may have grown
+        (PostgreSQL, with the trigger on), and after the listener reconnects; returns the
+        unsubscribe function, or None where there is nothing to listen to (SQLite)."""
+        if self._f.name != "postgresql":
+            return None
+        remove = listener_for(conninfo_of(self.engine)).subscribe(self._feed_names()[1], callback)  # type: ignore[attr-defined]
+        held = self._feed_subscriptions()
+        done = threading.Event()
+
+        def unsubscribe() -> None:
+            if not done.is_set():
+                done.set()
+                held.discard(unsubscribe)
+                remove()
+
+        held.add(unsubscribe)
+        return unsubscribe
+
+    def _feed_subscriptions(self) -> set[Callable[[], None]]:
+        found: set[Callable[[], None]] | None = getattr(self, "_feed_subs", None)
+        if found is None:
+            found = set()
+            self._feed_subs: set[Callable[[], None]] = found
+        return found
+
+    def _close_feed_listener(self) -> None:
+        """At ``close``: this store's watchers stop being woken (the process's listener
+        stays for the other stores and the workers)."""
+        for unsubscribe in list(self._feed_subscriptions()):
+            unsubscribe()
+
+
+def feed_channel(prefix: str) -> str:
+    """The feed's channel of the store with this table prefix (a work channel is
+    ``{prefix}{kind}``: a lifecycle named ``feed`` would share it, and each side would only
+    read once more for nothing)."""
+    return f"{prefix}feed"
+
 
 def _pg_cursor(body: str | None) -> dict[str, Any]:
     if body is None:
@@ -109,4 +195,4 @@ def _pg_cursor(body: str | None) -> dict[str, Any]:
     return {"txid": int(txid), "eid": decoded, "seq": int(seq)}
 
 
-__all__ = ["FeedOps"]
+__all__ = ["FeedOps", "feed_channel"]

@@ -13,8 +13,9 @@
   sent meanwhile is lost.
 
 Polling stays the fallback (every worker still polls), so a lost notification or a
-reconnect never loses work.  Feeds such as ``engine.watch`` may reuse :class:`Listener`
-for channels of their own.
+reconnect never loses work.  The feed's wake-ups (``engine.watch``, the inspector's
+``/events``: :meth:`stores.sql.SqlStore.feed_wakeup`) are one more channel on the same
+connection, so a process listens once, however many workers and watchers it runs.
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ class Listener:
                 del self._listened[name]
 
 
+def conninfo_of(engine: Any) -> str:
+    """The libpq connection string of a SQLAlchemy engine (the key of :func:`listener_for`:
+    every store on one database shares its listener)."""
+    return str(engine.url.set(drivername="postgresql").render_as_string(hide_password=False))
+
+
 _LISTENERS: dict[str, Listener] = {}
 _LISTENERS_LOCK = threading.Lock()
 
@@ -169,4 +176,4 @@ def listener_for(conninfo: str) -> Listener:
         return found
 
 
-__all__ = ["Listener", "listener_for", "quote"]
+__all__ = ["Listener", "conninfo_of", "listener_for", "quote"]

@@ -88,7 +88,6 @@ from stores.sql.creates import CreateOps
 from stores.sql.dialect import PostgresFlavor, SqliteFlavor, Statements, condition_shape
 from stores.sql.effects import EffectOps
 from stores.sql.feed import FeedOps
-from stores.sql.feed_notify import FeedNotifyOps
 from stores.sql.joined import Joined, joined_sync
 from stores.sql.leases import LeaseOps
 from stores.sql.migrate import current_revision, ensure_schema
@@ -172,9 +171,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(
-    LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, FeedNotifyOps, RetentionOps
-):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
