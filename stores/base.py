@@ -370,6 +370,21 @@ class WorkNotices(Protocol):
 
 
 @runtime_checkable
+class DueTimes(Protocol):
+    """An optional store capability: when the next row waiting out its due time is due.
+
+    A row requeued with a backoff (a retry) becomes claimable by the clock alone, with
+    no write to send a wake-up; a drained worker sleeps no longer than this says.  The
+    memory and SQL stores and their async faces have it."""
+
+    def next_due(self, kind: str, states: Sequence[str]) -> float | None:
+        """Seconds from the store's now until the earliest live row of ``kind`` in one of
+        ``states`` whose ``run_after`` is still ahead becomes due; ``None`` when there is
+        none.  A read: nothing changes.  Bad arguments raise ``InvalidArgument``."""
+        ...
+
+
+@runtime_checkable
 class BriefMoves(Protocol):
     """An optional store capability: the reaper's claim without snapshots.
 

@@ -197,6 +197,28 @@ class MemoryStore(LedgerRun, MemoryRetention):
         """See :meth:`stores.base.WorkNotices.notify_work`."""
         self._notices.notify(channel("", check_id("kind", kind)))
 
+    def next_due(self, kind: str, states: Sequence[str]) -> float | None:
+        """See :meth:`stores.base.DueTimes.next_due`."""
+        check_id("kind", kind)
+        if not isinstance(states, list | tuple) or not 1 <= len(states) <= 32:
+            raise InvalidArgument(f"states must be a list of 1 to 32 state names, not {states!r}")
+        wanted = {check_id("state", state) for state in states}
+        with self._lock:
+            now = self.now()
+            first = min(
+                (
+                    r.run_after
+                    for r in self._rows.values()
+                    if r.kind == kind
+                    and not r.deleted
+                    and r.state in wanted
+                    and r.run_after is not None
+                    and r.run_after > now
+                ),
+                default=None,
+            )
+        return None if first is None else (first - now).total_seconds()
+
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         check_transition_write(write)
         return self.apply_checked(write)

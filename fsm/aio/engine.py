@@ -26,6 +26,7 @@ import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
 from fsm.engine.joined import held_on, joining
+from fsm.engine.many import Fire, Fired
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, Pacer, watch_args
 from fsm.lifecycle import Lifecycle
@@ -176,6 +177,10 @@ class AsyncEngine:
             error=error,
             run_after=run_after,
         )
+
+    async def fire_many(self, items: Sequence[Fire]) -> list[Fired]:
+        """See :meth:`fsm.Engine.fire_many`: one transaction, each item fenced on its own."""
+        return await self._call(self.sync.fire_many, items)
 
     async def get(self, entity_id: str) -> Snapshot:
         """See :meth:`fsm.Engine.get`."""

@@ -11,9 +11,11 @@
 
 The same logic as :class:`fsm.work.Worker`: both drive :class:`fsm.work.loop.WorkerCore`
 (its claim loop, its handling of outcomes, errors and fencing), this face awaiting each
-step.  Each claimed entity runs as a task under an asyncio lease keeper
-(:meth:`AsyncEngine.keep`).  At most ``concurrency`` handlers run at once; a full worker
-waits for a slot, a drained one for :meth:`AsyncWorker.wake` or the poll interval.
+step.  Each claimed entity runs as a task; one task renews every lease the worker holds
+(:class:`fsm.work.keepers.AsyncLeaseKeepers`, one transaction a round) and handlers'
+outcomes share transactions (:class:`fsm.work.completer.AsyncBatchCompleter`), as on the
+thread face.  At most ``concurrency`` handlers run at once; a full worker waits for a
+slot, a drained one for :meth:`AsyncWorker.wake`, a due time, or the poll interval.
 :meth:`AsyncWorker.stop` stops claiming, lets running handlers finish within ``grace``,
 then tells the rest (``job.lost``, reason ``"worker stopping"``), cancels them and releases
 their leases.
@@ -27,16 +29,19 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
-from fsm.errors import FsmError, StoreUnavailable
+from fsm.errors import ConfigError, FsmError, StoreUnavailable
 from fsm.records import HistoryRecord, Snapshot
+from fsm.work.completer import AsyncBatchCompleter
 from fsm.work.keeper import HeldLease
+from fsm.work.keepers import AsyncLeaseKeepers
 from fsm.work.loop import (
+    DEFAULT_CLAIM_GATHER,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
@@ -47,8 +52,11 @@ from fsm.work.loop import (
     WorkerStats,
     drive_async,
 )
-from fsm.work.wakeups import subscribe_wakeups
-from fsm.work.worker import HeldEntity, stopping_error
+from fsm.work.wakeups import due_in_async, subscribe_wakeups
+from fsm.work.worker import HeldEntity, alone, stopping_error, worker_reaper
+
+if TYPE_CHECKING:
+    from fsm.reaping import Reaper, ReaperConfig
 
 log = logging.getLogger("fsm.worker")
 
@@ -58,9 +66,16 @@ M = TypeVar("M", bound=BaseModel)
 class AsyncJob(HeldEntity):
     """What an async handler gets: the entity, its held lease, the ledger bound to both."""
 
-    def __init__(self, engine: AsyncEngine, snapshot: Snapshot, held: HeldLease) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        snapshot: Snapshot,
+        held: HeldLease,
+        completer: AsyncBatchCompleter | None = None,
+    ) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
+        self.completer = completer
         self._writes: set[asyncio.Task[None]] = set()  # progress writes under way (kept alive)
 
     async def run(
@@ -79,17 +94,23 @@ class AsyncJob(HeldEntity):
         error: Mapping[str, Any] | None = None,
         run_after: timedelta | None = None,
     ) -> FireResult:
-        """Fire ``event`` under this job's lease; the job's snapshot follows."""
-        result = await self.engine.fire(
-            self.id,
-            event,
-            lease=self.held.check(),
-            data=data,
-            idempotency_key=idempotency_key,
-            reason=reason,
-            error=error,
-            run_after=run_after,
-        )
+        """:meth:`fsm.work.Job.fire`, awaited: from the held snapshot, in the completer's
+        next batch when no ``idempotency_key``, ``reason``, ``error`` or ``run_after`` asks
+        for a write of its own; returns once committed."""
+        lease = self.held.check()
+        if self.completer is not None and not alone(idempotency_key, reason, error, run_after):
+            result = await self.completer.fire(self.snapshot, event, lease=lease, data=data)
+        else:
+            result = await self.engine.fire(
+                self.snapshot,
+                event,
+                lease=lease,
+                data=data,
+                idempotency_key=idempotency_key,
+                reason=reason,
+                error=error,
+                run_after=run_after,
+            )
         self.snapshot = result.snapshot
         return result
 
@@ -141,23 +162,33 @@ class AsyncWorker(CoreFace):
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
+        reap: bool | ReaperConfig | Mapping[str, object] = False,
+        claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
-        self.core = WorkerCore(
-            engine.table,
-            engine.kind,
-            handlers,
-            concurrency=concurrency,
-            poll_interval=poll_interval,
-            grace=grace,
-            policy=engine.policy,
-        )
+        self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.engine = engine
         self.keeper_period = keeper_period
+        # one task renews every lease this worker holds, one transaction a round
+        self.keepers = AsyncLeaseKeepers(engine, period=keeper_period)
+        # outcomes of handlers finishing together share one commit; written at once when
+        # every running handler waits on it
+        self.completer = AsyncBatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
         self._running: dict[str, tuple[asyncio.Task[None], HeldLease]] = {}
         self._stopping = False
         self._changed = asyncio.Event()  # a slot freed, a wake-up or a stop: the loop looks again
         self._woken = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.reaper: Reaper | None = None
+        """The reaper this worker runs under the leader lease (``reap=``), or ``None``: a
+        :class:`~fsm.reaping.Reaper` on its own thread, over a synchronous twin of the
+        async store (``store.sync_store()``: the same tables, connections of its own)."""
+        self._reaper_store: Any = None
+        if reap is not False:
+            twin = getattr(engine.store, "sync_store", None)
+            if twin is None:
+                raise ConfigError(f"reap= needs an async store with a sync twin (sync_store()), not {engine.store!r}")
+            self._reaper_store = twin()
+            self.reaper = worker_reaper(engine.sync, reap, store=self._reaper_store)
 
     @property
     def running(self) -> int:
@@ -178,26 +209,23 @@ class AsyncWorker(CoreFace):
             log.warning("claim failed: %s", err)
             return 0
         for snap in claimed:
+            lease = snap.lease
+            assert lease is not None
+            held = self.keepers.keep(lease)
             self.core.count("claimed")
             self.core.running += 1
-            ready: asyncio.Future[HeldLease] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(self._work(snap, ready), name=f"fsm-worker-{snap.id}")
-            held = await ready
+            job = AsyncJob(self.engine, snap, held, self.completer)
+            task = asyncio.create_task(drive_async(self.core.handle(job)), name=f"fsm-worker-{snap.id}")
             self._running[snap.id] = (task, held)
-            task.add_done_callback(functools.partial(self._done, snap.id))
+            task.add_done_callback(functools.partial(self._done, snap.id, held))
         return len(claimed)
 
-    def _done(self, entity_id: str, _: object) -> None:
+    def _done(self, entity_id: str, held: HeldLease, _: object) -> None:
+        self.keepers.release(held)
         if self._running.pop(entity_id, None) is not None:
             self.core.running -= 1
         self._changed.set()
-
-    async def _work(self, snap: Snapshot, ready: asyncio.Future[HeldLease]) -> None:
-        lease = snap.lease
-        assert lease is not None
-        async with self.engine.keep(lease, period=self.keeper_period) as held:
-            ready.set_result(held)
-            await drive_async(self.core.handle(AsyncJob(self.engine, snap, held)))
+        self.completer.wake()  # one fewer handler to wait for before a batch is written
 
     # -- the loop's waits (WorkerCore.loop awaits them) --------------------------------------
 
@@ -209,6 +237,16 @@ class AsyncWorker(CoreFace):
         while not self._stopping and self.core.free() <= 0:
             self._changed.clear()
             await self._changed.wait()
+
+    async def wait_slot_more(self, need: int, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not self._stopping and self.core.free() < need:
+                    self._changed.clear()
+                    await self._changed.wait()
+
+    async def next_due(self) -> float | None:
+        return await due_in_async(self.engine.store, self.core.kind, self.core.claimable)
 
     async def wait_work(self, timeout: float) -> None:
         if self._stopping or self._woken:
@@ -243,6 +281,9 @@ class AsyncWorker(CoreFace):
         """Claim and work until :meth:`stop` (or the task is cancelled, which stops too)."""
         self._loop = asyncio.get_running_loop()
         unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
+        if self.reaper is not None:
+            self.reaper.start()
+        self.completer.start()
         try:
             await drive_async(self.core.loop(self))
         finally:
@@ -274,6 +315,12 @@ class AsyncWorker(CoreFace):
                 log.info("released %s at stop", entity_id)
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
+        await self.completer.stop()  # what the finished handlers fired is written first
+        await self.keepers.aclose()
+        if self.reaper is not None:  # resigns the leader lease: another worker's reaper takes over
+            await asyncio.to_thread(self.reaper.stop)
+            if self._reaper_store is not getattr(self.engine.store, "sync", None):
+                self._reaper_store.close()  # a twin of its own (SQL); idempotent
 
     async def __aenter__(self) -> AsyncWorker:
         return self

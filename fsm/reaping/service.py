@@ -35,6 +35,7 @@ from fsm.reaping.config import (
 )
 from fsm.reaping.leader import LeaderLease
 from fsm.reaping.rules import Rule, plan_rules
+from fsm.reaping.wakeups import notify_moved, wakes_workers
 from fsm.records import (
     Actor,
     BatchWrite,
@@ -111,6 +112,9 @@ class Reaper:
             Engine(rp.bound_lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        self._waking = frozenset(i for i, rule in enumerate(self.rules) if wakes_workers(rule))
+        """The rules whose moves a claim takes (by position): a tick that moved rows by one
+        of them wakes the lifecycle's workers."""
         if self.config.leader and getattr(store, "binding", None) is not None:
             raise ConfigError(
                 "leader=True needs a store with the library's own tables: on a store bound to an application "
@@ -138,8 +142,16 @@ class Reaper:
                 if self.leader is not None and not dry_run and not self.leader.try_lead():
                     result.leading = False
                     return self._finish(result, started, dry_run)
-                for rule in self.rules:
-                    self._run_rule(rule, result, dry_run)
+                woken: set[str] = set()  # kinds whose workers can claim what this tick moved
+                try:
+                    for i, rule in enumerate(self.rules):
+                        before = result.total_moved
+                        self._run_rule(rule, result, dry_run)
+                        if i in self._waking and result.total_moved > before:
+                            woken.add(rule.engine.kind)
+                finally:  # what committed before a failure is claimable too
+                    if not dry_run:
+                        notify_moved(self.store, woken)
             except StoreUnavailable as err:  # down, or a corrupt file: typed, its message says it all
                 result.errors += 1
                 log.error("reaper tick failed: %s", err)

@@ -10,17 +10,22 @@ handler.  A handler's ``fire`` returns only once its write committed: an outcome
 acknowledged before it is durable.  The backlog is bounded by the handlers (each waits
 for its answer), so a slow store slows the handlers down instead of piling up outcomes.
 
-:meth:`BatchCompleter.run_once` writes what is pending now (the unit of test); the thread
-only schedules it.  After :meth:`BatchCompleter.stop` an outcome is fired on its own.
+Two faces share the buffer (:class:`_Batcher`: when a batch is due, which outcomes it
+takes, how it is written): :class:`BatchCompleter` flushes from a thread, and
+:class:`AsyncBatchCompleter` from an asyncio task, writing through the async engine's
+greenlet bridge.  ``run_once`` writes what is pending now (the unit of test); the thread
+or task only schedules it.  After ``stop`` an outcome is fired on its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +34,7 @@ from fsm.errors import ConfigError
 from fsm.records import Lease, Snapshot
 
 if TYPE_CHECKING:
+    from fsm.aio.engine import AsyncEngine
     from fsm.engine import Engine, FireResult
 
 log = logging.getLogger("fsm.worker")
@@ -36,22 +42,25 @@ log = logging.getLogger("fsm.worker")
 DEFAULT_MAX_BATCH = 64
 """The most outcomes one transaction writes."""
 DEFAULT_MAX_DELAY = timedelta(milliseconds=2)
-"""The longest an outcome waits for others to share its commit."""
+"""The longest an outcome waits for others to share its commit (when some handler is still
+busy; an outcome that every running handler waits on is written at once)."""
 
 
-@dataclass(eq=False)
 class _Pending:
-    item: Fire
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Fired | BaseException | None = None
+    """One outcome waiting for its batch.  ``done`` is a bare lock held until the answer is
+    in (thread face: a lock is a C object, an Event two Python objects per outcome), or a
+    future (asyncio face)."""
+
+    __slots__ = ("done", "item", "result")
+
+    def __init__(self, item: Fire, done: Any) -> None:
+        self.item = item
+        self.result: Fired | BaseException | None = None
+        self.done = done
 
 
-class BatchCompleter:
-    """Fires handlers' outcomes in batches (see the module doc).
-
-    ``all_waiting(n)``: whether ``n`` pending outcomes are all that can come now (the
-    worker: every running handler waits on the completer); then the batch is written at
-    once instead of after ``max_delay``."""
+class _Batcher:
+    """The buffer both faces share: what is pending, when it is due, how a batch is written."""
 
     def __init__(
         self,
@@ -76,46 +85,36 @@ class BatchCompleter:
         self._first_at = 0.0
         self._changed = threading.Condition()
         self._stopped = False
-        self._thread: threading.Thread | None = None
 
-    # -- the handlers' side ------------------------------------------------------------
+    def _add(self, pending: _Pending) -> bool:
+        """Queue ``pending`` (under the lock); whether the flusher must look again: for the
+        first outcome (its delay starts) and when the batch is due at once, not for each
+        outcome in between (a wake-up each is a thread switch each)."""
+        queued = self._pending
+        queued.append(pending)
+        n = len(queued)
+        if n == 1:
+            self._first_at = time.monotonic()
+        return n == 1 or n >= self.max_batch or self.all_waiting(n)
 
-    def fire(
-        self, entity: Snapshot | FireResult, event: str, *, lease: Lease | None, data: Mapping[str, Any] | None = None
-    ) -> FireResult:
-        """Fire ``event`` from the held ``entity`` in the next batch; returns once it
-        committed, or raises its own refusal (what :meth:`Engine.fire` would raise)."""
-        pending = _Pending(Fire(entity, event, lease, data))
-        with self._changed:
-            if self._stopped or self._thread is None:
-                pending = None  # type: ignore[assignment]
-            else:
-                if not self._pending:
-                    self._first_at = time.monotonic()
-                self._pending.append(pending)
-                self._changed.notify_all()
-        if pending is None:  # not running: on its own, as fire_many would write it
-            (alone,) = self.engine.fire_many([Fire(entity, event, lease, data)])
-            return _answer(alone)
-        pending.done.wait()
-        return _answer(pending.result)
+    def _due(self) -> float | None:
+        """Seconds until the pending batch must be written (0: now), None when empty."""
+        n = len(self._pending)
+        if not n:
+            return None
+        if self._stopped or n >= self.max_batch or self.all_waiting(n):
+            return 0.0
+        return max(0.0, self._first_at + self.max_delay - time.monotonic())
 
-    def wake(self) -> None:
-        """Look again whether every handler waits (the worker calls it when one finishes)."""
-        with self._changed:
-            self._changed.notify_all()
-
-    # -- one batch -----------------------------------------------------------------------
-
-    def run_once(self) -> int:
-        """Write the outcomes pending now, at most ``max_batch``, in one transaction; how
-        many were written (refusals included)."""
+    def _take(self) -> list[_Pending]:
         with self._changed:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             if self._pending:
                 self._first_at = time.monotonic()
-        if not batch:
-            return 0
+        return batch
+
+    def _write(self, batch: list[_Pending]) -> None:
+        """Fire ``batch`` in one transaction; each pending outcome gets its own answer."""
         try:
             results: list[Fired | BaseException] = list(self.engine.fire_many([p.item for p in batch]))
         except BaseException as err:  # the store failed the whole batch: every handler hears it
@@ -125,7 +124,58 @@ class BatchCompleter:
         self.outcomes += len(batch)
         for pending, result in zip(batch, results, strict=True):
             pending.result = result
-            pending.done.set()
+
+    def _all_waiting_now(self) -> bool:
+        with self._changed:
+            return bool(self._pending) and self.all_waiting(len(self._pending))
+
+
+class BatchCompleter(_Batcher):
+    """Fires handlers' outcomes in batches from a thread (see the module doc).
+
+    ``all_waiting(n)``: whether ``n`` pending outcomes are all that can come now (the
+    worker: every running handler waits on the completer); then the batch is written at
+    once instead of after ``max_delay``."""
+
+    _thread: threading.Thread | None = None
+
+    # -- the handlers' side ------------------------------------------------------------
+
+    def fire(
+        self, entity: Snapshot | FireResult, event: str, *, lease: Lease | None, data: Mapping[str, Any] | None = None
+    ) -> FireResult:
+        """Fire ``event`` from the held ``entity`` in the next batch; returns once it
+        committed, or raises its own refusal (what :meth:`Engine.fire` would raise)."""
+        done = _allocate_lock()
+        done.acquire()
+        pending = _Pending(Fire(entity, event, lease, data), done)
+        with self._changed:
+            running = not self._stopped and self._thread is not None
+            if running and self._add(pending):
+                self._changed.notify()
+        if not running:  # not running: on its own, as fire_many would write it
+            (alone,) = self.engine.fire_many([pending.item])
+            return _answer(alone)
+        done.acquire()
+        return _answer(pending.result)
+
+    def wake(self) -> None:
+        """Look again whether every handler waits (the worker calls it when one finishes)."""
+        with self._changed:
+            if self._pending and self.all_waiting(len(self._pending)):
+                self._changed.notify()
+
+    # -- one batch -----------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Write the outcomes pending now, at most ``max_batch``, in one transaction; how
+        many were written (refusals included)."""
+        batch = self._take()
+        if not batch:
+            return 0
+        self._write(batch)
+        for pending in batch:
+            pending.done.release()
         return len(batch)
 
     # -- the thread ----------------------------------------------------------------------
@@ -151,15 +201,6 @@ class BatchCompleter:
         while self.run_once():  # anything left behind by a thread that did not finish
             pass
 
-    def _due(self) -> float | None:
-        """Seconds until the pending batch must be written (0: now), None when empty."""
-        n = len(self._pending)
-        if not n:
-            return None
-        if self._stopped or n >= self.max_batch or self.all_waiting(n):
-            return 0.0
-        return max(0.0, self._first_at + self.max_delay - time.monotonic())
-
     def _loop(self) -> None:
         while True:
             with self._changed:
@@ -176,6 +217,92 @@ class BatchCompleter:
                 log.exception("the batch completer failed")
 
 
+class AsyncBatchCompleter(_Batcher):
+    """The asyncio face: handlers' outcomes in batches, flushed by a task (module doc).
+
+    Built on an :class:`~fsm.aio.AsyncEngine`; a batch is written by its synchronous engine
+    through the greenlet bridge (``fire_many`` as the thread face writes it), so only the
+    flushing task waits on the store.  Everything runs on the event loop's thread."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_delay: timedelta = DEFAULT_MAX_DELAY,
+        all_waiting: Callable[[int], bool] | None = None,
+    ) -> None:
+        super().__init__(engine.sync, max_batch=max_batch, max_delay=max_delay, all_waiting=all_waiting)
+        self.aengine = engine
+        self._task: asyncio.Task[None] | None = None
+        self._look = asyncio.Event()
+
+    async def fire(
+        self, entity: Snapshot | FireResult, event: str, *, lease: Lease | None, data: Mapping[str, Any] | None = None
+    ) -> FireResult:
+        """:meth:`BatchCompleter.fire`, awaited."""
+        item = Fire(entity, event, lease, data)
+        if self._stopped or self._task is None:
+            (alone,) = await self.aengine.fire_many([item])
+            return _answer(alone)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = _Pending(item, done)
+        with self._changed:
+            if self._add(pending):
+                self._look.set()
+        await asyncio.shield(done)  # a cancelled handler leaves its outcome to be written
+        return _answer(pending.result)
+
+    def wake(self) -> None:
+        if self._all_waiting_now():
+            self._look.set()
+
+    async def run_once(self) -> int:
+        """:meth:`BatchCompleter.run_once`, awaited."""
+        batch = self._take()
+        if not batch:
+            return 0
+        await self.aengine._call(self._write, batch)
+        for pending in batch:
+            if not pending.done.done():
+                pending.done.set_result(None)
+        return len(batch)
+
+    def start(self) -> AsyncBatchCompleter:
+        if self._task is None:
+            self._stopped = False
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="fsm-completer")
+        return self
+
+    async def stop(self) -> None:
+        """Write what is pending, then stop (idempotent); later outcomes are fired alone."""
+        self._stopped = True
+        self._look.set()
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while await self.run_once():
+            pass
+
+    async def _loop(self) -> None:
+        while True:
+            with self._changed:
+                due = self._due()
+            if due is None and self._stopped:
+                return
+            if due != 0.0:
+                self._look.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(due):
+                        await self._look.wait()
+                continue
+            try:
+                await self.run_once()
+            except Exception:  # pragma: no cover - run_once answers every handler itself
+                log.exception("the batch completer failed")
+
+
 def _answer(result: Fired | BaseException | None) -> FireResult:
     if isinstance(result, BaseException):
         raise result
@@ -183,4 +310,4 @@ def _answer(result: Fired | BaseException | None) -> FireResult:
     return result
 
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY", "BatchCompleter"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY", "AsyncBatchCompleter", "BatchCompleter"]

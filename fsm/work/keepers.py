@@ -22,6 +22,8 @@ The decisions are :class:`~fsm.work.keeper.KeeperCore`'s rules, applied per leas
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -34,6 +36,7 @@ from fsm.records import Lease
 from fsm.work.keeper import _NO_PROGRESS, RENEW_FRACTION, RETRY_FRACTION, HeldLease, KeepResult
 
 if TYPE_CHECKING:
+    from fsm.aio.engine import AsyncEngine
     from fsm.engine import Engine
 
 log = logging.getLogger("fsm.keeper")
@@ -63,6 +66,8 @@ class LeaseKeepers:
         self._kept: dict[str, _Kept] = {}
         self._changed = threading.Condition()
         self._stopped = False
+        self._idle = True
+        """Whether the thread waits with no lease due (or has not started)."""
         self._thread: threading.Thread | None = None
 
     # -- the holders' side ---------------------------------------------------------------
@@ -74,13 +79,26 @@ class LeaseKeepers:
         held = HeldLease(lease)
         now = time.monotonic()
         with self._changed:
+            # the thread sleeps until the earliest due lease; a new lease is due a period from
+            # now, after every kept one, so it wakes the thread only when the thread waits
+            # with no lease due (``_idle``), not once per claimed job
+            if self._idle:
+                self._poke()
             self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl)
-            self._changed.notify_all()
-            if self._thread is None and not self._stopped:
-                name = f"fsm-keepers-{self.engine.kind}"
-                self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-                self._thread.start()
+            if not self._stopped:
+                self._ensure_running()
         return held
+
+    def _poke(self) -> None:
+        """Make the loop look at the kept leases again (called under the lock)."""
+        self._changed.notify_all()
+
+    def _ensure_running(self) -> None:
+        """Start the loop's thread if it is not running (called under the lock)."""
+        if self._thread is None:
+            name = f"fsm-keepers-{self.engine.kind}"
+            self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+            self._thread.start()
 
     def release(self, held: HeldLease) -> None:
         """Stop renewing ``held`` (the lease is kept, not given back); idempotent."""
@@ -178,26 +196,90 @@ class LeaseKeepers:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def _next_wait(self) -> float | None:
+        """Seconds until the earliest kept lease is due (<= 0: now), None when none is
+        (called under the lock)."""
+        # a lease its holder already lost is never renewed (run_once skips it): counting
+        # its due time would wake the loop at once, forever
+        first = min((k.due for k in self._kept.values() if not k.held.lost), default=None)
+        return None if first is None else first - time.monotonic()
+
+    def _round_failed(self) -> None:
+        log.exception("the lease keepers' round failed")
+        with self._changed:
+            for kept in self._kept.values():
+                kept.due = max(kept.due, time.monotonic() + self.period / RETRY_FRACTION)
+
     def _loop(self) -> None:
         while True:
             with self._changed:
                 while not self._stopped:
-                    # a lease its holder already lost is never renewed (run_once skips it):
-                    # counting its due time would wake this loop at once, forever
-                    first = min((k.due for k in self._kept.values() if not k.held.lost), default=None)
-                    wait = None if first is None else first - time.monotonic()
+                    wait = self._next_wait()
                     if wait is not None and wait <= 0:
                         break
+                    self._idle = wait is None
                     self._changed.wait(wait)
+                    self._idle = False
                 if self._stopped:
                     return
             try:
                 self.run_once()
             except Exception:  # never let the keeper die silently: retried next round
-                log.exception("the lease keepers' round failed")
+                self._round_failed()
+
+
+class AsyncLeaseKeepers(LeaseKeepers):
+    """The asyncio face of :class:`LeaseKeepers`: one task renews every lease an
+    :class:`~fsm.aio.AsyncWorker` holds, one transaction a round, through the async
+    engine's greenlet bridge (the same rounds and answers as the thread face's)."""
+
+    def __init__(self, engine: AsyncEngine, *, period: timedelta | None = None) -> None:
+        super().__init__(engine.sync, period=period)
+        self.aengine = engine
+        self._task: asyncio.Task[None] | None = None
+        self._look = asyncio.Event()
+
+    def _poke(self) -> None:
+        self._look.set()
+
+    def _ensure_running(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"fsm-keepers-{self.engine.kind}")
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop renewing every lease (they are kept, not released); idempotent.  The task
+        ends at its next look; :meth:`aclose` waits for it."""
+        with self._changed:
+            self._stopped = True
+            self._look.set()
+
+    async def aclose(self) -> None:
+        """:meth:`stop`, and wait for the task to end."""
+        self.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            with self._changed:
+                if self._stopped:
+                    return
+                wait = self._next_wait()
+                self._idle = wait is None
+            if wait is None or wait > 0:
+                self._look.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._look.wait()
                 with self._changed:
-                    for kept in self._kept.values():
-                        kept.due = max(kept.due, time.monotonic() + self.period / RETRY_FRACTION)
+                    self._idle = False
+                continue
+            try:
+                await self.aengine._call(self.run_once)
+            except Exception:  # never let the keeper die silently: retried next round
+                self._round_failed()
 
 
-__all__ = ["LeaseKeepers"]
+__all__ = ["AsyncLeaseKeepers", "LeaseKeepers"]

@@ -2,11 +2,14 @@
 
 A worker does two things, each written once here as a generator of :class:`Call` steps:
 
-- :meth:`WorkerCore.loop` claims while there is room.  When every slot is busy it waits
-  for a slot to free (never a poll interval: a full worker must not sleep past its
-  handlers); when the queue had less than the room, it waits for a wake-up
-  (:meth:`~fsm.work.Worker.wake`, a ``NOTIFY``) or the poll interval, whichever comes
-  first; a stop ends either wait at once.
+- :meth:`WorkerCore.loop` claims while there is room, up to every free slot in one
+  claim.  When every slot is busy it waits for a slot to free (never a poll interval: a
+  full worker must not sleep past its handlers), then up to ``claim_gather`` for more
+  slots to free, so that handlers finishing together (they do: their outcomes share a
+  commit) are replaced by one claim instead of one claim each.  When the queue had less
+  than the room, it waits for a wake-up (:meth:`~fsm.work.Worker.wake`, a ``NOTIFY``),
+  the next due time of a row waiting out its backoff (read off the claim index), or the
+  poll interval, whichever comes first; a stop ends every wait at once.
 - :meth:`WorkerCore.handle` runs one claimed entity's handlers state after state and
   fires their outcomes; a handler error becomes the policy's retry, a failure with
   reason ``error``, or a released lease; a fenced handler stops.
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
+from fsm.engine.work import claim_plan
 from fsm.errors import ConfigError, Fenced, FsmError
 from fsm.policy import Policy
 from fsm.records import Actor, Snapshot, error_record
@@ -37,9 +41,22 @@ from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
 
 log = logging.getLogger("fsm.worker")
 
-DEFAULT_CONCURRENCY = 4
+DEFAULT_CONCURRENCY = 10
+"""Handlers at once, and so the largest claim and outcome batch: pgqueuer's default batch
+(10 rows a dequeue).  Each costs a pool thread on the thread face; a batch of ten spreads
+a claim's and an outcome's commit over ten jobs (a batch of four left the commits the
+bottleneck of a drain), and more buys little on a small machine."""
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
+"""The fallback when no wake-up comes (a lost ``NOTIFY``, a store without notices, work
+another process made claimable without telling): wake-ups and due times do the rest."""
 DEFAULT_GRACE = timedelta(seconds=30)
+"""How long :meth:`stop` lets running handlers finish before their leases are released."""
+DEFAULT_CLAIM_GATHER = timedelta(milliseconds=2)
+"""After a slot frees on a full worker, how long the loop waits for more to free before
+it claims: the completer's own delay, so a batch that committed together is claimed
+again together.  A long handler pays it once per claim, never per job."""
+MIN_DUE_WAIT = 0.001
+"""The shortest wait for a due time (a row due now but not claimed is another claimer's)."""
 STOPPING = "worker stopping"
 """``job.held.reason`` of a handler still running when :meth:`Worker.stop`'s grace ran out."""
 
@@ -117,6 +134,12 @@ class LoopFace(Protocol):
 
     def wait_slot(self) -> Any:
         """Return once a slot is free or the worker stops."""
+
+    def wait_slot_more(self, need: int, timeout: float) -> Any:
+        """Return once ``need`` slots are free, the worker stops, or after ``timeout``."""
+
+    def next_due(self) -> Any:
+        """Seconds until the next row waiting out its backoff is due, or ``None``."""
 
     def wait_work(self, timeout: float) -> Any:
         """Return on a wake-up, a stop, or after ``timeout`` seconds."""
@@ -196,6 +219,10 @@ def check_worker(
         raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
 
 
+def _nothing() -> None:
+    return None
+
+
 def parse_outcome(outcome: Outcome) -> tuple[str, Mapping[str, Any] | None]:
     """A handler's outcome as ``(event, data)``."""
     return (outcome, None) if isinstance(outcome, str) else outcome  # type: ignore[return-value]
@@ -217,8 +244,12 @@ class WorkerCore:
         poll_interval: timedelta,
         grace: timedelta,
         policy: Policy | None = None,
+        claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
         check_worker(table, kind, handlers, concurrency, poll_interval, grace)
+        if not isinstance(claim_gather, timedelta) or not timedelta() <= claim_gather <= timedelta(seconds=1):
+            problem = f"claim_gather must be a timedelta from 0 to 1 second, not {claim_gather!r}"
+            raise ConfigError(f"invalid worker: {problem}", problems=[problem])
         self.policy = policy if policy is not None else Policy()
         self.table = table
         self.kind = kind
@@ -226,10 +257,43 @@ class WorkerCore:
         self.concurrency = concurrency
         self.poll_interval = poll_interval.total_seconds()
         self.grace = grace.total_seconds()
+        self.claim_gather = claim_gather.total_seconds()
+        starts, resumes = claim_plan(table)
+        self.claimable = tuple(dict.fromkeys([s.source for s in starts] + list(resumes)))
+        """The states a claim takes rows from (where a row waits out its due time)."""
         self.stats = WorkerStats()
         self.running = 0
         """Handlers under way (claimed, not yet done); the faces keep it."""
+        self.due_later: Callable[[], None] = _nothing
+        """Called when a handler put its entity back with a due time (a retry): the faces
+        wake their loop, which reads the next due time again (nothing else announces it)."""
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(
+        cls,
+        engine: Any,
+        handlers: Mapping[str, Callable[..., Any]],
+        concurrency: int,
+        poll_interval: timedelta,
+        grace: timedelta,
+        claim_gather: timedelta,
+        wake: Callable[[], None],
+    ) -> WorkerCore:
+        """A face's core, for either face's engine (its table, kind and policy); ``wake``
+        is the face's: a handler's retry wakes the loop (:attr:`due_later`)."""
+        core = cls(
+            engine.table,
+            engine.kind,
+            handlers,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            grace=grace,
+            policy=engine.policy,
+            claim_gather=claim_gather,
+        )
+        core.due_later = wake
+        return core
 
     def free(self) -> int:
         return self.concurrency - self.running
@@ -254,10 +318,21 @@ class WorkerCore:
             free = self.free()
             if free <= 0:
                 yield step(face.wait_slot)
+                if self.claim_gather and self.free() < self.concurrency:
+                    # handlers finishing together free their slots within a moment
+                    yield step(face.wait_slot_more, self.concurrency, self.claim_gather)
                 continue
             claimed = yield step(face.run_once)
             if claimed < free:  # the queue had less than the room (or the claim failed)
-                yield step(face.wait_work, self.poll_interval)
+                due = yield step(face.next_due)
+                yield step(face.wait_work, self.work_wait(due))
+
+    def work_wait(self, due: float | None) -> float:
+        """How long a drained worker waits for work: the poll interval, or less when a row
+        becomes due (a retry's backoff ends) before it."""
+        if due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(MIN_DUE_WAIT, due))
 
     # -- one claimed entity ------------------------------------------------------------
 
@@ -315,6 +390,7 @@ class WorkerCore:
             try:
                 yield step(job.fire, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}")
                 self.count("retried")
+                self.due_later()  # a drained loop sleeping past the backoff reads it again
                 return True
             except FsmError as fire_err:
                 log.warning("could not retry %s after its handler raised: %s", job.id, fire_err)
@@ -360,8 +436,13 @@ class CoreFace:
     def grace(self) -> float:
         return self.core.grace
 
+    @property
+    def claim_gather(self) -> float:
+        return self.core.claim_gather
+
 
 __all__ = [
+    "DEFAULT_CLAIM_GATHER",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_GRACE",
     "DEFAULT_POLL_INTERVAL",

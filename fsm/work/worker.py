@@ -46,7 +46,6 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,6 +57,7 @@ from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease
 from fsm.work.keepers import LeaseKeepers
 from fsm.work.loop import (
+    DEFAULT_CLAIM_GATHER,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
@@ -70,11 +70,13 @@ from fsm.work.loop import (
     drive,
     parse_outcome,
 )
-from fsm.work.wakeups import subscribe_wakeups
+from fsm.work.pool import HandlerPool
+from fsm.work.wakeups import due_in, subscribe_wakeups
 
 if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
     from fsm.reaping import Reaper, ReaperConfig
+    from stores.base import Store
 
 log = logging.getLogger("fsm.worker")
 
@@ -83,14 +85,17 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[["Job"], Outcome]
 
 
-def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, object]) -> Reaper:
+def worker_reaper(
+    engine: Engine, reap: bool | ReaperConfig | Mapping[str, object], *, store: Store | None = None
+) -> Reaper:
     """The reaper a ``Worker(..., reap=...)`` runs: the engine's lifecycle and policy (one
     source of truth with the claim window), under the leader lease, so that of many
     workers one reaps at a time and a standby takes over when the leader dies.
 
     ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
     of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
-    interval and batch size, ``leader`` is always on."""
+    interval and batch size, ``leader`` is always on.  ``store``: the store the reaper's
+    thread uses, when not the engine's (the asyncio worker's: a sync twin of its store)."""
     from fsm.reaping import Reaper, ReaperConfig  # the reaper's layer, imported when asked for
     from fsm.reaping.service import validated_config
 
@@ -100,7 +105,14 @@ def worker_reaper(engine: Engine, reap: bool | ReaperConfig | Mapping[str, objec
         config = validated_config(reap).model_copy(update={"leader": True})
     else:
         raise ConfigError(f"reap must be a bool or a ReaperConfig, not {type(reap).__name__}")
-    return Reaper(engine.store, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+    on = engine.store if store is None else store
+    return Reaper(on, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+
+
+def alone(idempotency_key: str | None, reason: str | None, error: object, run_after: timedelta | None) -> bool:
+    """Whether a job's fire needs a write of its own (an idempotency key, a retry's reason,
+    record and backoff), rather than a place in the completer's next batch (both faces)."""
+    return idempotency_key is not None or reason is not None or error is not None or run_after is not None
 
 
 def stopping_error(held: HeldLease) -> LeaseLost:
@@ -169,8 +181,7 @@ class Job(HeldEntity):
         ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff): such a fire
         is written alone."""
         lease = self.held.check()
-        alone = idempotency_key is not None or reason is not None or error is not None or run_after is not None
-        if self.completer is not None and not alone:
+        if self.completer is not None and not alone(idempotency_key, reason, error, run_after):
             result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
         else:
             result = self.engine.fire(
@@ -229,19 +240,12 @@ class Worker(CoreFace):
         grace: timedelta = DEFAULT_GRACE,
         keeper_period: timedelta | None = None,
         reap: bool | ReaperConfig | Mapping[str, object] = False,
+        claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
     ) -> None:
-        self.core = WorkerCore(
-            engine.table,
-            engine.kind,
-            handlers,
-            concurrency=concurrency,
-            poll_interval=poll_interval,
-            grace=grace,
-            policy=engine.policy,
-        )
+        self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.engine = engine
         self.keeper_period = keeper_period
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"fsm-worker-{engine.kind}")
+        self._pool: HandlerPool[Job] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
         self._running: dict[str, HeldLease] = {}
         # one keeper thread renews every lease this worker holds, one transaction a round
         self.keepers = LeaseKeepers(engine, period=keeper_period)
@@ -285,15 +289,20 @@ class Worker(CoreFace):
             self.core.running += 1
             self._running[snap.id] = held
         try:
-            self._pool.submit(self._work, Job(self.engine, snap, held, self.completer))
+            self._pool.submit(Job(self.engine, snap, held, self.completer))
         except RuntimeError:  # stop() shut the pool down while this claim was on its way
             self._work_refused(snap.id, held)
 
-    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+    def _forget(self, entity_id: str, held: HeldLease) -> None:
+        """A claimed job whose handler never ran: out of the keeper and the slot count."""
         self.keepers.release(held)
         with self._changed:
             if self._running.pop(entity_id, None) is not None:
                 self.core.running -= 1
+            self._changed.notify_all()
+
+    def _work_refused(self, entity_id: str, held: HeldLease) -> None:
+        self._forget(entity_id, held)
         try:
             self.engine.release_lease(held.lease)
         except FsmError as err:
@@ -319,6 +328,13 @@ class Worker(CoreFace):
     def wait_slot(self) -> None:
         with self._changed:
             self._changed.wait_for(lambda: self._stopping.is_set() or self.core.free() > 0)
+
+    def wait_slot_more(self, need: int, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping.is_set() or self.core.free() >= need, timeout)
+
+    def next_due(self) -> float | None:
+        return due_in(self.engine.store, self.core.kind, self.core.claimable)
 
     def wait_work(self, timeout: float) -> None:
         with self._changed:
@@ -387,7 +403,8 @@ class Worker(CoreFace):
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self.keepers.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for job in self._pool.shutdown():  # claimed, never started: released above
+            self._forget(job.id, job.held)
         if self.reaper is not None:
             self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
 

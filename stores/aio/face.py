@@ -183,6 +183,11 @@ class AsyncFace:
         """See :meth:`stores.base.WorkNotices.notify_work`."""
         await self._invoke("notify_work", kind)
 
+    async def next_due(self, kind: str, states: Sequence[str]) -> float | None:
+        """See :meth:`stores.base.DueTimes.next_due`."""
+        result: float | None = await self._invoke("next_due", kind, states)
+        return result
+
     async def prune(
         self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
     ) -> list[str]:
@@ -242,6 +247,10 @@ class BridgeStore(LedgerRun):
 
     def notify_work(self, kind: str) -> None:
         self._call("notify_work", (kind,), {})
+
+    def next_due(self, kind: str, states: Sequence[str]) -> float | None:
+        result: float | None = self._call("next_due", (kind, states), {})
+        return result
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:
         result: Snapshot = self._call("get", (entity_id,), {"include_deleted": include_deleted})

@@ -24,6 +24,10 @@ class AsyncMemoryStore(AsyncFace):
     async def _invoke(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.sync, name)(*args, **kwargs)  # no I/O: no greenlet needed
 
+    def sync_store(self) -> MemoryStore:
+        """The synchronous store under this one (the same rows), for a thread's work."""
+        return self.sync
+
     def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
         """See :class:`stores.base.WorkNotices` (the memory store's subscribers)."""
         return self.sync.subscribe_work(kind, callback)

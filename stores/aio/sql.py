@@ -141,6 +141,14 @@ class AsyncSqlStore(AsyncFace):
             sqlite_synchronous=sqlite_synchronous,
         )
         self._base.close()  # its sync connections did the schema; the lanes do the rest
+        self._sync_options: dict[str, Any] = {
+            "clock": clock,
+            "table_prefix": table_prefix,
+            "binding": binding,
+            "schema": schema,
+            "busy_timeout": busy_timeout,
+            "sqlite_synchronous": sqlite_synchronous,
+        }
         self.clock = clock
         self.table_prefix = table_prefix
         self._idle: list[_Lane] = []
@@ -158,6 +166,12 @@ class AsyncSqlStore(AsyncFace):
     def statements(self) -> Any:
         """The store's SQL (:class:`stores.sql.dialect.Statements`), shared with the sync store."""
         return self._base._sql
+
+    def sync_store(self) -> SqlStore:
+        """A new synchronous :class:`~stores.sql.SqlStore` on the same tables, with
+        connections of its own, for work that runs on a thread of its own (an
+        ``AsyncWorker``'s reaper); the caller closes it."""
+        return SqlStore(self.url.render_as_string(hide_password=False), create=False, **self._sync_options)
 
     def subscribe_work(self, kind: str, callback: Callable[[], None]) -> Callable[[], None]:
         """See :class:`stores.base.WorkNotices`: the process's ``LISTEN`` connection on

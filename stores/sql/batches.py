@@ -134,8 +134,9 @@ class BatchOps(SqlCore):
                 with SqliteWrite(slot, "fsm_apply_many") as cur:
                     self._run_rounds(cur, writes, rounds, results)
             elif len(rounds) == 1 and not rounds[0][1] and len(rounds[0][0]) == 1:
-                # one statement: its own transaction (no BEGIN/COMMIT round trips); a write
-                # it refused changed nothing, so it is diagnosed after the commit
+                # one statement: its own transaction on the autocommit connection (no BEGIN
+                # and COMMIT round trips; inside the caller's, the joined cursor gives it a
+                # savepoint); a write it refused changed nothing, so it is diagnosed after
                 ((shape, rows),) = rounds[0][0].items()
                 for i, answer in self._group(slot.cursor, shape, rows, defer=True):
                     results[i] = answer
@@ -175,9 +176,9 @@ class BatchOps(SqlCore):
             seen[write.entity_id] = k + 1
             if k == len(rounds):
                 rounds.append(({}, []))
-            groups, alone = rounds[k]
+            groups, lone = rounds[k]
             if not set_based or write.require or write.idempotency_key is not None:
-                alone.append(i)
+                lone.append(i)
                 continue
             try:
                 row = self._row(i, write)
@@ -192,11 +193,11 @@ class BatchOps(SqlCore):
     ) -> None:
         """Every round inside the caller's transaction: one statement per shape, then the
         writes applied alone."""
-        for groups, alone in rounds:
+        for groups, lone in rounds:
             for shape, rows in groups.items():
                 for i, answer in self._group(cur, shape, rows):
                     results[i] = answer
-            for i in alone:
+            for i in lone:
                 results[i] = self._one(writes[i])
 
     def _row(self, i: int, write: TransitionWrite) -> _Row:

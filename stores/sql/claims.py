@@ -190,9 +190,11 @@ class ClaimOps(SqlCore):
         return params
 
     def _claim_pg(self, request: ClaimRequest) -> list[Snapshot]:
-        """PostgreSQL: the claim in one statement, its own transaction (or a savepoint-free
-        part of the caller's, inside ``within``)."""
-        rows = self._run(self._claim_pg_sql(request), self._claim_params(request, self._now()))
+        """PostgreSQL: the claim in one statement, its own transaction on the autocommit
+        connection (inside the caller's, the joined cursor's savepoint)."""
+        cur = self._conns.slot().cursor
+        cur.execute(self._claim_pg_sql(request), self._claim_params(request, self._now()))
+        rows = cur.fetchall()
         taken: list[tuple[int, Snapshot]] = []
         for row in rows:
             try:

@@ -1,12 +1,13 @@
 """Creating many entities in one statement (``create_many``), all or nothing.
 
-On the store's own tables the batch is one ``INSERT .. SELECT .. ON CONFLICT DO NOTHING
-RETURNING``: on PostgreSQL over ``unnest`` of one array per column (any number of rows,
-five parameters, one round trip), on SQLite over ``json_each`` of one JSON parameter (one
-statement inside ``BEGIN IMMEDIATE``).  Fewer rows back than asked means an id exists:
-the transaction is undone and ``EntityExists`` names the first such id, so a batch never
-half lands.  A store bound to an application table (its own columns, child tables)
-inserts the rows one by one with the single-row statement, still in one transaction.
+On the store's own tables the batch is one statement: on PostgreSQL a plain ``INSERT ..
+SELECT .. FROM unnest(..)`` of one array per column (binary parameters, any number of
+rows, one round trip: no ``BEGIN`` or ``COMMIT`` of its own), which an id that exists
+fails whole; on SQLite an ``INSERT .. SELECT .. ON CONFLICT DO NOTHING RETURNING`` over
+``json_each`` of one JSON parameter inside ``BEGIN IMMEDIATE``, undone when fewer rows
+come back than asked.  Either way nothing of the batch lands and ``EntityExists`` names
+the first id that exists.  A store bound to an application table (its own columns, child
+tables) inserts the rows one by one with the single-row statement, in one transaction.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ from stores.sql.rows import dumps_data, snapshot_of
 from stores.sql.schema import decode_time
 from stores.sql.wakeups import WakeOps
 
+SHARED_DATA = 16
+"""At most this many distinct data documents in a PostgreSQL batch: each is sent once."""
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _dumps(data: Any) -> str:
+    """Data as compact JSON text (one encoder for every row; the engine and the store's
+    checks already proved it JSON)."""
+    text: str = _ENCODER.encode(data)
+    return text
+
 
 class _Short(Exception):
     """Fewer rows landed than the batch holds: undo the transaction."""
@@ -34,7 +47,10 @@ class _Short(Exception):
 class CreateOps(WakeOps):
     """``create_many`` of :class:`stores.sql.SqlStore`."""
 
+    _create_many_statements: dict[tuple[bool, bool], str]
+
     def _create_many_sql(self) -> str:
+        """SQLite: the batch from one JSON document, ``[[id, kind, state, key, data], ..]``."""
         found: str | None = getattr(self, "_create_many_statement", None)
         if found is not None:
             return found
@@ -42,26 +58,58 @@ class CreateOps(WakeOps):
         names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
         names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
         cols = ", ".join(c[n] for n in names)
-        if self._sqlite:
-            item = "json_extract(j.value, '$[{}]')".format
-            values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4), f.now]
-            found = (
-                f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
-                f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
-            )
-        else:
-            # one JSON document of rows, [[id, kind, state, key, data], ..]: one parameter and
-            # one json.dumps for the whole batch; the snapshots are built from the batch, so
-            # the statement returns only how many rows landed and their (shared) timestamp
-            values = ["r->>0", "r->>1", "r->>2", "0", "0", f.now, f.now, f.now, "FALSE", "r->>3", "0", "0", "r->4"]
-            values.append(f.now)  # due at once (a batch with due times goes row by row)
-            found = (
-                f"WITH i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
-                f"FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS r "
-                f"ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['created_at']} AS at) "
-                "SELECT count(*), max(i.at) FROM i, (SELECT pg_notify(%(ntf)s, '')) AS n"
-            )
+        item = "json_extract(j.value, '$[{}]')".format
+        values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4), f.now]
+        found = (
+            f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
+            f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
+        )
         self._create_many_statement = found
+        return found
+
+    def _create_many_pg(self, cols: str, *, uniform: bool, shared: bool) -> str:
+        """PostgreSQL: the batch from one array per column (``unnest``: a few parameters for
+        any number of rows, sent in binary, the statement text the same for every size).
+        ``uniform``: one kind and state for the whole batch, bound once.  ``shared``: the
+        rows share a few distinct data documents, each sent (and parsed by the server)
+        once, a row naming its own by position; otherwise each row's data (empty data: a
+        NULL stored as ``{}``).  A plain ``INSERT``: an id that exists fails the statement,
+        so nothing of the batch lands.  The snapshots are built from the batch, so it
+        returns only how many rows landed and their (shared) timestamp; the wake-up is
+        sent in the same statement."""
+        key = (uniform, shared)
+        cache: dict[tuple[bool, bool], str] | None = getattr(self, "_create_many_statements", None)
+        if cache is None:
+            cache = self._create_many_statements = {}
+        found = cache.get(key)
+        if found is not None:
+            return found
+        c, f, sql = self._sql.L.col, self._f, self._sql
+        arrays = ["CAST(%(id)b AS text[])", "CAST(%(ck)b AS text[])"]
+        names = ["id", "ck"]
+        if shared:
+            # a small array's subscript is cheap (a long one's is not: the walk to the n-th
+            # element), so this shape is for a few distinct documents only
+            arrays.append("CAST(%(di)b AS int[])")
+            names.append("di")
+            data = "(SELECT s.a FROM s)[v.di]"
+            head = "WITH s AS (SELECT CAST(%(datas)b AS jsonb[]) AS a), "
+        else:
+            arrays.append("CAST(%(data)b AS jsonb[])")
+            names.append("data")
+            data = "COALESCE(v.data, '{}'::jsonb)"
+            head = "WITH "
+        if not uniform:
+            arrays += ["CAST(%(kind)b AS text[])", "CAST(%(state)b AS text[])"]
+            names += ["kind", "state"]
+        kind, state = ("%(kind)s", "%(state)s") if uniform else ("v.kind", "v.state")
+        values = ["v.id", kind, state, "0", "0", f.now, f.now, f.now, "FALSE", "v.ck", "0", "0", data, f.now]
+        # due at once (a batch with due times goes row by row)
+        found = cache[key] = (
+            f"{head}i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
+            f"FROM unnest({', '.join(arrays)}) AS v({', '.join(names)}) RETURNING {c['created_at']} AS at) "
+            "SELECT count(*), max(i.at) FROM i, (SELECT pg_notify(%(ntf)s, '')) AS n"
+        )
         return found
 
     def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
@@ -81,45 +129,75 @@ class CreateOps(WakeOps):
         now = self._now()
         params: dict[str, Any] = {}
         self._time_params(params, now, None)
-        rows_json: list[list[Any]]
-        if self._sqlite:
-            rows_json = [[e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id)] for e in batch]
-        else:
-            rows_json = [[e.id, e.kind, e.state, e.concurrency_key, e.data] for e in batch]
-            params["ntf"] = self._channel(batch[0].kind)
-        try:
-            params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError):  # name the entity whose data is not JSON
-            for e in batch:
-                dumps_data(e.data, e.id)
-            raise
+        if not self._sqlite:
+            return self._create_many_pg_run(batch, params)
+        rows_json = [[e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id)] for e in batch]
+        params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         sql = self._create_many_sql()
         slot = self._conns.slot()
         try:
-            if self._sqlite:
-                with SqliteWrite(slot, "fsm_create_many") as cur:
-                    cur.execute(sql, params)
-                    if len(cur.fetchall()) != len(batch):
-                        raise _Short
-            else:
-                with slot.conn.transaction():
-                    cur = slot.cursor
-                    cur.execute(sql, params)
-                    landed, at = cur.fetchone()
-                    if landed != len(batch):
-                        raise _Short
+            with SqliteWrite(slot, "fsm_create_many") as cur:
+                cur.execute(sql, params)
+                if len(cur.fetchall()) != len(batch):
+                    raise _Short
         except _Short:
             raise self._exists(batch) from None
         except self._integrity as err:
             raise ConstraintViolated(batch[0].id, detail=reason_of(err)) from err
         except self._errors as err:
             raise unavailable(err, self._conns, batch[0].id) from err
-        self._created_notices({e.kind for e in batch}, sent=batch[0].kind)
-        if self._sqlite:
-            assert now is not None  # SQLite's time is always this process's
-            when = decode_time(self._f.time(now))
+        self._created_notices({e.kind for e in batch}, sent=None)
+        assert now is not None  # SQLite's time is always this process's
+        return self._made(batch, decode_time(self._f.time(now)))
+
+    def _create_many_pg_run(self, batch: Sequence[NewEntity], params: dict[str, Any]) -> list[Snapshot]:
+        """PostgreSQL: the batch in one statement, one round trip (see :meth:`_create_many_pg`)."""
+        first = batch[0]
+        uniform = all(e.kind == first.kind and e.state == first.state for e in batch)
+        params["id"] = [e.id for e in batch]
+        params["ck"] = [e.concurrency_key for e in batch]
+        texts = [_dumps(e.data) if e.data else "{}" for e in batch]
+        distinct: dict[str, int] = {}
+        for text in texts:
+            if text not in distinct:
+                distinct[text] = len(distinct) + 1  # PostgreSQL arrays count from 1
+                if len(distinct) > SHARED_DATA:
+                    break
+        shared = len(distinct) <= SHARED_DATA
+        if shared:
+            params["datas"] = list(distinct)
+            params["di"] = [distinct[t] for t in texts]
         else:
-            when = decode_time(at)
+            params["data"] = [None if t == "{}" else t for t in texts]
+        if uniform:
+            params["kind"], params["state"] = first.kind, first.state
+        else:
+            params["kind"] = [e.kind for e in batch]
+            params["state"] = [e.state for e in batch]
+        params["ntf"] = self._channel(first.kind)
+        c = self._sql.L.col
+        names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
+        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
+        sql = self._create_many_pg(", ".join(c[n] for n in names), uniform=uniform, shared=shared)
+        slot = self._conns.slot()
+        try:
+            cur = slot.cursor  # one statement: its own transaction (joined: the cursor's savepoint)
+            cur.execute(sql, params)
+            landed, at = cur.fetchone()
+        except self._integrity as err:  # an id exists (or a constraint of the table): nothing landed
+            found = self._existing(batch)
+            if found:
+                raise EntityExists(next(e.id for e in batch if e.id in found)) from None
+            raise ConstraintViolated(first.id, detail=reason_of(err)) from err
+        except self._errors as err:
+            raise unavailable(err, self._conns, first.id) from err
+        assert landed == len(batch)  # a plain INSERT lands whole or fails
+        self._created_notices({e.kind for e in batch}, sent=first.kind)
+        return self._made(batch, decode_time(at))
+
+    @staticmethod
+    def _made(batch: Sequence[NewEntity], when: datetime) -> list[Snapshot]:
+        """The snapshots of a batch that landed at ``when``."""
         return [
             Snapshot(
                 e.id, e.kind, e.state, 0, None, 0, None, when, when, when, False, e.concurrency_key, 0, 0, e.data, when
@@ -130,6 +208,11 @@ class CreateOps(WakeOps):
     def _exists(self, batch: Sequence[NewEntity]) -> EntityExists:
         """The refusal of a batch that did not land whole (already undone): the first of
         its ids that exists."""
+        found = self._existing(batch)
+        return EntityExists(next((e.id for e in batch if e.id in found), batch[0].id))
+
+    def _existing(self, batch: Sequence[NewEntity]) -> set[str]:
+        """Which ids of ``batch`` exist (soft-deleted ones too)."""
         c, table = self._sql.L.col, self._sql.E
         found: set[str] = set()
         ids = [e.id for e in batch]
@@ -140,7 +223,7 @@ class CreateOps(WakeOps):
                 f"SELECT {c['id']} FROM {table} WHERE {c['id']} IN ({marks})", {f"x{n}": v for n, v in enumerate(chunk)}
             )
             found.update(r[0] for r in rows)
-        return EntityExists(next((i for i in ids if i in found), ids[0]))
+        return found
 
     def _create_each(self, batch: list[NewEntity]) -> list[Snapshot]:
         """A bound table's batch: the single-row insert per entity, in one transaction."""

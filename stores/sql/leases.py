@@ -269,7 +269,9 @@ class LeaseOps(WakeOps):
                 params["token"] = [lease.token for lease in batch]
                 params["bstate"] = list(budget_of)
                 params["bvalue"] = list(budget_of.values())
-                renewed = [snapshot_of(r) for r in self._run(self._renew_many_sql(), params)]
+                cur = self._conns.slot().cursor  # one statement: its own transaction
+                cur.execute(self._renew_many_sql(), params)
+                renewed = [snapshot_of(r) for r in cur.fetchall()]
         except MalformedRow as err:  # a row that cannot be decoded (SQLite: undone): lease by lease
             log.info("renewal of %d leases undone (%s); renewing them one by one", len(batch), err)
             return self._renew_each(batch, ttl, budgets)

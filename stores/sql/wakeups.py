@@ -5,17 +5,28 @@ On PostgreSQL a write that makes work claimable carries its ``NOTIFY`` (in the s
 for ``create`` and ``create_many``, a statement of its own after ``release_lease``), and
 subscribers hear it through the process's one :class:`~stores.sql.notify.Listener`.  On
 SQLite the store calls this process's subscribers after the commit.
+
+``next_due`` (:class:`stores.base.DueTimes`) tells a drained worker when the next row
+waiting out its backoff becomes due: one indexed lookup per state on the claim index
+(``kind, state, run_after``), the first row after now, so it costs the same whatever
+the backlog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
+from fsm.errors import InvalidArgument
 from fsm.limits import check_id
 from stores.notices import Callback, LocalNotices, channel, local_notices
 from stores.sql.core import SqlCore
 from stores.sql.notify import listener_for
+from stores.sql.schema import decode_time
+
+MAX_DUE_STATES = 32
+"""The most states one ``next_due`` looks at (a lifecycle's claimable states are a few)."""
 
 
 class WakeOps(SqlCore):
@@ -54,6 +65,33 @@ class WakeOps(SqlCore):
             self._local().notify(self._channel(kind))
         else:
             self._run("SELECT pg_notify(%(ntf)s, '')", {"ntf": self._channel(kind)})
+
+    def next_due(self, kind: str, states: Sequence[str]) -> float | None:
+        """See :meth:`stores.base.DueTimes.next_due`."""
+        check_id("kind", kind)
+        if not isinstance(states, list | tuple) or not 1 <= len(states) <= MAX_DUE_STATES:
+            raise InvalidArgument(f"states must be a list of 1 to {MAX_DUE_STATES} state names, not {states!r}")
+        for state in states:
+            check_id("state", state)
+        lay, f, sql = self._sql.L, self._f, self._sql
+        due = lay.ref("run_after", "e")
+        live = f"{lay.ref('kind', 'e')} = {f.p('kind')} AND NOT {lay.ref('deleted', 'e')}"
+        # one ordered range scan per state, stopping at the first row due after now
+        firsts = " UNION ALL ".join(
+            f"SELECT * FROM (SELECT {due} AS due FROM {sql._indexed('claim')} WHERE {live} "
+            f"AND {lay.ref('state', 'e')} = {f.p(f's{i}')} AND {due} > {f.now} ORDER BY {due} LIMIT 1) AS s{i}"
+            for i in range(len(states))
+        )
+        params: dict[str, Any] = {"kind": kind} | {f"s{i}": state for i, state in enumerate(states)}
+        now = self._now()
+        if now is not None:
+            params["now"] = f.time(now)
+        rows = self._run(f"SELECT MIN(d.due), {f.now} FROM ({firsts}) AS d", params)
+        if not rows or rows[0][0] is None:
+            return None
+        first: datetime = decode_time(rows[0][0])
+        at: datetime = now if now is not None else decode_time(rows[0][1])
+        return max(0.0, (first - at).total_seconds())
 
     def _with_notify(self, sql: str) -> str:
         """PostgreSQL: ``sql`` (an ``INSERT .. RETURNING``) sending ``NOTIFY`` on

@@ -221,11 +221,12 @@ class _Tables:
     def fill_fsm(self, n: int) -> None:
         self.conn.execute(
             f"""INSERT INTO {self.prefix}entities (id, kind, state, version, lease_token, state_entered_at,
-                    created_at, updated_at, deleted, attempt, reclaims, data)
+                    created_at, updated_at, deleted, attempt, reclaims, data, run_after)
                 SELECT 'job-' || lpad(i::text, 7, '0'), 'job', 'queued', 0, 0, now(), now(),
-                    now() - (interval '1 microsecond' * (%s - i)), false, 0, 0, '{{}}'::jsonb
+                    now() - (interval '1 microsecond' * (%s - i)), false, 0, 0, '{{}}'::jsonb,
+                    now() - (interval '1 microsecond' * (%s - i))
                 FROM generate_series(1, %s) AS i""",
-            (n, n),
+            (n, n, n),
         )
         self.conn.execute(f"VACUUM ANALYZE {self.prefix}entities")
 
