@@ -25,6 +25,7 @@ from fsm.errors import (
     StaleVersion,
     UnknownEntity,
 )
+from fsm.id_write import IdWrite, check_id_write
 from fsm.limits import (
     check_batch_write,
     check_claim_request,
@@ -249,6 +250,24 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 if not self._holds(condition, row, now):
                     raise ConditionFailed(entity_id, condition=condition.name)
             return self._move(row, write, now, write.data, write.data_patch, key)
+
+    judges_by_id = True
+    """The store judges a fire by id itself (:mod:`fsm.id_write`)."""
+
+    def apply_by_id(self, write: IdWrite) -> tuple[Snapshot, HistoryRecord] | None:
+        """The transition ``write`` on the row as it is, judged under the lock as the SQL
+        stores judge it in their statement (:meth:`IdWrite.for_row`): the new snapshot and
+        history row, or ``None`` if the row does not qualify (nothing written)."""
+        return self.apply_by_id_checked(check_id_write(write))
+
+    def apply_by_id_checked(self, write: IdWrite) -> tuple[Snapshot, HistoryRecord] | None:
+        """:meth:`apply_by_id` of a write built from checked arguments (the engine's)."""
+        with self._lock:
+            row = self._rows.get(write.entity_id)
+            move = None if row is None else write.for_row(row)
+            if row is None or move is None:
+                return None
+            return self._move(row, move, self.now(), None, None, None)
 
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """See :meth:`stores.Store.apply_many`: every write under the lock, in order."""

@@ -30,6 +30,7 @@ from fsm.engine.arguments import (
     validate_data,
 )
 from fsm.engine.base import StoreClock
+from fsm.engine.by_id import by_id_of, id_plans, id_write
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
@@ -128,6 +129,9 @@ class Engine(EngineWork):
         self._create_many: Callable[[Sequence[NewEntity]], list[Snapshot]] = (
             unchecked_create_many(store) or store.create_many
         )
+        # firing by id without a read, where the store judges the branch (fsm.engine.by_id)
+        self._by_id = by_id_of(store)
+        self._id_plans = id_plans(self.table) if self._by_id is not None else {}
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
         plain_get = isinstance(store, MemoryStore) and type(store).get is MemoryStore.get
@@ -257,6 +261,11 @@ class Engine(EngineWork):
         run_after: timedelta | None = None,
     ) -> FireResult:
         """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
+
+        By id, the store judges the branch itself where the row's state decides it (no
+        guard, or only ``holds_lease`` with ``lease``; no ``data`` or ``idempotency_key``):
+        one write, no read first (:mod:`fsm.engine.by_id`); when it moves nothing, the row
+        is read and judged as below, so the errors are the same.
 
         ``entity`` is an id, or the :class:`Snapshot` (or :class:`FireResult`) the caller
         holds from its last read or fire: then the engine judges that snapshot and writes
@@ -413,6 +422,16 @@ class Engine(EngineWork):
         held: Snapshot | None = None,
         extra: Attempt | None = None,
     ) -> FireResult:
+        if held is None and idempotency_key is None and data is None and self._by_id is not None:
+            plan = self._id_plans.get((event, actor, lease is not None))
+            if plan is not None:
+                done = self._by_id(
+                    id_write(plan, self.kind, self.policy, self.owner, entity_id, lease, reason, owner, extra)
+                )
+                if done is not None:
+                    announce(self.kind, done[0], done[1], plan.branches[done[1].source])
+                    return FireResult(*done)
+                # the row did not qualify: read it and judge it as a read-first fire does
         write, branch, held = self._prepare(
             entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra
         )

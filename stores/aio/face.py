@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.errors import FsmError
+from fsm.id_write import IdWrite
 from fsm.records import (
     BatchWrite,
     ClaimRequest,
@@ -265,6 +266,13 @@ class BridgeStore(LedgerRun):
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         result: tuple[Snapshot, HistoryRecord] = self._call("apply", (write,), {})
+        return result
+
+    judges_by_id = True
+    """Forwarded: the store on the other side judges it, or answers ``None`` (read first)."""
+
+    def apply_by_id(self, write: IdWrite) -> tuple[Snapshot, HistoryRecord] | None:
+        result: tuple[Snapshot, HistoryRecord] | None = self._call("apply_by_id", (write,), {})
         return result
 
     def acquire_lease(

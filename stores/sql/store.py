@@ -67,6 +67,7 @@ from fsm.records import (
 )
 from stores.sql.batches import BatchOps
 from stores.sql.binding import TableBinding, app_columns, bound_layout, missing_columns, owned_layout
+from stores.sql.by_id import ByIdOps
 from stores.sql.children import ChildIO, attach, split_data
 from stores.sql.claims import ClaimOps
 from stores.sql.connections import (
@@ -103,7 +104,7 @@ _PUBLIC = (
     "now", "create", "get", "history", "find_transition", "apply", "acquire_lease", "renew_lease",
     "release_lease", "soft_delete", "has_newer_sibling", "candidates", "apply_batch", "move_candidates",
     "effect", "effects", "record_effect", "run", "claim", "entities", "count_states", "renewals",
-    "apply_checked", "move_candidates_brief",
+    "apply_checked", "move_candidates_brief", "apply_by_id", "apply_by_id_checked",
 )  # fmt: skip
 
 
@@ -170,7 +171,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, FeedOps, RetentionOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -455,6 +456,10 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, Fe
                 if io.child.key in children:
                     io.save(cur, entity_id, children[io.child.key])
         return rows
+
+    # beside apply, so a subclass overriding apply is never fired by id past it
+    # (fsm.engine.by_id.by_id_of); the code is stores.sql.by_id's
+    apply_by_id = ByIdOps.apply_by_id
 
     def apply(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         """See :meth:`stores.Store.apply`: one guarded statement (PostgreSQL) or transaction

@@ -9,13 +9,20 @@ no ``RETURNING`` it does not need.  Both sides run on the store's own tables and
 The toy limit is one ``UPDATE`` of a three-column table (id, state, version) per event,
 with no history: the cost of the schema and of the history row shows against it.
 
+By id: ours is ``Engine.fire(entity_id, ...)`` (the store judges the branch in its
+statement, no read first); the raw side holds only the id (and, for ``succeed``, the lease
+``finish`` gave it), so its update chooses by state (``WHERE id AND kind AND NOT deleted
+AND state = ..``) and returns what the history row needs (``RETURNING version,
+lease_token``).
+
 - SQLite: a WAL file, both sides with the same ``synchronous`` (NORMAL: a commit is a WAL
   append, so the library's own cost shows; FULL, the store's default, fsyncs each commit).
-  Raw: ``BEGIN``, ``UPDATE``, ``INSERT``, ``COMMIT``.
+  Raw: ``BEGIN``, ``UPDATE``, ``INSERT``, ``COMMIT``; by id ``BEGIN``, ``UPDATE ..
+  RETURNING``, ``INSERT``, ``COMMIT``.
 - PostgreSQL (``--pg-url``): raw as one CTE statement (``WITH u AS (UPDATE .. RETURNING)
-  INSERT ..``, autocommit) and as the two-statement transaction (``UPDATE``, ``INSERT``,
-  ``COMMIT``); then 1, 2, 4 and 8 writer threads, each on its own connection, ours
-  against the raw CTE.
+  INSERT ..``, autocommit; by id the same, its update choosing by state) and as the
+  two-statement transaction (``UPDATE``, ``INSERT``, ``COMMIT``); then 1, 2, 4 and 8
+  writer threads, each on its own connection, ours against the raw CTE.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ def _fsm_fire(store: SqlStore, n: int) -> Callable[[], Callable[[], int]]:
 
 
 def _fsm_fire_by_id(store: SqlStore, n: int) -> Callable[[], Callable[[], int]]:
-    """For reference: firing by id reads the row first (two statements per event)."""
+    """Firing by id: the store judges the branch in its write (no read first)."""
     engine = Engine(PipelineLifecycle, store, owner=OWNER)
 
     def setup() -> Callable[[], int]:
@@ -148,6 +155,67 @@ def _raw_sqlite(path: str, prefix: str, synchronous: str, n: int) -> Callable[[]
     return setup
 
 
+def _raw_sqlite_by_id(path: str, prefix: str, synchronous: str, n: int) -> Callable[[], Callable[[], int]]:
+    """The raw fire by id: the update chooses by state and returns the history row's facts."""
+    conn = _sqlite_conn(path, synchronous)
+    ent, hist = f"{prefix}entities", f"{prefix}history"
+    guard = "WHERE id = ? AND kind = 'pipeline' AND NOT deleted AND state = "
+    ret = "RETURNING version, lease_token"
+    start = (
+        f"UPDATE {ent} SET state = 'running', version = version + 1, state_entered_at = ?, updated_at = ? "
+        f"{guard}'queued' {ret}"
+    )
+    finish = (
+        f"UPDATE {ent} SET state = 'finalizing', version = version + 1, lease_owner = ?, "
+        f"lease_token = lease_token + 1, lease_expires_at = ?, state_entered_at = ?, updated_at = ? "
+        f"{guard}'running' {ret}"
+    )
+    succeed = (
+        f"UPDATE {ent} SET state = 'completed', version = version + 1, lease_owner = NULL, lease_expires_at = NULL, "
+        f"state_entered_at = ?, updated_at = ? {guard}'finalizing' AND lease_owner = ? AND lease_token = ? {ret}"
+    )
+    history = (
+        f"INSERT INTO {hist} (entity_id, seq, event, source, target, actor, lease_token, at) "
+        "VALUES (?, ?, ?, ?, ?, 'worker', ?, ?)"
+    )
+
+    def setup() -> Callable[[], int]:
+        now = encode_sqlite_time(datetime.now(UTC))
+        ids = [uuid.uuid4().hex for _ in range(n)]
+        conn.execute("BEGIN")
+        conn.executemany(
+            f"INSERT INTO {ent} (id, kind, state, state_entered_at, created_at, updated_at, data) "
+            "VALUES (?, 'pipeline', 'queued', ?, ?, ?, '{}')",
+            [(i, now, now, now) for i in ids],
+        )
+        conn.execute("COMMIT")
+
+        def body() -> int:
+            execute = conn.execute
+            for i in ids:  # what the caller holds: the id (and the lease finish gave it)
+                t = encode_sqlite_time(datetime.now(UTC))
+                execute("BEGIN")
+                ((v, token),) = execute(start, (t, t, i)).fetchall()
+                execute(history, (i, v, "start", "queued", "running", token, t))
+                execute("COMMIT")
+                now_dt = datetime.now(UTC)
+                t = encode_sqlite_time(now_dt)
+                execute("BEGIN")
+                ((v, token),) = execute(finish, (OWNER, encode_sqlite_time(now_dt + TTL), t, t, i)).fetchall()
+                execute(history, (i, v, "finish", "running", "finalizing", token, t))
+                execute("COMMIT")
+                t = encode_sqlite_time(datetime.now(UTC))
+                execute("BEGIN")
+                ((v, token),) = execute(succeed, (t, t, i, OWNER, token)).fetchall()
+                execute(history, (i, v, "succeed", "finalizing", "completed", token, t))
+                execute("COMMIT")
+            return 3 * n
+
+        return body
+
+    return setup
+
+
 def _toy_sqlite(path: str, synchronous: str, n: int) -> Callable[[], Callable[[], int]]:
     conn = _sqlite_conn(path, synchronous)
     conn.execute("CREATE TABLE IF NOT EXISTS toy (id TEXT PRIMARY KEY, state TEXT NOT NULL, version INTEGER NOT NULL)")
@@ -178,18 +246,21 @@ def _sqlite_suite(report: Report, synchronous: str, n: int) -> None:
         path = f"{directory}/fsm.db"
         store = SqlStore(f"sqlite:///{path}", sqlite_synchronous=synchronous)
         ours = f"fire/sqlite {synchronous} (Engine.fire from held result)"
-        by_id = f"fire/sqlite {synchronous} by id (reads first)"
+        by_id = f"fire/sqlite {synchronous} by id (Engine.fire(entity_id), no read)"
         raw = f"raw sqlite3 {synchronous} (begin, update, insert, commit)"
+        raw_id = f"raw sqlite3 {synchronous} by id (begin, update .. returning, insert, commit)"
         toy = f"toy limit sqlite3 {synchronous} (3-column update)"
         report.measure(
             {
                 ours: _fsm_fire(store, n),
                 raw: _raw_sqlite(path, "fsm_", synchronous, n),
                 by_id: _fsm_fire_by_id(store, n),
+                raw_id: _raw_sqlite_by_id(path, "fsm_", synchronous, n),
                 toy: _toy_sqlite(path, synchronous, n),
             }
         )
-        report.ratio(f"sqlite {synchronous} fire vs honest raw sqlite3", ours, raw, 0.9)
+        report.ratio(f"sqlite {synchronous} fire from a held result vs honest raw sqlite3", ours, raw, 0.95)
+        report.ratio(f"sqlite {synchronous} fire by id vs honest raw sqlite3 by id", by_id, raw_id, 0.9)
         report.ratio(f"sqlite {synchronous} fire vs toy 3-column limit", ours, toy, 0.0)
         store.close()
     finally:
@@ -228,6 +299,13 @@ class _RawPg:
             f"SELECT id, version, %(event)s, %(source)s, %(target)s, 'worker', lease_token, updated_at FROM u"
             for event, sql in self.updates.items()
         }
+        by_state = "WHERE id = %(id)s AND kind = 'pipeline' AND NOT deleted AND state = %(source)s"
+        self.cte_by_id = {
+            event: f"WITH u AS ({sql.replace(guard, by_state)} RETURNING id, version, lease_token, updated_at) "
+            f"INSERT INTO {hist} ({cols}) "
+            f"SELECT id, version, %(event)s, %(source)s, %(target)s, 'worker', lease_token, updated_at FROM u"
+            for event, sql in self.updates.items()
+        }
         self.history = (
             f"INSERT INTO {hist} ({cols}) VALUES (%(id)s, %(seq)s, %(event)s, %(source)s, %(target)s, 'worker', "
             "%(token)s, now())"
@@ -261,6 +339,15 @@ class _RawPg:
         for i in ids:
             for event, params in self.steps(i):
                 cur.execute(self.cte[event], params, prepare=True)
+                assert cur.rowcount == 1
+        return 3 * len(ids)
+
+    def run_cte_by_id(self, conn: Any, ids: list[str]) -> int:
+        """By id: the caller holds the id, and the lease ``finish`` gave it (token 1)."""
+        cur = conn.cursor()
+        for i in ids:
+            for event, params in self.steps(i):
+                cur.execute(self.cte_by_id[event], params, prepare=True)
                 assert cur.rowcount == 1
         return 3 * len(ids)
 
@@ -421,11 +508,12 @@ def _postgres_suite(report: Report, url: str, n: int) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}_"
     store = SqlStore(url, table_prefix=prefix)
     raw = _RawPg(prefix)
-    cte_conn, two_conn, toy_conn = (_pg_connect(url, autocommit=a) for a in (True, False, True))
+    cte_conn, two_conn, toy_conn, id_conn = (_pg_connect(url, autocommit=a) for a in (True, False, True, True))
     try:
         ours = "fire/postgres (Engine.fire from held result)"
-        by_id = "fire/postgres by id (reads first)"
+        by_id = "fire/postgres by id (Engine.fire(entity_id), no read)"
         cte = "raw psycopg CTE (one statement)"
+        cte_id = "raw psycopg CTE by id (one statement, update by state)"
         two = "raw psycopg two statements (update, insert, commit)"
         toy = "toy limit psycopg (3-column update)"
 
@@ -442,10 +530,12 @@ def _postgres_suite(report: Report, url: str, n: int) -> None:
                 cte: raw_setup(cte_conn, raw.run_cte),
                 two: raw_setup(two_conn, raw.run_two),
                 by_id: _fsm_fire_by_id(store, n),
+                cte_id: raw_setup(id_conn, raw.run_cte_by_id),
                 toy: _toy_pg(toy_conn, n),
             }
         )
-        report.ratio("postgres fire vs raw CTE", ours, cte, 0.8)
+        report.ratio("postgres fire from a held result vs raw CTE", ours, cte, 0.9)
+        report.ratio("postgres fire by id vs raw CTE by id", by_id, cte_id, 0.8)
         report.ratio("postgres fire vs raw two-statement", ours, two, 1.2)
         report.ratio("postgres fire vs toy 3-column limit", ours, toy, 0.0)
         per_writer = max(20, (2 * n) // 3)  # long enough rounds that thread start-up and scheduling noise average out
@@ -477,7 +567,7 @@ def _postgres_suite(report: Report, url: str, n: int) -> None:
         report.ratio(f"postgres {procs}-writer-process throughput vs raw CTE", p_ours, p_raw, 0.8)
     finally:
         toy_conn.execute("DROP TABLE IF EXISTS fsm_bench_toy")
-        for conn in (cte_conn, two_conn, toy_conn):
+        for conn in (cte_conn, two_conn, toy_conn, id_conn):
             conn.close()
         drop_schema(store.engine, table_prefix=prefix)
         store.close()
