@@ -209,15 +209,15 @@ def create_app(
         after = check_param("Last-Event-ID", request.headers.get("last-event-id", ""), limit=2400)
         after = after or check_param("after", params.get("after", ""), limit=2400)
         try:
-            if after:  # the store's own check: a position it never gave is a 400
-                await run_in_threadpool(store.feed, after, kind=kind, limit=1)
-                start = after
-            else:
-                start = await run_in_threadpool(store.feed_head)
+            if after or kind:  # the store's own checks: a position it never gave is a 400
+                await run_in_threadpool(store.feed, after or None, kind=kind, limit=1)
+            start = after or await run_in_threadpool(store.feed_head)
         except InvalidArgument:
             raise
         except FsmError as err:  # an unreachable store: the page polls and says so
             return html(pages.error_page(503, "Store unavailable", esc(str(err))), 503)
+        if request.method == "HEAD":  # the headers only: no stream to hold open
+            return Response(media_type="text/event-stream")
         stop = asyncio.Event()
         key = streams.enter(stop)
         if key is None:

@@ -41,11 +41,13 @@ from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
 
 log = logging.getLogger("fsm.worker")
 
-DEFAULT_CONCURRENCY = 10
-"""Handlers at once, and so the largest claim and outcome batch: pgqueuer's default batch
-(10 rows a dequeue).  Each costs a pool thread on the thread face; a batch of ten spreads
-a claim's and an outcome's commit over ten jobs (a batch of four left the commits the
-bottleneck of a drain), and more buys little on a small machine."""
+DEFAULT_CONCURRENCY = 16
+"""Handlers at once, and so the largest claim and outcome batch.  A claim's and each
+outcome batch's commit are spread over the batch: on a drain of no-op jobs (2 cores, one
+process, load 6) 16 slots cost 0.26-0.30 ms of client CPU per job against 0.35-0.41 at 10,
+and drained faster (32 faster still).  Not more: each slot is a thread on the
+thread face, and a handler that writes (``job.run``, ``job.progress``) holds a connection
+of its own, so 4 worker processes stay well under PostgreSQL's default 100 connections."""
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 """The fallback when no wake-up comes (a lost ``NOTIFY``, a store without notices, work
 another process made claimable without telling): wake-ups and due times do the rest."""

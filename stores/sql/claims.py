@@ -213,9 +213,12 @@ class ClaimOps(SqlCore):
         now = self._now()
         assert now is not None  # SQLite's time is always this process's
         params = self._claim_params(request, now)
+        slot = self._conns.slot()
+        if not slot.conn.in_transaction and not self._claimable(slot.cursor, request, params):
+            return []
         taken: list[tuple[int, Snapshot]] = []
         try:
-            with SqliteWrite(self._conns.slot(), "fsm_claim") as cur:
+            with SqliteWrite(slot, "fsm_claim") as cur:
                 for n, state in enumerate(request.resumes):
                     left = request.limit - len(taken)
                     if left <= 0:
@@ -252,6 +255,41 @@ class ClaimOps(SqlCore):
             log.info("claim undone (%s); claiming row by row", err)
             return self._claim_each(request)
         return self._attach(_in_order(taken))
+
+    def _claimable(self, cur: Any, request: ClaimRequest, params: dict[str, Any]) -> bool:
+        """SQLite: whether anything may be claimable now, read without the write lock.
+
+        An idle worker polls; if every poll took ``BEGIN IMMEDIATE``, idle workers would
+        hold the file's one write lock many times a second, and a live holder's keeper,
+        queued behind them on ``busy_timeout`` (SQLite's busy handler is not fair), could
+        miss its renewal on a loaded machine.  WAL readers never block the writer, so a
+        read first costs a few microseconds and leaves the lock to the writers that have
+        work.  It may say yes to a row another claimer takes first (the claim then takes
+        nothing, as before) and no to a row committed just after it (the next poll or
+        wake-up takes it): nothing is lost either way."""
+        found: list[Any] = []
+        for what, state in [*(("resume", s) for s in request.resumes), *(("start", s.source) for s in request.starts)]:
+            sql, values = self._qmark(self._peek_sql(what))
+            cur.execute(sql, values({**params, "state": state}))
+            found = cur.fetchall()  # all of it: SQLite ends the read at once
+            if found:
+                return True
+        return False
+
+    def _peek_sql(self, what: str) -> str:
+        cache: dict[str, str] | None = getattr(self, "_claim_peek_statements", None)
+        if cache is None:
+            cache = {}
+            self._claim_peek_statements = cache
+        found = cache.get(what)
+        if found is None:
+            lay, sql = self._sql.L, self._sql
+            kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
+            where = f"{kind} = :kind AND NOT {deleted} AND {state} = :state AND {lay.ref('run_after', 'e')} <= :now"
+            if what == "resume":
+                where += f" AND {lay.ref('lease_owner', 'e')} IS NULL"
+            found = cache[what] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
+        return found
 
     def _claim_sqlite_sql(self, what: str, flag: bool) -> str:
         """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;

@@ -218,6 +218,16 @@ def test_a_hostile_last_event_id_or_query_gets_a_4xx_with_the_security_headers(
     assert inspector.app.streams.opened() == 0
 
 
+def test_head_answers_the_headers_without_holding_a_stream(inspector: Inspector) -> None:
+    parts = urlsplit(inspector.base)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=WAIT)
+    conn.request("HEAD", "/events")
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    conn.close()
+    assert inspector.app.streams.opened() == 0
+
+
 def test_a_nul_in_last_event_id_is_refused(inspector: Inspector) -> None:
     parts = urlsplit(inspector.base)
     with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=WAIT) as raw:

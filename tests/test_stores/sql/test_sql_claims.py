@@ -3,11 +3,14 @@ claimable row), and it is one transaction that a claimer on another connection s
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 
-from fsm import ManualClock
+from fsm import Engine, JobLifecycle, ManualClock
+from fsm.errors import StoreUnavailable
 from stores.sql import SqlStore
 
 
@@ -61,4 +64,29 @@ def test_the_claim_pick_is_a_due_time_index_scan_without_a_sort_on_postgres() ->
             assert "Seq Scan" not in plan, plan
             assert "Sort" not in plan, plan  # walked in due order: nothing is sorted
     finally:
+        store.close()
+
+
+def test_an_idle_sqlite_claim_leaves_the_write_lock_to_the_writers_with_work(tmp_path: object) -> None:
+    """Nothing claimable: the claim reads, finds nothing, and never asks for the write lock,
+    so it neither waits behind a writer nor makes a live holder's renewal wait behind it.
+    Work there: the claim still queues for the lock (and, held past busy_timeout, says so)."""
+    path = f"{tmp_path}/fsm.db"
+    store = SqlStore(f"sqlite:///{path}", busy_timeout=0.05)
+    engine = Engine(JobLifecycle, store)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        engine.create("done")
+        engine.claim(1, owner="w")
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction holds the lock
+        assert engine.claim(5, owner="idle") == []  # nothing queued: no wait, no "database is locked"
+        other.execute("ROLLBACK")
+        engine.create("queued-one")
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable):
+            engine.claim(5, owner="busy")  # work there: it asks for the lock like any writer
+        other.execute("ROLLBACK")
+        assert [s.id for s in engine.claim(5, owner="busy")] == ["queued-one"]
+    finally:
+        other.close()
         store.close()
