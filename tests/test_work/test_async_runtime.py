@@ -165,7 +165,7 @@ def test_an_async_worker_that_reaps_recovers_a_dead_holders_job(where: str, tmp_
     from fsm import ManualClock
     from fsm.reaping import ReaperConfig
     from stores.aio import AsyncSqlStore
-    from tests.conftest import postgres_url
+    from conftest import postgres_url
 
     async def scenario() -> None:
         clock = ManualClock()

@@ -25,7 +25,7 @@ from fsm.work.loop import MIN_DUE_WAIT, Call, WorkerCore
 from fsm.work.pool import HandlerPool
 from stores import MemoryStore, Store
 from stores.aio import AsyncMemoryStore
-from tests.conftest import STORE_FACTORIES
+from conftest import STORE_FACTORIES
 
 A_DAY = timedelta(days=1)
 PATIENT = 30.0
