@@ -162,10 +162,11 @@ def test_the_async_keepers_refuse_a_bad_lease() -> None:
 
 @pytest.mark.parametrize("where", ["memory", "sqlite", "postgres"])
 def test_an_async_worker_that_reaps_recovers_a_dead_holders_job(where: str, tmp_path: Any) -> None:
+    from conftest import postgres_url
+
     from fsm import ManualClock
     from fsm.reaping import ReaperConfig
     from stores.aio import AsyncSqlStore
-    from conftest import postgres_url
 
     async def scenario() -> None:
         clock = ManualClock()

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from conftest import STORE_FACTORIES
 
 from fsm import AsyncEngine, Engine, InvalidArgument, JobLifecycle, ManualClock
 from fsm.aio import AsyncWorker
@@ -25,7 +26,6 @@ from fsm.work.loop import MIN_DUE_WAIT, Call, WorkerCore
 from fsm.work.pool import HandlerPool
 from stores import MemoryStore, Store
 from stores.aio import AsyncMemoryStore
-from conftest import STORE_FACTORIES
 
 A_DAY = timedelta(days=1)
 PATIENT = 30.0
