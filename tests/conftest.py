@@ -63,6 +63,29 @@ def postgres_url() -> str:
 
 POSTGRES_SKIP_PREFIX = "PostgreSQL "
 
+WORKERS_PER_CORE = 2
+"""``-n auto`` (the suite's addopts, pytest-xdist) starts this many workers per core, at least
+four: most of the suite waits (on child processes, servers, PostgreSQL, Chromium), not
+computes.  ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` picks N; ``-n 0`` runs in one process."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if chosen and chosen.isdigit():
+        return int(chosen)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(4, WORKERS_PER_CORE * cores)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault suite's printed summaries (``record_property``), which reach the end of the
+    run from whichever worker ran them (a worker's own output is not shown)."""
+    for report in (r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])):
+        for name, text in getattr(report, "user_properties", []):
+            if name == "fault suite summary" and report.when == "call":
+                terminalreporter.section(f"{name}: {report.nodeid}")
+                terminalreporter.write_line(str(text))
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:

@@ -240,6 +240,8 @@ def test_pytest_ra_reports_the_postgres_skip_once(tmp_path: Path) -> None:
             "-ra",
             "-p",
             "no:cacheprovider",
+            "-n",  # parallel, as the suite's addopts run it, with two workers rather than one per core or more
+            "2",
             "tests/test_stores/test_work_contract.py",
         ],
         cwd=ROOT,

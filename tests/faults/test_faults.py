@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from .run import Config, run
 
 MODE_ENV = "FSM_FAULTS"
+SUMMARY_PROPERTY = "fault suite summary"
 
 
 def _config(store: str) -> Config:
@@ -44,14 +46,13 @@ def _private_server_or_skip() -> None:
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_workers_and_reapers_survive_kills_pauses_and_a_server_restart(
-    store: str, capsys: pytest.CaptureFixture[str]
+    store: str, record_property: Callable[[str, object], None]
 ) -> None:
     config = _config(store)
     if store == "postgres":
         _private_server_or_skip()
     summary = run(config, out=sys.stdout if os.environ.get(MODE_ENV) == "long" else None)
-    with capsys.disabled():
-        print("\n" + summary.text())
+    record_property(SUMMARY_PROPERTY, summary.text())  # printed at the end of the run, from any worker (conftest.py)
     assert not summary.problems, summary.text()
     assert sum(n for s, n in summary.states.items() if s in {"completed", "failed"}) == config.jobs
     assert summary.kills + summary.stops > 0, "the chaos loop did nothing"
