@@ -102,11 +102,36 @@ def test_the_async_example_runs(tmp_path: Path) -> None:
     assert done.stdout.splitlines()[-1] == "completed ['start', 'exited', 'complete']"
 
 
-def test_the_testing_kit_blocks_run_under_pytest(tmp_path: Path) -> None:
+QUICK_KIT_EXAMPLES = 25
+"""The stateful block's examples in the default suite (of the ``ci`` profile's 100: the
+block alone was the suite's largest CPU cost); ``FSM_HYPOTHESIS_PROFILE=soak`` runs it with
+the ``ci`` profile exactly as a reader gets it."""
+
+QUICK_KIT_PLUGIN = f"""
+import pytest
+from hypothesis import settings
+
+
+@pytest.hookimpl(trylast=True)  # after fsm.testing.pytest_plugin loaded the ci profile
+def pytest_configure(config):
+    settings.register_profile("readme-quick", settings.get_profile("ci"), max_examples={QUICK_KIT_EXAMPLES})
+    settings.load_profile("readme-quick")
+"""
+
+
+def test_the_testing_kit_blocks_run_under_pytest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsm.testing.pytest_plugin import PROFILE_ENV, profile
+
     (tmp_path / "lifecycles.py").write_text(block_starting("# lifecycles.py"))
     (tmp_path / "conftest.py").write_text(block_starting("pytest_plugins"))
     (tmp_path / "test_deploy.py").write_text(block_starting("import pytest"))
-    done = run_script(tmp_path / "test_deploy.py", tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if profile() == "soak":
+        monkeypatch.delenv(PROFILE_ENV)  # the blocks as written: the ci profile, hypothesis's own example count
+    else:
+        (tmp_path / "readme_quick.py").write_text(QUICK_KIT_PLUGIN)
+        args += ["-p", "readme_quick"]
+    done = run_script(tmp_path / "test_deploy.py", tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     passed = int(re.search(r"(\d+) passed", summary).group(1))  # type: ignore[union-attr]

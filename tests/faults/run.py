@@ -4,7 +4,7 @@
     python -m tests.faults.run --long               # thousands of jobs on each
     python -m tests.faults.run --store sqlite --jobs 500 --seed 7
 
-(``FSM_FAULTS=long pytest tests/faults -s`` runs the long version through pytest.)
+(``FSM_FAULTS=long pytest tests/faults -s -n 0`` runs the long version through pytest.)
 
 What runs: ``workers`` processes, each an :class:`fsm.Worker` (see :mod:`tests.faults.proc`),
 and two reaper processes, all on one database: a SQLite file, or a PostgreSQL server

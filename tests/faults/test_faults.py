@@ -1,7 +1,7 @@
 """The fault suite with real processes (see :mod:`tests.faults.run`), on SQLite and on a
 private PostgreSQL server that it stops and restarts.
 
-The short version runs in the default suite; ``FSM_FAULTS=long pytest tests/faults -s``
+The short version runs in the default suite; ``FSM_FAULTS=long pytest tests/faults -s -n 0``
 runs the long one (thousands of jobs), as does ``python -m tests.faults.run --long``.
 ``FSM_FAULTS=off`` skips it.  The printed summary is the point: figures are printed,
 and the only time asserted is the death-to-claim bound with its documented allowance.
