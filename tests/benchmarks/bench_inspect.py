@@ -41,6 +41,7 @@ PAGES = {
     "filter: id prefix": "/?q=job-00012",
     "filter: expired leases": "/?expired=1",
     "filter: one holder": "/?holder=worker-07",
+    "filter: a holder holding nothing": "/?holder=worker-99",  # walks every leased row
     "filter: data field (bounded window)": "/?data=task&value=task-3",
     "next page (keyset)": None,
     "entity page": "/entity?id=job-0000042",
