@@ -3,20 +3,22 @@
 At 1,000,000 entities the table must never sort or scan the whole store, so the query is
 built from index walks the store already has (DESIGN section 5):
 
-- the default list, most recently updated first, is one ``ORDER BY updated_at DESC LIMIT``
-  walk of the ``(kind, state, updated_at)`` index *per (kind, state) pair* (the pairs come
-  from the cached counts and the lifecycles), merged: it reads at most ``limit + 1`` rows
-  per pair, whatever the store's size.  Pages go on by keyset (``updated_at, id`` of the
-  last row shown), never by ``OFFSET``;
+- the default list, most recently updated first, is one ``ORDER BY updated_at DESC, id
+  DESC LIMIT`` walk of the ``recent`` index ``(kind, state, updated_at, id)`` *per (kind,
+  state) pair* (the pairs come from the cached counts and the lifecycles), merged: it
+  reads at most ``limit + 1`` rows per pair, whatever the store's size, and sorts none.
+  Pages go on by keyset, a seek to ``(updated_at, id) < (the last row shown)`` (a row
+  value comparison, the index's own order: exact through rows sharing one
+  ``updated_at``), never by ``OFFSET``;
 - the id search is a prefix: a range on the primary key;
 - the lease filters (expired leases, one holder's leases) walk the lease index
   ``(kind, state, lease_expires_at, ...)``, soonest expiry first: their cost is the rows
   that hold a lease, not the store;
-- the data field search (``data.path = value``) filters a bounded window: at most
-  :data:`SCAN` rows of each pair from the page's position, down to one cursor that every
-  pair has reached, with the JSON path and the value bound as parameters
-  (``jsonb_extract_path_text`` on PostgreSQL, ``json_extract`` on SQLite).  The page says
-  how far it searched and links on from there.
+- the data field search (``data.path = value``) filters a bounded window of the same
+  walks: at most :data:`SCAN` rows of each pair from the page's position, down to one
+  cursor that every pair has reached, with the JSON path and the value bound as
+  parameters (``jsonb_extract_path_text`` on PostgreSQL, ``json_extract`` on SQLite).
+  The page says how far it searched and links on from there.
 
 Every value is a bound parameter; the SQL is built only from the store's own names.
 """
@@ -128,11 +130,8 @@ class ListingSql:
             order = f"{ref('lease_expires_at')}, {ref('id')}"
             rows = self._merged(pairs, params, extra, order, "fsm_x, fsm_i", limit + 1)
             return Listed(self._decode(rows[:limit]), order="expiry")
-        if after is not None:
-            extra += (
-                f" AND {ref('updated_at')} <= {p('au')} AND ({ref('updated_at')} < {p('au')} "
-                f"OR {ref('id')} < {p('ai')})"
-            )
+        if after is not None:  # a seek in the index's order (a time alone has id '': only earlier rows)
+            extra += f" AND ({ref('updated_at')}, {ref('id')}) < ({p('au')}, {p('ai')})"
             params["au"], params["ai"] = after
         order = f"{ref('updated_at')} DESC, {ref('id')} DESC"
         outer = "fsm_u DESC, fsm_i DESC"
@@ -238,9 +237,13 @@ class ListingSql:
             params["lo"], params["hi"] = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
         kinds = sorted({k for k, _ in pairs})
         states = sorted({s for _, s in pairs})
+        # SQLite: a unary + keeps these terms off the (kind, state, ...) indexes.  Without
+        # statistics (or with none yet for one index) SQLite would rather walk one of those
+        # for every pair and sort the rows it finds by id: the whole store, not the prefix
+        unindexed = "+" if not self.pg else ""
         for name, values in (("kind", kinds), ("state", states)):
             marks = ", ".join(p(f"{name}{i}") for i in range(len(values)))
-            where += f" AND {ref(name)} IN ({marks})" if values else " AND 1 = 0"
+            where += f" AND {unindexed}{ref(name)} IN ({marks})" if values else " AND 1 = 0"
             params.update({f"{name}{i}": v for i, v in enumerate(values)})
         if after is not None:
             where += f" AND {ref('id')} > {p('ai')}"

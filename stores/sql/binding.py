@@ -135,7 +135,8 @@ class TableBinding:
         ]
 
     def indexes(self) -> list[sa.Index]:
-        """The reaper's indexes on the bound table, on a detached copy of its columns."""
+        """The entity indexes (the reaper's, the claim's, the inspector's: :func:`entity_indexes`) on the bound
+        table, on a detached copy of its columns."""
         names = self.physical
         table = sa.Table(self.table, sa.MetaData(schema=self.schema), *entity_columns(names, kind_default=self.kind))
         return entity_indexes(table, f"{self.added_prefix}{self.table}", names)
@@ -256,7 +257,7 @@ def app_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) -> froze
 
 
 def add_missing_columns(bind: sa.Engine | sa.Connection, binding: TableBinding) -> list[str]:
-    """Add the binding's missing columns and the reaper's indexes to the application table.
+    """Add the binding's missing columns and the entity indexes it lacks to the application table.
 
     Only additive DDL (``ADD COLUMN`` nullable or with a server default, ``CREATE INDEX``);
     returns the names of the added columns.  A mapped column that does not exist is a

@@ -41,6 +41,7 @@ PAGES = {
     "filter: id prefix": "/?q=job-00012",
     "filter: expired leases": "/?expired=1",
     "filter: one holder": "/?holder=worker-07",
+    "filter: a holder holding nothing": "/?holder=worker-99",  # walks every leased row
     "filter: data field (bounded window)": "/?data=task&value=task-3",
     "next page (keyset)": None,
     "entity page": "/entity?id=job-0000042",
@@ -55,7 +56,7 @@ SELECT CASE WHEN i % 4 = 0 THEN printf('pipe-%07d', i) ELSE printf('job-%07d', i
        CASE WHEN i % 100 < 90 THEN 'completed' WHEN i % 100 < 93 THEN 'failed' WHEN i % 100 < 98 THEN 'queued'
             WHEN i % 100 = 98 THEN 'running' ELSE 'finalizing' END,
        3,
-       CASE WHEN i % 100 >= 98 THEN printf('worker-%02d', i % 50) END,
+       CASE WHEN i % 100 >= 98 THEN printf('worker-%02d', (i / 100) % 50) END,
        1,
        CASE WHEN i % 100 >= 98 THEN strftime('%Y-%m-%d %H:%M:%f000+00:00', 'now',
             CASE WHEN i % 1000 < 100 THEN '-5 minutes' ELSE '+2 minutes' END) END,
@@ -82,7 +83,7 @@ SELECT CASE WHEN i %% 4 = 0 THEN 'pipe-' || lpad(i::text, 7, '0') ELSE 'job-' ||
        CASE WHEN i %% 100 < 90 THEN 'completed' WHEN i %% 100 < 93 THEN 'failed' WHEN i %% 100 < 98 THEN 'queued'
             WHEN i %% 100 = 98 THEN 'running' ELSE 'finalizing' END,
        3,
-       CASE WHEN i %% 100 >= 98 THEN 'worker-' || lpad((i %% 50)::text, 2, '0') END,
+       CASE WHEN i %% 100 >= 98 THEN 'worker-' || lpad(((i / 100) %% 50)::text, 2, '0') END,
        1,
        CASE WHEN i %% 100 >= 98 THEN now() + CASE WHEN i %% 1000 < 100 THEN interval '-5 minutes'
             ELSE interval '2 minutes' END END,

@@ -198,6 +198,11 @@ class _Tables:
         self.conn = psycopg.connect(_plain(url), autocommit=True)
         self.runner = asyncio.Runner()
         self.queries: Any = self.runner.run(self._pgq_install())
+        self.own_backends = {
+            int(self.conn.info.backend_pid),
+            int(self.runner.run(self.apg.fetchval("SELECT pg_backend_pid()"))),
+        }
+        """The parent's own connections: their backends' CPU is not the workers'."""
 
     async def _pgq_install(self) -> Any:
         import asyncpg
@@ -284,6 +289,48 @@ class _Procs:
 Round = Callable[[], tuple[int, float, dict[str, Any]]]
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process spent so far; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class _CpuMeter:
+    """Where a drain round's CPU goes: the worker processes (the client: both faces'
+    Python) and the PostgreSQL backends serving them (every backend of the database but
+    the parent's own), read from ``/proc`` at the start and at the end of the clock (a
+    quiet machine: another client of the same database would count as server time).
+    Together they bound the rate: on 2 cores, jobs/s <= 2 / (client + server per job)."""
+
+    def __init__(self, tables: _Tables, procs: _Procs) -> None:
+        self.tables, self.procs = tables, procs
+        self.start = self._read()
+
+    def _backends(self) -> list[int]:
+        rows = self.tables.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+        ).fetchall()
+        return [int(r[0]) for r in rows if int(r[0]) not in self.tables.own_backends]
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {
+            "client": {p.pid: _proc_cpu(p.pid) for p in self.procs.procs if p.pid is not None},
+            "server": {pid: _proc_cpu(pid) for pid in self._backends()},
+        }
+
+    def spent(self) -> tuple[float, float]:
+        """CPU seconds the workers and their backends spent since the start."""
+        end = self._read()
+        out = []
+        for side in ("client", "server"):
+            out.append(sum(max(0.0, t - self.start[side].get(pid, 0.0)) for pid, t in end[side].items()))
+        return out[0], out[1]
+
+
 def _drain_round(tables: _Tables, who: str, n: int) -> Round:
     def one() -> tuple[int, float, dict[str, Any]]:
         tables.reset()
@@ -296,6 +343,7 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
             procs = _Procs(_fsm_child, lambda r, g, s: (tables.url, tables.prefix, who, r, g, s, None, {}), n)
             left = tables.fsm_left
         try:
+            cpu = _CpuMeter(tables, procs)
             started = time.perf_counter()
             procs.go.set()
             remaining = JOBS
@@ -303,9 +351,10 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
                 time.sleep(POLL_DONE)
                 remaining = left()
             elapsed = time.perf_counter() - started
+            client, server = cpu.spent()
         finally:
             procs.end()
-        return JOBS - remaining, elapsed, {"capped": remaining > 0}
+        return JOBS - remaining, elapsed, {"capped": remaining > 0, "client_cpu": client, "server_cpu": server}
 
     return one
 
@@ -401,7 +450,13 @@ def _interleave(report: Report, contenders: dict[str, Round], unit: str = "jobs"
         capped = sum(1 for row in rows if row[2].get("capped"))
         note = f"  capped at {CAP:.0f} s in {capped}/{rounds} rounds ({ops:,} of {JOBS:,} done)" if capped else ""
         if unit == "jobs":
-            print(f"  {name:<66} {m.rate:>9,.0f} jobs/s  spread {m.spread}{note}", flush=True)
+            cpu = ""
+            if "client_cpu" in extra and ops:
+                cpu = (
+                    f"  cpu/job: workers {extra['client_cpu'] / ops * 1e3:.3f} ms,"
+                    f" server {extra['server_cpu'] / ops * 1e3:.3f} ms"
+                )
+            print(f"  {name:<66} {m.rate:>9,.0f} jobs/s  spread {m.spread}{cpu}{note}", flush=True)
     print(f"    ({rounds} rounds interleaved, order flipped each round; {now})", flush=True)
     return found
 

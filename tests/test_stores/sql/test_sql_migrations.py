@@ -79,6 +79,7 @@ def test_the_migrations_build_the_same_schema_as_create_true(sql_target: SqlTarg
         assert created_schema["entities"]["indexes"] == [
             ("ix_{p}entities_claim", ("kind", "state", "run_after"), False, None),
             ("ix_{p}entities_lease", ("kind", "state", "lease_expires_at", "updated_at"), False, None),
+            ("ix_{p}entities_recent", ("kind", "state", "updated_at", "id"), False, None),
             (
                 "ix_{p}entities_siblings",
                 ("kind", "concurrency_key", "state", "created_at"),
@@ -140,7 +141,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0005"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0006"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -241,7 +242,7 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
     assert run.returncode == 0, run.stderr
     store = SqlStore(url, create=False)
     try:
-        assert current_revision(url) == HEAD_REVISION == "0005"
+        assert current_revision(url) == HEAD_REVISION == "0006"
         fed = store.feed()
         assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
         # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
@@ -251,3 +252,66 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
         assert [(e.record.entity_id, e.position) for e in store.feed(fed[-1].position)] == [("c", "s3")]
     finally:
         store.close()
+
+
+def test_a_0005_store_upgrades_to_0006_gaining_the_recent_index_and_downgrades_back(sql_target: SqlTarget) -> None:
+    from fsm.records import NewEntity
+
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    table, recent = f"{sql_target.prefix}entities", f"ix_{sql_target.prefix}entities_recent"
+
+    def indexes() -> dict[str, tuple[str, ...]]:
+        return {str(i["name"]): tuple(i["column_names"]) for i in sa.inspect(engine).get_indexes(table)}
+
+    upgrade(engine, table_prefix=sql_target.prefix, revision="0005")
+    assert recent not in indexes() and f"ix_{sql_target.prefix}entities_idle" not in indexes()
+    with engine.begin() as conn:  # a row an 0005 release wrote
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} (id, kind, state, version, state_entered_at, created_at, updated_at, "
+                "run_after, data) VALUES ('old', 'job', 'queued', 0, :t, :t, :t, :t, '{}')"
+            ),
+            {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
+        )
+    sqlite = sql_target.dialect == "sqlite"
+    if sqlite:  # statistics of the 0005 indexes only
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    store = sql_target.store()  # create=True: Alembic upgrades 0005 -> 0006
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0006"
+    assert indexes()[recent] == ("kind", "state", "updated_at", "id")
+    if sqlite:  # the new index is described as the others are, or the planner would misjudge it
+        with engine.connect() as conn:
+            described = {r[0] for r in conn.exec_driver_sql("SELECT idx FROM sqlite_stat1 WHERE tbl = ?", (table,))}
+        assert {recent, f"ix_{sql_target.prefix}entities_lease"} <= described
+    store.create(NewEntity("new", "job", "queued"))
+    assert {store.get("old").state, store.get("new").state} == {"queued"}
+    downgrade(engine, "0005", table_prefix=sql_target.prefix)
+    assert current_revision(engine, table_prefix=sql_target.prefix) == "0005"
+    assert recent not in indexes() and {f"ix_{sql_target.prefix}entities_{n}" for n in ("lease", "claim")} <= set(
+        indexes()
+    )
+    upgrade(engine, table_prefix=sql_target.prefix)
+    assert indexes()[recent] == ("kind", "state", "updated_at", "id")
+
+
+def test_a_bound_table_without_the_recent_index_gets_it_from_add_missing_columns(tmp_path: object) -> None:
+    from stores.sql.binding import add_missing_columns
+
+    engine = create_engine(f"sqlite:///{tmp_path}/app.db")
+    with engine.begin() as conn:
+        conn.execute(sa.text('CREATE TABLE jobs (job_id TEXT PRIMARY KEY, "updatedAt" TEXT NOT NULL)'))
+    binding = TableBinding(table="jobs", kind="job", columns={"id": "job_id", "updated_at": "updatedAt"})
+    try:
+        add_missing_columns(engine, binding)
+        with engine.begin() as conn:  # as an application bound before revision 0006 has it
+            conn.execute(sa.text("DROP INDEX ix_fsm_jobs_recent"))
+        upgrade(engine, binding=binding)  # the library's migrations leave the application table alone
+        assert "ix_fsm_jobs_recent" not in {i["name"] for i in sa.inspect(engine).get_indexes("jobs")}
+        assert add_missing_columns(engine, binding) == []  # no column is missing, an index is
+        found = {str(i["name"]): tuple(i["column_names"]) for i in sa.inspect(engine).get_indexes("jobs")}
+        assert found["ix_fsm_jobs_recent"] == ("fsm_kind", "fsm_state", "updatedAt", "job_id")
+        assert {"ix_fsm_jobs_lease", "ix_fsm_jobs_claim", "ix_fsm_jobs_siblings"} <= set(found)
+    finally:
+        engine.dispose()
