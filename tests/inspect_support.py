@@ -279,3 +279,49 @@ def served_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             engine = sa.create_engine(target.url)
             drop_schema(engine, table_prefix=target.prefix)
             engine.dispose()
+
+
+INSPECTED = (JobLifecycle, PipelineLifecycle)
+"""The lifecycles :func:`inspector` shows."""
+
+
+def inspector(store: Any, count_every: float = 0.0) -> Any:
+    """The inspector's data layer on ``store`` for the built-in lifecycles (counts cached for
+    ``count_every`` seconds)."""
+    from fsm.engine.work import claim_plan
+    from fsm.inspect.data import InspectorData
+
+    plans = {lc.kind: claim_plan(lc.table) for lc in INSPECTED}
+    return InspectorData(
+        store,
+        {lc.kind: list(lc.table.leaves) for lc in INSPECTED},
+        resumes={k: list(r) for k, (_, r) in plans.items()},
+        claim_events={k: {s.event for s in starts} for k, (starts, _) in plans.items()},
+        finals={lc.kind: lc.table.finals for lc in INSPECTED},
+        count_every=count_every,
+    )
+
+
+@pytest.fixture(name="store", params=["sqlite", "postgres"])
+def a_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A SQL store on SQLite (a file) or PostgreSQL (a prefix of its own, dropped after)."""
+    from stores.sql import SqlStore
+
+    if request.param == "sqlite":
+        store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", table_prefix="fsm_")
+        yield store
+        store.close()
+        return
+    url, prefix = postgres_url(), f"t{uuid.uuid4().hex[:10]}_"
+    store = SqlStore(url, table_prefix=prefix)
+    try:
+        yield store
+    finally:
+        store.close()
+        import sqlalchemy as sa
+
+        from stores.sql.migrate import drop_schema
+
+        engine = sa.create_engine(url)
+        drop_schema(engine, table_prefix=prefix)
+        engine.dispose()

@@ -4,55 +4,15 @@ and the list walks an index (EXPLAIN), never the whole table."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import postgres_url
+from inspect_support import a_store, inspector  # noqa: F401 - a_store is the store fixture
 
 from fsm import Engine, JobLifecycle, PipelineLifecycle
-from fsm.engine.work import claim_plan
 from fsm.inspect import listing
 from fsm.inspect.data import Filters, InspectorData
 from stores.sql import SqlStore
-
-LIFECYCLES = (JobLifecycle, PipelineLifecycle)
-
-
-def inspector(store: SqlStore) -> InspectorData:
-    plans = {lc.kind: claim_plan(lc.table) for lc in LIFECYCLES}
-    return InspectorData(
-        store,
-        {lc.kind: list(lc.table.leaves) for lc in LIFECYCLES},
-        resumes={k: list(r) for k, (_, r) in plans.items()},
-        claim_events={k: {s.event for s in starts} for k, (starts, _) in plans.items()},
-        finals={lc.kind: lc.table.finals for lc in LIFECYCLES},
-        count_every=0.0,
-    )
-
-
-@pytest.fixture(name="store", params=["sqlite", "postgres"])
-def a_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
-    if request.param == "sqlite":
-        store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", table_prefix="fsm_")
-        yield store
-        store.close()
-        return
-    url, prefix = postgres_url(), f"t{uuid.uuid4().hex[:10]}_"
-    store = SqlStore(url, table_prefix=prefix)
-    try:
-        yield store
-    finally:
-        store.close()
-        import sqlalchemy as sa
-
-        from stores.sql.migrate import drop_schema
-
-        engine = sa.create_engine(url)
-        drop_schema(engine, table_prefix=prefix)
-        engine.dispose()
 
 
 def seed(store: SqlStore) -> tuple[Engine, Engine]:
