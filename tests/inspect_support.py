@@ -325,3 +325,19 @@ def a_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         engine = sa.create_engine(url)
         drop_schema(engine, table_prefix=prefix)
         engine.dispose()
+
+
+def post_action(base: str, form: dict[str, str], token: str, headers: dict[str, str] | None = None) -> Answer:
+    """The form ``form`` posted to the inspector's ``/action`` as the bearer of ``token``."""
+    from urllib.parse import urlencode
+
+    return http(
+        base + "/action",
+        method="POST",
+        data=urlencode(form).encode(),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/x-www-form-urlencoded",
+            **(headers or {}),
+        },
+    )

@@ -8,14 +8,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import pytest
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from inspect_support import artifacts_dir, chromium, http, serve_asgi, stop_serving  # noqa: F401 - fixtures
+from inspect_support import artifacts_dir, chromium, http, post_action, serve_asgi, stop_serving  # noqa: F401 - fixtures
 
 from fsm import Engine, JobLifecycle, Lifecycle, Policy, State, operator_override
 from fsm.errors import ConfigError, Fenced, FsmError
@@ -78,12 +77,7 @@ def ops_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def post(base: str, form: dict[str, str], headers: dict[str, str] | None = None) -> Any:
-    return http(
-        base + "/action",
-        method="POST",
-        data=urlencode(form).encode(),
-        headers={**BEARER, "Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
-    )
+    return post_action(base, form, TOKEN, headers)
 
 
 def form_for(engine: Engine, entity_id: str, event: str, **changes: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import pytest
 
@@ -189,7 +188,7 @@ def test_the_derived_ids() -> None:
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from inspect_support import artifacts_dir, chromium, http, serve_asgi, stop_serving  # noqa: E402, F401 - fixtures
+from inspect_support import artifacts_dir, chromium, http, post_action, serve_asgi, stop_serving  # noqa: E402, F401 - fixtures
 
 from fsm.inspect.actions import RETRY, csrf_token  # noqa: E402
 from fsm.inspect.security import Tokens  # noqa: E402
@@ -223,12 +222,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def post(base: str, form: dict[str, str], headers: dict[str, str] | None = None) -> Any:
-    return http(
-        base + "/action",
-        method="POST",
-        data=urlencode(form).encode(),
-        headers={**BEARER, "Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
-    )
+    return post_action(base, form, TOKEN, headers)
 
 
 def retry_form(jobs: Engine, entity_id: str, **changes: str) -> dict[str, str]:
