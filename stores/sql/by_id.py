@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from fsm.clock import read_clock
 from fsm.errors import MalformedRow
 from fsm.id_write import IdWrite, check_id_write
 from fsm.records import HistoryRecord, LeaseChange, Snapshot
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore, SqliteWrite
-from stores.sql.rows import dumps_data, snapshot_of
+from stores.sql.rows import dumps_data, loads_object, snapshot_of
 from stores.sql.schema import decode_time
 
 Applied = tuple[Snapshot, HistoryRecord]
@@ -70,6 +72,8 @@ class ByIdOps(SqlCore):
         """:meth:`apply_by_id` of a write the engine built from checked arguments and a
         plan it derived for this store (:attr:`judges_by_id`)."""
         moves = write.moves
+        if self._sqlite and not _shared(moves):
+            return self._by_id_sqlite_lean(write)
         due = write.run_after
         ttl = write.lease_ttl
         change = write.lease_change
@@ -154,6 +158,110 @@ class ByIdOps(SqlCore):
         except self._errors as err:
             raise unavailable(err, self._conns, params["id"]) from err
         return snap, source, now
+
+    def _by_id_sqlite_lean(self, write: IdWrite) -> Applied | None:
+        """SQLite, each target with one source: ``UPDATE .. RETURNING`` what the write did
+        not set itself, then the history row, in one transaction (see :class:`_Lean`)."""
+        moves = write.moves
+        change = write.lease_change
+        ttl = write.lease_ttl
+        due = write.run_after
+        reason = write.reason
+        error = write.error
+        token = write.expect_token
+        howner = write.new_owner if change is _ACQUIRE else write.expect_owner if write.holds else None
+        key = (
+            moves, change, ttl is None, token is None, write.bump_attempt, write.bump_reclaims, due is None,
+            reason is None, error is None, howner is None,
+        )  # fmt: skip
+        cache = self._sql._shapes  # the store's cache of shaped statements: its own keys start with a name
+        lean: _Lean | None = cache.get(key)
+        if lean is None:
+            lean = cache[key] = self._lean_statements(write)
+        clock = self.clock
+        now = datetime.now(UTC) if clock is None else read_clock(clock)
+        stamp = now.isoformat(" ", "microseconds")
+        entity_id = write.entity_id
+        source, target = moves[0]
+        params: dict[str, Any] = {
+            "id": entity_id, "kind": write.kind, "event": write.event, "actor": write.actor, "now": stamp,
+            "target": target, "source": source, "s0": source, "reason": reason, "howner": howner,
+            "owner": write.expect_owner, "token": token, "new_owner": write.new_owner,
+        }  # fmt: skip
+        if lean.many:
+            for i, (s, t) in enumerate(moves):
+                params[f"s{i}"], params[f"t{i}"] = s, t
+        if ttl is not None:
+            params["ttl"] = (now + ttl).isoformat(" ", "microseconds")
+        if due is not None:
+            params["due"] = (now + due).isoformat(" ", "microseconds")
+        if error is not None:
+            params["error"] = dumps_data(error, entity_id)
+        try:
+            with SqliteWrite(self._conns.slot(), "fsm_apply") as cur:
+                cur.execute(lean.update, lean.update_values(params))
+                rows = cur.fetchall()
+                if not rows:
+                    return None
+                snap = lean.snapshot(rows[0], write, now)  # decoded before COMMIT: a bad row rolls back
+                if lean.many:
+                    target = snap.state
+                    source = next(s for s, t in moves if t == target)
+                    params["source"], params["target"] = source, target
+                params["seq"], params["htoken"] = snap.version, snap.lease_token
+                cur.execute(lean.insert, lean.insert_values(params))
+        except self._integrity:
+            return None
+        except self._errors as err:
+            raise unavailable(err, self._conns, entity_id) from err
+        record = _new(HistoryRecord, (
+            entity_id, snap.version, write.event, source, target, write.actor, snap.lease_token,
+            reason, None, now, None, howner, None if error is None else json.loads(params["error"]),
+        ))  # fmt: skip
+        return snap, record
+
+    def _lean_statements(self, write: IdWrite) -> _Lean:
+        """The two statements of one lean shape (``key``), their ``?`` texts and binders.
+
+        The update returns only what the write does not know: never the id, kind, deleted
+        flag or the times it set; the state only when there are several moves, the lease
+        owner and expiry only when the write keeps the lease.  The history insert writes
+        ``NULL`` for what the fire does not record (no idempotency key or data patch by id;
+        reason, owner and error when absent): sqlite3 binds ``None`` through its adapter
+        lookup, an exception raised and cleared per value."""
+        change, n = write.lease_change, len(write.moves)
+        has_ttl, token = write.lease_ttl is not None, write.expect_token is not None
+        has_due, bump_attempt, bump_reclaims = write.run_after is not None, write.bump_attempt, write.bump_reclaims
+        has_reason, has_error = write.reason is not None, write.error is not None
+        has_howner = write.history_owner() is not None
+        st, f = self._sql, self._f
+        c = st.L.col
+        sets = st._move_sets(change, has_ttl, bump_attempt, bump_reclaims, False, has_due)
+        plain = f"{c['state']} = {f.p('target')}"
+        assert sets.startswith(plain)
+        if n > 1:  # the branch the row's state takes
+            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
+            sets = f"{c['state']} = CASE e.{c['state']} {whens} END" + sets[len(plain) :]
+        sources = ", ".join(f.p(f"s{i}") for i in range(n))
+        guard = f"{st.live} AND e.{c['kind']} = {f.p('kind')} AND e.{c['state']} IN ({sources})"
+        if token:
+            guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
+        names = ["version", "lease_token", "created_at", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
+        if n > 1:
+            names.append("state")
+        if change is LeaseChange.KEEP:
+            names += ["lease_owner", "lease_expires_at"]
+        returning = ", ".join(f"{c[name]} AS {name}" for name in names)
+        update = f"UPDATE {st.E} AS e SET {sets} WHERE {guard} RETURNING {returning}"
+        values = [
+            f.p("id"), f.p("seq"), f.p("event"), f.p("source"), f.p("target"), f.p("actor"), f.p("htoken"),
+            f.p("reason") if has_reason else "NULL", "NULL", f.now, "NULL", f.p("howner") if has_howner else "NULL",
+            f.p("error") if has_error else "NULL",
+        ]  # fmt: skip
+        insert = f"INSERT INTO {st.H} ({st.hist_cols}) VALUES ({', '.join(values)})"
+        update_text, update_values = self._qmark(update)
+        insert_text, insert_values = self._qmark(insert)
+        return _Lean(update_text, update_values, insert_text, insert_values, n > 1, change, has_due)
 
     def _by_id_sqlite_shared(
         self, sql: tuple[str, ...], params: dict[str, Any], write: IdWrite, now: datetime
@@ -264,6 +372,70 @@ def _shared(moves: tuple[tuple[str, str], ...]) -> bool:
     """Whether two sources of ``moves`` enter one target (the source is not read off it)."""
     targets = [t for _, t in moves]
     return len(set(targets)) != len(targets)
+
+
+_new = tuple.__new__  # a NamedTuple from a tuple of its fields, as its _make does
+_fromiso = datetime.fromisoformat
+_ACQUIRE, _CLEAR = LeaseChange.ACQUIRE, LeaseChange.CLEAR
+
+
+class _Lean:
+    """One lean SQLite shape: the update and history insert as ``?`` texts with their
+    binders, and how to read the update's narrow ``RETURNING`` row into a Snapshot."""
+
+    __slots__ = ("change", "due", "insert", "insert_values", "many", "update", "update_values")
+
+    def __init__(
+        self,
+        update: str,
+        update_values: Callable[[dict[str, Any]], tuple[Any, ...]],
+        insert: str,
+        insert_values: Callable[[dict[str, Any]], tuple[Any, ...]],
+        many: bool,
+        change: LeaseChange,
+        due: bool,
+    ) -> None:
+        self.update, self.update_values = update, update_values
+        self.insert, self.insert_values = insert, insert_values
+        self.many, self.change, self.due = many, change, due
+
+    def snapshot(self, row: Any, write: IdWrite, now: datetime) -> Snapshot:
+        """The row the update returned (version, lease token, created_at, concurrency key,
+        attempt, reclaims, data, run_after[, state][, lease owner, expiry]) as a Snapshot:
+        the rest is what the write set (``now``, ``now + ttl``, the target, not deleted)."""
+        try:
+            data = row[6]
+            data = {} if data == "{}" else loads_object(data)
+            if data.__class__ is not dict:
+                raise ValueError(f"data is not a JSON object: {str(data)[:60]!r}")
+            change = self.change
+            if change is _ACQUIRE:
+                owner = write.new_owner
+                exp = None if write.lease_ttl is None else now + write.lease_ttl
+            elif change is _CLEAR:
+                owner = exp = None
+            else:
+                owner, exp = row[-2], row[-1]
+                if exp is not None:
+                    exp = decode_time(exp)
+            if self.due:
+                assert write.run_after is not None
+                due = now + write.run_after
+            else:
+                due = row[7]
+                if due is not None:
+                    due = _fromiso(due)
+                    if due.tzinfo is None:
+                        due = due.replace(tzinfo=UTC)
+            created = _fromiso(row[2])
+            if created.tzinfo is None:
+                created = created.replace(tzinfo=UTC)
+            return _new(Snapshot, (
+                write.entity_id, write.kind, row[8] if self.many else write.moves[0][1], row[0], owner, row[1],
+                exp, now, created, now, False, row[3], row[4], row[5], data, due,
+            ))  # fmt: skip
+        except (ValueError, TypeError, AttributeError) as err:
+            raise MalformedRow(write.entity_id, reason=str(err)) from None
 
 
 def _written(row: Any, write: IdWrite, now: datetime, params: dict[str, Any]) -> Snapshot:

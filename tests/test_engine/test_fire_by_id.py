@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle
 from fsm.engine.by_id import id_plans
-from fsm.errors import FsmError, InvalidArgument, TransitionNotAllowed
+from fsm.errors import FsmError, InvalidArgument, MalformedRow, TransitionNotAllowed
 from fsm.id_write import IdWrite
 from fsm.lifecycle import Lifecycle
 from fsm.records import Actor, Lease, LeaseChange
@@ -383,3 +383,67 @@ def test_two_racing_fails_into_one_target_never_both_win(sql_target: SqlTarget) 
         history = stores[0].history(i)
         assert [r.seq for r in history] == list(range(1, len(history) + 1))
         assert history[-1].source == ("finalizing" if n % 2 else "running") and history[-1].target == "failed"
+
+
+@pytest.mark.parametrize("extra", ["none", "reason", "error", "run_after", "all"])
+def test_a_fire_by_id_returns_the_row_and_history_it_wrote(sql_target: SqlTarget, extra: str) -> None:
+    """Each write shape (keep, acquire, clear with a held lease, two moves from the row's
+    state), with and without a reason, an error and a backoff: the snapshot and history
+    row a fire by id returns are the ones the store reads back (SQLite's update returns
+    only what the write did not set; its history row writes NULL for what is absent)."""
+    store = sql_target.store()
+    kwargs: dict[str, Any] = {}
+    if extra in ("reason", "all"):
+        kwargs["reason"] = "because"
+    if extra in ("error", "all"):
+        kwargs["error"] = {"type": "Boom", "message": "x", "detail": [1, None]}
+    if extra in ("run_after", "all"):
+        kwargs["run_after"] = timedelta(seconds=30)
+    pipelines, jobs = Engine(PipelineLifecycle, store, owner=OWNER), Engine(JobLifecycle, store, owner=OWNER)
+
+    def check(result: Any) -> None:
+        assert result.snapshot == store.get(result.snapshot.id)
+        assert result.record == store.history(result.snapshot.id)[-1]
+        if "reason" in kwargs:
+            assert result.record.reason == "because"
+        if "error" in kwargs:
+            assert result.record.error == kwargs["error"]
+        if "run_after" in kwargs:
+            assert result.snapshot.run_after == result.snapshot.updated_at + timedelta(seconds=30)
+
+    entity = pipelines.create(data={"steps": [{"name": "a"}, {"name": "é", "status": "running"}]}).id
+    check(pipelines.fire(entity, "start", **kwargs))  # keeps the lease
+    finished = pipelines.fire(entity, "finish", **kwargs)  # takes one
+    check(finished)
+    assert finished.record.owner == OWNER
+    check(pipelines.fire(entity, "succeed", lease=finished.lease, **kwargs))  # clears the held one
+    job = jobs.create().id
+    started = jobs.fire(job, "start")
+    released = jobs.fire(job, "release", lease=started.lease, **kwargs)  # running -> queued of two moves
+    check(released)
+    assert (released.record.source, released.record.target) == ("running", "queued")
+
+
+def test_a_fire_by_id_reads_any_json_text_and_refuses_a_broken_row(tmp_path: Any) -> None:
+    """SQLite: data text with whitespace (written by hand) reads as json.loads reads it; a
+    row whose data is not a JSON object is ``MalformedRow`` and the fire is undone (the
+    row keeps its version, no history row)."""
+    from stores.sql import SqlStore
+
+    store = SqlStore(f"sqlite:///{tmp_path}/fsm.db")
+    engine = Engine(PipelineLifecycle, store, owner=OWNER)
+    spaced, broken, listed = engine.create().id, engine.create().id, engine.create().id
+    conn = store._conns.slot().conn
+    conn.execute("UPDATE fsm_entities SET data = ? WHERE id = ?", (' { "steps" : [ ] } ', spaced))
+    conn.execute("UPDATE fsm_entities SET data = ? WHERE id = ?", ('{"steps": [', broken))
+    conn.execute("UPDATE fsm_entities SET data = ? WHERE id = ?", ("[1]", listed))
+    result = engine.fire(spaced, "start")
+    assert result.snapshot.data == {"steps": []} and result.snapshot == store.get(spaced)
+    for bad in (broken, listed):
+        with pytest.raises(MalformedRow) as caught:
+            engine.fire(bad, "start")
+        assert caught.value.entity_id == bad
+        (version,) = conn.execute("SELECT version FROM fsm_entities WHERE id = ?", (bad,)).fetchone()
+        assert version == 0
+        assert conn.execute("SELECT count(*) FROM fsm_history WHERE entity_id = ?", (bad,)).fetchone() == (0,)
+    store.close()
