@@ -133,7 +133,7 @@ def test_a_lease_lost_but_not_yet_released_does_not_make_the_keeper_spin(clock: 
     keepers.run_once = counted  # type: ignore[method-assign]
     (lease,) = claimed(jobs, 1)
     held = keepers.keep(lease)
-    held._lost.set()  # its holder learnt it lost the lease and has not released it yet
+    held._lost = True  # its holder learnt it lost the lease and has not released it yet
     threading.Event().wait(0.3)  # sixty periods: a loop counting the lost lease's due time spins
     keepers.stop()
     assert len(rounds) <= 2
