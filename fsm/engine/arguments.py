@@ -128,11 +128,20 @@ def _empty_result(model: type[BaseModel]) -> dict[str, Any] | None:
             pure = False
     if pure:
         try:
-            found = model.model_validate({}).model_dump(mode="json")
-        except (ValidationError, ValueError, TypeError, RecursionError):
+            found = json_copy(model.model_validate({}).model_dump(mode="json"), lifecycle=model.__name__)
+        except (ValidationError, ValueError, TypeError, RecursionError, InvalidData):
             found = None  # a required field, or a model that chokes: validated (and refused) each time
     _EMPTY_VALIDATED[model] = found
     return found
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of ``value``, JSON already checked (:func:`_empty_result`'s), its containers new."""
+    if value.__class__ is dict:
+        return {k: _fresh(v) for k, v in value.items()}
+    if value.__class__ is list:
+        return [_fresh(v) for v in value]
+    return value
 
 
 def validate_data(
@@ -143,7 +152,7 @@ def validate_data(
     if not data and data.__class__ is dict and model is not None:
         empty = _empty_result(model)
         if empty is not None:
-            fresh: dict[str, Any] = json_copy(empty, lifecycle=kind, entity_id=entity_id)
+            fresh: dict[str, Any] = _fresh(empty)
             return fresh
     data = json_copy(data, lifecycle=kind, entity_id=entity_id)  # refused, never coerced by the model
     if model is not None:
