@@ -55,7 +55,19 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("stores", "signals")),
-    (1, ("fsm.records", "fsm.id_write", "fsm.clock", "fsm.errors", "fsm.policy", "fsm.limits", "fsm._version")),
+    (
+        1,
+        (
+            "fsm.records",
+            "fsm.id_write",
+            "fsm.clock",
+            "fsm.errors",
+            "fsm.policy",
+            "fsm.limits",
+            "fsm.ids",
+            "fsm._version",
+        ),
+    ),
 ]
 
 

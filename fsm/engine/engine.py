@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -54,6 +53,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.guards import HOLDS_LEASE
+from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
 from fsm.limits import MAX_CREATE_MANY, check_run_after, json_copy
 from fsm.policy import Policy
@@ -186,7 +186,7 @@ class Engine(EngineWork):
         ``columns``: values of a bound application table's own columns (one it declares
         ``NOT NULL`` without a default); a store without such a table refuses them.
         """
-        entity_id = uuid.uuid4().hex if entity_id is None else text("entity_id", entity_id)
+        entity_id = new_id() if entity_id is None else text("entity_id", entity_id)
         optional_text("concurrency_key", concurrency_key)
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
@@ -226,8 +226,9 @@ class Engine(EngineWork):
                 raise InvalidArgument(f"{name} must be a list with one value per item of data ({n})")
         batch = []
         seen: set[str] = set()
+        chosen = new_ids(n) if ids is None else [text("entity_id", given) for given in ids]
         for i, item in enumerate(data):
-            entity_id = uuid.uuid4().hex if ids is None else text("entity_id", ids[i])
+            entity_id = chosen[i]
             key = None if concurrency_keys is None else optional_text("concurrency_key", concurrency_keys[i])
             check_arguments(None, None, item)
             clean = self._validate({} if item is None else dict(item), entity_id=None)

@@ -49,14 +49,15 @@ busy; an outcome that every running handler waits on is written at once)."""
 class _Pending:
     """One outcome waiting for its batch.  ``done`` is a bare lock held until the answer is
     in (thread face: a lock is a C object, an Event two Python objects per outcome), or a
-    future (asyncio face)."""
+    future (asyncio face), or ``None`` when ``then`` is called with the answer instead."""
 
-    __slots__ = ("done", "item", "result")
+    __slots__ = ("done", "item", "result", "then")
 
-    def __init__(self, item: Fire, done: Any) -> None:
+    def __init__(self, item: Fire, done: Any, then: Callable[[Fired | BaseException], None] | None = None) -> None:
         self.item = item
         self.result: Fired | BaseException | None = None
         self.done = done
+        self.then = then
 
 
 class _Batcher:
@@ -159,6 +160,31 @@ class BatchCompleter(_Batcher):
         done.acquire()
         return _answer(pending.result)
 
+    def fire_then(
+        self,
+        entity: Snapshot | FireResult,
+        event: str,
+        *,
+        lease: Lease | None,
+        data: Mapping[str, Any] | None,
+        then: Callable[[Fired | BaseException], None],
+    ) -> bool:
+        """Fire ``event`` in the next batch without waiting for it: once the batch
+        committed, ``then`` is called on the completer's thread with the outcome's
+        :class:`FireResult` or its own refusal (what :meth:`fire` would return or raise).
+        ``False`` when the completer is not running: nothing was queued, fire it yourself.
+
+        The thread worker hands its handlers' returned events over this way, so that a
+        handler's thread is free at once and no thread is woken per outcome to learn it
+        committed; ``then`` must be quick (it runs between two batches)."""
+        pending = _Pending(Fire(entity, event, lease, data), None, then)
+        with self._changed:
+            if self._stopped or self._thread is None:
+                return False
+            if self._add(pending):
+                self._changed.notify()
+        return True
+
     def wake(self) -> None:
         """Look again whether every handler waits (the worker calls it when one finishes)."""
         with self._changed:
@@ -166,6 +192,10 @@ class BatchCompleter(_Batcher):
                 self._changed.notify()
 
     # -- one batch -----------------------------------------------------------------------
+
+    after_batch: Callable[[], None] | None = None
+    """Called once after each batch's answers were handed out (the thread worker tells its
+    loop in one notification how many slots the batch's ``then`` calls freed)."""
 
     def run_once(self) -> int:
         """Write the outcomes pending now, at most ``max_batch``, in one transaction; how
@@ -175,7 +205,17 @@ class BatchCompleter(_Batcher):
             return 0
         self._write(batch)
         for pending in batch:
-            pending.done.release()
+            if pending.then is None:
+                pending.done.release()
+        for pending in batch:
+            if pending.then is not None:
+                assert pending.result is not None
+                try:
+                    pending.then(pending.result)
+                except Exception:  # the worker's own bookkeeping failed: the batch's others still hear
+                    log.exception("an outcome's continuation failed")
+        if self.after_batch is not None:
+            self.after_batch()
         return len(batch)
 
     # -- the thread ----------------------------------------------------------------------

@@ -64,7 +64,10 @@ class HeldLease:
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
-        self._lost = threading.Event()
+        self._lost = False
+        self._lost_event: threading.Event | None = None
+        """Made by the first :meth:`wait_lost` only: an Event is two more objects per
+        claimed job, and most holders only read :attr:`lost`."""
         self._lock = threading.Lock()
         self._error: Fenced | None = None
         self._reason: str | None = None
@@ -83,7 +86,7 @@ class HeldLease:
     @property
     def lost(self) -> bool:
         """True once the keeper learnt the lease is no longer the holder's: stop working."""
-        return self._lost.is_set()
+        return self._lost
 
     @property
     def reason(self) -> str | None:
@@ -105,7 +108,13 @@ class HeldLease:
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the lease is lost or ``timeout`` seconds pass; True if lost."""
-        return self._lost.wait(timeout)
+        with self._lock:
+            if self._lost:
+                return True
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+            event = self._lost_event
+        return event.wait(timeout)
 
     def progress(self, details: Any) -> None:
         """Progress details for the next renewal to record (JSON); the next owner reads them."""
@@ -124,10 +133,14 @@ class HeldLease:
         self.renewals += 1
 
     def _lose(self, error: Fenced, reason: str | None = None) -> None:
-        if self._error is None:
-            self._error = error
-            self._reason = reason
-        self._lost.set()
+        with self._lock:
+            if self._error is None:
+                self._error = error
+                self._reason = reason
+            self._lost = True
+            event = self._lost_event
+        if event is not None:
+            event.set()
 
 
 class KeeperCore:

@@ -66,8 +66,6 @@ class LeaseKeepers:
         self._kept: dict[str, _Kept] = {}
         self._changed = threading.Condition()
         self._stopped = False
-        self._idle = True
-        """Whether the thread waits with no lease due (or has not started)."""
         self._thread: threading.Thread | None = None
 
     # -- the holders' side ---------------------------------------------------------------
@@ -79,19 +77,14 @@ class LeaseKeepers:
         held = HeldLease(lease)
         now = time.monotonic()
         with self._changed:
-            # the thread sleeps until the earliest due lease; a new lease is due a period from
-            # now, after every kept one, so it wakes the thread only when the thread waits
-            # with no lease due (``_idle``), not once per claimed job
-            if self._idle:
-                self._poke()
+            # the thread sleeps until the earliest due lease, and at most a period when none
+            # is due; a new lease is due a period from now, after every kept one (and after
+            # an idle thread's next look), so keeping it never wakes the thread: no thread
+            # switch on the way from a claim to its handler
             self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl)
             if not self._stopped:
                 self._ensure_running()
         return held
-
-    def _poke(self) -> None:
-        """Make the loop look at the kept leases again (called under the lock)."""
-        self._changed.notify_all()
 
     def _ensure_running(self) -> None:
         """Start the loop's thread if it is not running (called under the lock)."""
@@ -217,9 +210,7 @@ class LeaseKeepers:
                     wait = self._next_wait()
                     if wait is not None and wait <= 0:
                         break
-                    self._idle = wait is None
-                    self._changed.wait(wait)
-                    self._idle = False
+                    self._changed.wait(self.period if wait is None else wait)
                 if self._stopped:
                     return
             try:
@@ -238,9 +229,6 @@ class AsyncLeaseKeepers(LeaseKeepers):
         self.aengine = engine
         self._task: asyncio.Task[None] | None = None
         self._look = asyncio.Event()
-
-    def _poke(self) -> None:
-        self._look.set()
 
     def _ensure_running(self) -> None:
         if self._task is None:
@@ -267,14 +255,11 @@ class AsyncLeaseKeepers(LeaseKeepers):
                 if self._stopped:
                     return
                 wait = self._next_wait()
-                self._idle = wait is None
             if wait is None or wait > 0:
                 self._look.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
+                    async with asyncio.timeout(self.period if wait is None else wait):
                         await self._look.wait()
-                with self._changed:
-                    self._idle = False
                 continue
             try:
                 await self.aengine._call(self.run_once)

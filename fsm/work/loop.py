@@ -67,11 +67,17 @@ Outcome = str | tuple[str, Mapping[str, Any]] | None
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One step a face carries out: ``fn(*args, **kwargs)`` (awaited on the asyncio face)."""
+    """One step a face carries out: ``fn(*args, **kwargs)`` (awaited on the asyncio face).
+
+    ``outcome``: the step fires a handler's returned event (``job.fire(event, data=..)``).
+    A face may hand such a step to its batch completer and give the thread back, resuming
+    the steps once the batch committed (the thread face does: see :class:`fsm.work.Worker`);
+    carrying it out as a plain call is always right."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    outcome: bool = False
 
 
 Steps = Generator[Call, Any, None]
@@ -352,7 +358,7 @@ class WorkerCore:
                 outcome = yield step(handler, job)
                 if outcome is not None:
                     event, data = parse_outcome(outcome)
-                    yield step(job.fire, event, data=data)
+                    yield Call(job.fire, (event,), {"data": data}, outcome=True)
                 elif job.state == state:
                     yield step(job.refresh)  # the handler may have fired through other means
                     if job.state == state:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from fsm.engine.many import Fired
 from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
@@ -63,7 +64,9 @@ from fsm.work.loop import (
     DEFAULT_GRACE,
     DEFAULT_POLL_INTERVAL,
     STOPPING,
+    Call,
     CoreFace,
+    Driver,
     Outcome,
     WorkerCore,
     WorkerStats,
@@ -228,6 +231,22 @@ class Job(HeldEntity):
         return self.engine.release_lease(self.held.lease)
 
 
+class _Run:
+    """A job's steps and where they stand: what a pool thread carries out next (``call``;
+    ``None``: the next step of ``driver``)."""
+
+    __slots__ = ("call", "driver", "job")
+
+    def __init__(self, job: Job, driver: Driver, call: Call | None = None) -> None:
+        self.job = job
+        self.driver = driver
+        self.call = call
+
+    def close(self) -> None:
+        """End the steps (a ``finally`` in them runs); idempotent."""
+        self.driver.steps.close()
+
+
 class Worker(CoreFace):
     """Claims entities of one lifecycle and runs a handler per state (see the module doc)."""
 
@@ -247,7 +266,7 @@ class Worker(CoreFace):
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.engine = engine
         self.keeper_period = keeper_period
-        self._pool: HandlerPool[Job] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
+        self._pool: HandlerPool[_Run] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
         self._running: dict[str, HeldLease] = {}
         # one keeper thread renews every lease this worker holds, one transaction a round
         self.keepers = LeaseKeepers(engine, period=keeper_period)
@@ -261,6 +280,7 @@ class Worker(CoreFace):
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
         self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
+        self.completer.after_batch = self._slots_freed
         self.metrics = worker_metrics(metrics_port)
         """This process's Prometheus endpoint (``metrics_port=``, :mod:`fsm.observe.serving`), or ``None``."""
 
@@ -292,10 +312,15 @@ class Worker(CoreFace):
             self.core.count("claimed")
             self.core.running += 1
             self._running[snap.id] = held
+        job = Job(self.engine, snap, held, self.completer)
+        self._submit(_Run(job, Driver(self.core.handle(job))))
+
+    def _submit(self, run: _Run) -> None:
         try:
-            self._pool.submit(Job(self.engine, snap, held, self.completer))
-        except RuntimeError:  # stop() shut the pool down while this claim was on its way
-            self._work_refused(snap.id, held)
+            self._pool.submit(run)
+        except RuntimeError:  # stop() shut the pool down while this job was on its way
+            run.close()
+            self._work_refused(run.job.id, run.job.held)
 
     def _forget(self, entity_id: str, held: HeldLease) -> None:
         """A claimed job whose handler never ran: out of the keeper and the slot count."""
@@ -312,16 +337,84 @@ class Worker(CoreFace):
         except FsmError as err:
             log.info("lease of %s not released: %s", entity_id, err)
 
-    def _work(self, job: Job) -> None:
+    # -- a job's steps: on a pool thread, handed to the completer at each outcome ---------
+
+    def _work(self, run: _Run) -> None:
+        """Carry out ``run``'s steps on this pool thread until the job is done or its
+        handler returned an event: that outcome goes to the completer with
+        :meth:`_resumed` as its continuation, and the thread is free at once (it would
+        otherwise sleep until the batch commits, then be woken for a little bookkeeping:
+        a thread switch per outcome under one interpreter lock)."""
+        driver, call = run.driver, run.call
         try:
-            drive(self.core.handle(job))
-        finally:
-            self.keepers.release(job.held)
-            with self._changed:
-                if self._running.pop(job.id, None) is not None:
-                    self.core.running -= 1
+            while True:
+                if call is None:
+                    call = driver.next()
+                    if call is None:
+                        break
+                if call.outcome and self._hand_over(run, call):
+                    return  # the completer's thread resumes the steps after the commit
+                try:
+                    driver.value = call.fn(*call.args, **call.kwargs)
+                except Exception as err:
+                    driver.error = err
+                call = None
+        except BaseException:
+            log.exception("the steps of %s failed", run.job.id)
+        self._done(run, notify=True)
+
+    def _hand_over(self, run: _Run, call: Call) -> bool:
+        """Queue an outcome step in the completer's next batch; ``False``: carry it out
+        here (the completer is not running, or the lease is lost: ``job.fire`` says so)."""
+        job = run.job
+        if job.held.lost:
+            return False
+        (event,) = call.args
+        return self.completer.fire_then(
+            job.snapshot,
+            event,
+            lease=job.held.lease,
+            data=call.kwargs.get("data"),
+            then=lambda result: self._resumed(run, result),
+        )
+
+    def _resumed(self, run: _Run, result: Fired | BaseException) -> None:
+        """On the completer's thread, after the batch holding ``run``'s outcome committed:
+        the answer goes back into the steps (as ``job.fire`` would return or raise it),
+        which run on until their next call; that call, a handler's above all, goes back to
+        a pool thread, and a job with none left is done here."""
+        driver = run.driver
+        if isinstance(result, Exception):
+            driver.error = result
+        elif isinstance(result, BaseException):  # pragma: no cover - a batch answers with Exceptions
+            raise result
+        else:
+            run.job.snapshot = result.snapshot
+            driver.value = result
+        try:
+            call = driver.next()
+        except BaseException:
+            log.exception("the steps of %s failed", run.job.id)
+            call = None
+        if call is None:
+            self._done(run, notify=False)  # the loop hears of every slot the batch freed at once
+        else:
+            self._submit(_Run(run.job, driver, call))
+
+    def _done(self, run: _Run, *, notify: bool) -> None:
+        run.close()
+        self.keepers.release(run.job.held)
+        with self._changed:
+            if self._running.pop(run.job.id, None) is not None:
+                self.core.running -= 1
+            if notify:
                 self._changed.notify_all()
-            self.completer.wake()  # one fewer handler to wait for before a batch is written
+        self.completer.wake()  # one fewer handler to wait for before a batch is written
+
+    def _slots_freed(self) -> None:
+        """After a batch's continuations ran: one notification for the slots they freed."""
+        with self._changed:
+            self._changed.notify_all()
 
     # -- the loop's waits (WorkerCore.loop calls them) ---------------------------------------
 
@@ -407,8 +500,9 @@ class Worker(CoreFace):
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self.keepers.stop()
-        for job in self._pool.shutdown():  # claimed, never started: released above
-            self._forget(job.id, job.held)
+        for run in self._pool.shutdown():  # waiting for a thread: their leases were released above
+            run.close()
+            self._forget(run.job.id, run.job.held)
         if self.reaper is not None:
             self.reaper.stop()  # resigns the leader lease: another worker's reaper takes over
         self.metrics = release_worker_metrics(self.metrics)

@@ -286,8 +286,9 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
         """Refuse a ``{prefix}history`` that belongs to another entity table.
 
         A bound store and the default store in one database with the same prefix would
-        share it: its foreign key points at whichever entity table came first, and writes to
-        the other then fail.  Each store needs a prefix of its own.
+        share it: its foreign key points at whichever entity table came first (the library's
+        own history on PostgreSQL has none: the ``{prefix}entities`` beside it owns it), and
+        the two stores' rows would mix.  Each store needs a prefix of its own.
         """
         expected = binding.table if binding is not None else f"{prefix}entities"
         where = binding.schema if binding is not None else schema
@@ -296,6 +297,9 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
         if not inspector.has_table(history, schema=where):
             return
         owners = {fk["referred_table"] for fk in inspector.get_foreign_keys(history, schema=where)}
+        own = f"{prefix}entities"
+        if not owners and inspector.has_table(own, schema=where):
+            owners = {own}  # PostgreSQL: the library's own history keeps no foreign key (migration 0007)
         if owners and expected not in owners:
             raise ConfigError(
                 f"table {history!r} belongs to the entity table {', '.join(sorted(owners))!r}, not {expected!r}",

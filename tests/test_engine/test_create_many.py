@@ -70,3 +70,67 @@ def test_the_async_engine_creates_many_too() -> None:
         return [s.id for s in made] + [str((await jobs.get("y")).data["exit_code"])]
 
     assert asyncio.run(main()) == ["x", "y", "3"]
+
+
+# -- empty data validated once per model, when that is the same every time; ids in bulk -------
+
+
+def test_empty_data_of_a_pure_model_is_validated_once_and_each_entity_gets_its_own_copy() -> None:
+    from fsm.engine.arguments import _EMPTY_VALIDATED
+    from stores import MemoryStore
+
+    jobs = Engine(JobLifecycle, MemoryStore())
+    made = jobs.create_many([{}, None, {}])
+    assert all(s.data == {"exit_code": None, "gates": {}} for s in made)
+    made[0].data["gates"]["x"] = {"passed": True}  # a caller mutating its snapshot changes nothing else
+    assert made[1].data["gates"] == {} and jobs.get(made[1].id).data["gates"] == {}
+    assert _EMPTY_VALIDATED[JobLifecycle.data_model] == {"exit_code": None, "gates": {}}
+    assert jobs.create_many([{}])[0].data == {"exit_code": None, "gates": {}}
+
+
+def test_a_model_that_makes_a_value_per_validation_still_runs_for_every_item() -> None:
+    import itertools
+    import uuid
+
+    from pydantic import BaseModel, Field, model_validator
+
+    from stores import MemoryStore
+
+    counter = itertools.count()
+
+    class Tagged(BaseModel):
+        tag: str = Field(default_factory=lambda: uuid.uuid4().hex)
+
+    class Stamped(BaseModel):
+        n: int = 0
+
+        @model_validator(mode="before")
+        @classmethod
+        def stamp(cls, data: object) -> object:
+            assert isinstance(data, dict)
+            return {**data, "n": next(counter)}
+
+    class TaggedFlow(JobLifecycle):
+        data_model = Tagged
+
+    class StampedFlow(JobLifecycle):
+        data_model = Stamped
+
+    tagged = Engine(TaggedFlow, MemoryStore()).create_many([{}, {}, {}])
+    assert len({s.data["tag"] for s in tagged}) == 3  # a fresh default each, never one shared
+    stamped = Engine(StampedFlow, MemoryStore()).create_many([{}, {}, {}])
+    assert [s.data["n"] for s in stamped] == [0, 1, 2]  # the validator ran for every item
+
+
+def test_new_ids_are_random_version_4_uuids() -> None:
+    import uuid
+
+    from fsm.ids import new_id, new_ids
+
+    ids = [*new_ids(500), new_id()]
+    assert len(set(ids)) == len(ids)
+    for i in ids:
+        parsed = uuid.UUID(i)
+        assert parsed.hex == i and len(i) == 32
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert new_ids(0) == []

@@ -4,14 +4,16 @@ answered on their own; the claim still walks the due-time index without a sort."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg.sql
 import sqlalchemy as sa
 from conftest import SqlTarget
 
 from fsm import MalformedRow, ManualClock
-from fsm.records import ClaimRequest, ClaimStart, NewEntity, Snapshot, TransitionWrite
+from fsm.records import ClaimRequest, ClaimStart, LeaseChange, NewEntity, Snapshot, TransitionWrite
 from stores.sql import SqlStore
 
 TTL = timedelta(minutes=2)
@@ -166,3 +168,103 @@ def test_the_claim_statement_walks_the_due_time_index_without_a_sort(sql_target:
             plan = " | ".join(str(r[-1]) for r in raw.execute(f"EXPLAIN QUERY PLAN {sql}", values(params)).fetchall())
             assert f"USING INDEX ix_{table}_claim (kind=? AND state=? AND run_after<?)" in plan, plan
             assert "TEMP B-TREE" not in plan, plan
+
+
+ODD_IDS = ["é-ü-ß", "日本語", "emoji-😀-𝄞", "quote-'\"-\\back\\slash", "line\nbreak\ttab\u2028\u0001", "plain"]
+ODD_TEXT = "é 😀 𝄞 ' \" \\ \\u0000 \n \u2028 \u0001 </script> NULL null"
+ODD_DATA = {
+    "text": ODD_TEXT, "big": 2**80, "low": -(2**63), "float": 0.1, "tiny": 2.5e-7, "": "empty key",
+    "nested": {"a": [1, None, True, False, {"ключ": ODD_TEXT}], "json text": '{"not": "parsed"}'},
+}  # fmt: skip
+
+
+def odd_write(snap: Snapshot, owner: str, ttl: timedelta, due: timedelta, *, held: bool) -> TransitionWrite:
+    """The finalizer's lease taken, with odd texts and data in every field a batch binds."""
+    return TransitionWrite(
+        snap.id, "exited", "running", "finalizing", "worker", snap.version, expect_owner=owner,
+        expect_token=snap.lease_token, lease_change=LeaseChange.ACQUIRE, new_owner=f"fin-{snap.id}", lease_ttl=ttl,
+        data={**ODD_DATA, "id": snap.id}, data_patch={"patch": ODD_TEXT, "id": snap.id},
+        reason=f"reason {ODD_TEXT} {snap.id}", before=snap if held else None, run_after=due,
+        error={"error": ODD_TEXT, "n": 2**70},
+    )  # fmt: skip
+
+
+def test_a_batch_keeps_its_texts_data_and_durations_exactly(sql_target: SqlTarget) -> None:
+    """Every field a batch binds reads back as given: odd ids, owners, reasons and data
+    (quotes, backslashes, control and astral characters, wide numbers), and the lease and
+    due durations to the microsecond, whole days included; from a held snapshot or not."""
+    store, clock = sql_store(sql_target)
+    queued(store, ODD_IDS)
+    owner = "wörker-😀-'\"\\"
+    held = store.claim(replace(REQUEST, owner=owner))
+    assert {s.id for s in held} == set(ODD_IDS) and {s.lease_owner for s in held} == {owner}
+    ttl = timedelta(days=1, seconds=7, microseconds=1)
+    due = timedelta(days=2, hours=3, microseconds=3)
+    writes = [odd_write(snap, owner, ttl, due, held=i % 2 == 1) for i, snap in enumerate(held)]
+    results = store.apply_many(writes)
+    now = clock.now()
+    for write, result in zip(writes, results, strict=True):
+        assert not isinstance(result, Exception), result
+        snap, record = result
+        stored = store.get(write.entity_id)
+        assert snap == stored  # what the batch answered is what it wrote
+        assert (stored.id, stored.state, stored.lease_owner) == (write.entity_id, "finalizing", write.new_owner)
+        assert stored.lease_expires_at == now + ttl and stored.run_after == now + due
+        assert stored.data == write.data
+        (last,) = store.history(write.entity_id)[-1:]
+        assert last == record
+        assert (last.reason, last.data, last.error, last.owner) == (
+            write.reason, write.data_patch, write.error, write.new_owner,
+        )  # fmt: skip
+
+
+class Recording(Counting):
+    """A counting cursor that keeps each statement's parameters too."""
+
+    def __init__(self, cur: Any) -> None:
+        super().__init__(cur)
+        self.runs: list[tuple[str, Any]] = []
+
+    def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        self.runs.append((sql, args[0] if args else None))
+        return super().execute(sql, *args, **kwargs)
+
+
+def test_the_postgres_batch_statement_probes_the_primary_key_in_a_generic_plan(sql_target: SqlTarget) -> None:
+    """psycopg prepares the batch statement, and after five runs PostgreSQL may keep one
+    generic plan; that plan still reads each row of the batch through the primary key (the
+    ids again as an array it probes), never a scan of the table per row of the batch."""
+    if sql_target.dialect != "postgres":
+        return
+    store, _ = sql_store(sql_target)
+    queued(store, [f"q{i:04d}" for i in range(3000)])
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"ANALYZE {store.table_prefix}entities"))
+    held = store.claim(replace(REQUEST, limit=16))
+    slot = store._conns.slot()
+    recorder = Recording(slot.cursor)
+    slot.cursor = recorder
+    writes = [exited(s) for s in held]
+    # the statement and its parameters, run in a transaction rolled back: the writes still qualify
+    with slot.conn.transaction(force_rollback=True):
+        store.apply_many(writes)
+    slot.cursor = recorder._cur
+    ((sql, params),) = [(s, p) for s, p in recorder.runs if "UPDATE" in s]
+    names = list(params)
+    for i, name in enumerate(names):
+        sql = sql.replace(f"%({name})s", f"${i + 1}")
+    pkey = f"{store.table_prefix}entities_pkey"
+    assert slot.conn.autocommit  # each statement below its own transaction
+    with slot.conn.cursor() as cur:
+        cur.execute(f"PREPARE fsm_batch_plan AS {sql}")
+        try:
+            cur.execute("SET plan_cache_mode = force_generic_plan")
+            args = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(params[n]) for n in names)
+            cur.execute(psycopg.sql.SQL("EXPLAIN EXECUTE fsm_batch_plan({})").format(args))
+            plan = "\n".join(r[0] for r in cur.fetchall())
+        finally:
+            cur.execute("RESET plan_cache_mode")
+            cur.execute("DEALLOCATE fsm_batch_plan")
+    assert f"Index Scan using {pkey}" in plan and "= ANY ($" in plan, plan  # the ids' array probes the key
+    assert "Seq Scan" not in plan, plan
+    assert all(not isinstance(r, Exception) for r in store.apply_many(writes))  # and they do qualify

@@ -183,3 +183,130 @@ def test_a_worker_writes_its_outcomes_through_the_completer(any_store: Store) ->
     assert all(jobs.get(s.id).state == "completed" for s in made)
     assert all([h.seq for h in jobs.history(s.id)] == [1, 2, 3] for s in made)
     assert worker.completer.outcomes == 24  # exited and complete of each, through the batches
+
+
+# -- continuations: an outcome handed over, its handler's thread free at once ------------------
+
+
+def test_fire_then_calls_back_after_the_commit_on_the_completers_thread(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    good, bad = running(jobs, 2)
+    completer = BatchCompleter(jobs, all_waiting=lambda n: n >= 2).start()
+    answers: dict[str, object] = {}
+    seen_state: dict[str, str] = {}
+    called = threading.Semaphore(0)
+
+    def then(entity_id: str) -> Any:
+        def answer(result: object) -> None:
+            answers[entity_id] = result
+            seen_state[entity_id] = jobs.get(entity_id).state  # the row as committed
+            assert threading.current_thread().name.startswith("fsm-completer")
+            called.release()
+
+        return answer
+
+    store.open.clear()  # the batch is held back: nobody hears before it commits
+    assert completer.fire_then(good, "exited", lease=good.lease, data=None, then=then(good.id))
+    stale = bad.lease._replace(token=7)  # type: ignore[union-attr]
+    assert completer.fire_then(bad, "exited", lease=stale, data=None, then=then(bad.id))
+    assert not called.acquire(timeout=0.3)
+    assert answers == {}
+    store.open.set()
+    assert called.acquire(timeout=WAIT) and called.acquire(timeout=WAIT)
+    completer.stop()
+    result = answers[good.id]
+    assert isinstance(result, FireResult) and result.snapshot.state == "finalizing"
+    assert seen_state[good.id] == "finalizing"
+    assert isinstance(answers[bad.id], LeaseLost)  # its own refusal, and only its own
+    assert seen_state[bad.id] == "running"
+    assert completer.batches == 1
+
+
+def test_fire_then_queues_nothing_on_a_stopped_completer(store: MemoryStore) -> None:
+    jobs = Engine(JobLifecycle, store, owner="w1")
+    (a,) = running(jobs, 1)
+    completer = BatchCompleter(jobs)
+    assert not completer.fire_then(a, "exited", lease=a.lease, data=None, then=lambda result: None)
+    completer.start()
+    completer.stop()
+    assert not completer.fire_then(a, "exited", lease=a.lease, data=None, then=lambda result: None)
+    assert jobs.get(a.id).state == "running" and completer.outcomes == 0
+
+
+def test_a_workers_next_handler_starts_only_after_its_outcome_committed(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    (made,) = jobs.create_many([{}])
+    seen: list[tuple[str, int, int]] = []
+    finalized = threading.Event()
+    exited = threading.Event()
+
+    def run_agent(job: Any) -> str:
+        store.open.clear()  # the outcome's batch waits for the test
+        exited.set()
+        return "exited"
+
+    def finalizing(job: Any) -> str:
+        row = jobs.get(job.id)
+        seen.append((row.state, row.version, job.snapshot.version))
+        finalized.set()
+        return "complete"
+
+    worker = Worker(jobs, {"running": run_agent, "finalizing": finalizing}, poll_interval=timedelta(milliseconds=20))
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        assert exited.wait(WAIT)
+        assert not finalized.wait(0.3)  # `exited` has not committed: the finalizer must not run
+        assert jobs.get(made.id).state == "running"
+        assert worker.running == 1  # the job keeps its slot while its outcome is on its way
+        store.open.set()
+        assert finalized.wait(WAIT)
+    finally:
+        store.open.set()
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+    assert seen == [("finalizing", 2, 2)]  # it ran on the committed row, from the snapshot it holds
+    assert jobs.get(made.id).state == "completed"
+    assert worker.stats.finished == 1 and worker.running == 0
+
+
+def test_an_outcome_whose_lease_was_taken_meanwhile_is_refused_and_told(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    thief = Engine(JobLifecycle, store, clock=clock, owner="w2")
+    (made,) = jobs.create_many([{}])
+    exited = threading.Event()
+
+    def run_agent(job: Any) -> str:
+        store.open.clear()
+        exited.set()
+        return "exited"
+
+    finalizer_ran = threading.Event()
+    worker = Worker(
+        jobs,
+        {"running": run_agent, "finalizing": lambda job: finalizer_ran.set()},
+        poll_interval=timedelta(milliseconds=20),
+    )
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        assert exited.wait(WAIT)
+        clock.advance(timedelta(minutes=10))  # the lease lapses; another holder takes it over
+        taken = thief.acquire_lease(made.id)
+        assert taken.owner == "w2"
+        store.open.set()
+        deadline = threading.Event()
+        for _ in range(200):
+            if worker.stats.fenced:
+                break
+            deadline.wait(0.05)
+    finally:
+        store.open.set()
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+    assert worker.stats.fenced == 1 and not finalizer_ran.is_set()
+    after = jobs.get(made.id)
+    assert after.state == "running" and after.lease_owner == "w2"  # the late write changed nothing

@@ -133,7 +133,28 @@ def test_a_lease_lost_but_not_yet_released_does_not_make_the_keeper_spin(clock: 
     keepers.run_once = counted  # type: ignore[method-assign]
     (lease,) = claimed(jobs, 1)
     held = keepers.keep(lease)
-    held._lost.set()  # its holder learnt it lost the lease and has not released it yet
+    held._lost = True  # its holder learnt it lost the lease and has not released it yet
     threading.Event().wait(0.3)  # sixty periods: a loop counting the lost lease's due time spins
     keepers.stop()
     assert len(rounds) <= 2
+
+
+def test_a_lease_kept_after_the_keeper_went_idle_is_renewed_in_time(clock: ManualClock) -> None:
+    """Keeping a lease never wakes the keeper's thread (no thread switch between a claim and
+    its handler): an idle keeper looks again within a period, which is before the new
+    lease is due."""
+    store = Counting(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    period = timedelta(milliseconds=100)
+    keepers = LeaseKeepers(jobs, period=period)
+    first, second = claimed(jobs, 2)
+    held = keepers.keep(first)
+    keepers.release(held)  # the thread now waits with nothing to renew
+    threading.Event().wait(0.25)
+    renewed = threading.Event()
+    with signals.lease_renewed.connected_to(lambda sender, **kw: renewed.set()):
+        later = keepers.keep(second)
+        # the bound that matters: renewed before the lease would lapse
+        assert renewed.wait(min(WAIT, jobs.policy.lease_ttl.total_seconds()))
+    keepers.stop()
+    assert later.renewals >= 1 and store.calls and store.calls[0] == 1

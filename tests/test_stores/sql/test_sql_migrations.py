@@ -141,7 +141,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0006"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0007"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -242,7 +242,7 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
     assert run.returncode == 0, run.stderr
     store = SqlStore(url, create=False)
     try:
-        assert current_revision(url) == HEAD_REVISION == "0006"
+        assert current_revision(url) == HEAD_REVISION == "0007"
         fed = store.feed()
         assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
         # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
@@ -279,7 +279,7 @@ def test_a_0005_store_upgrades_to_0006_gaining_the_recent_index_and_downgrades_b
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     store = sql_target.store()  # create=True: Alembic upgrades 0005 -> 0006
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0006"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0007"
     assert indexes()[recent] == ("kind", "state", "updated_at", "id")
     if sqlite:  # the new index is described as the others are, or the planner would misjudge it
         with engine.connect() as conn:
@@ -315,3 +315,46 @@ def test_a_bound_table_without_the_recent_index_gets_it_from_add_missing_columns
         assert {"ix_fsm_jobs_lease", "ix_fsm_jobs_claim", "ix_fsm_jobs_siblings"} <= set(found)
     finally:
         engine.dispose()
+
+
+def test_0007_drops_the_history_foreign_key_on_postgresql_only_and_downgrades_back(sql_target: SqlTarget) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from fsm.records import NewEntity, TransitionWrite
+
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    history = f"{sql_target.prefix}history"
+
+    def keys() -> list[str]:
+        return [str(f["referred_table"]) for f in sa.inspect(engine).get_foreign_keys(history)]
+
+    upgrade(engine, table_prefix=sql_target.prefix, revision="0006")
+    assert keys() == [f"{sql_target.prefix}entities"]
+    store = sql_target.store()  # create=True: 0006 -> head
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0007"
+    postgres = sql_target.dialect == "postgres"
+    assert keys() == ([] if postgres else [f"{sql_target.prefix}entities"])
+    store.create(NewEntity("a", "job", "queued"))
+    store.apply(TransitionWrite("a", "start", "queued", "running", "worker", 0))
+    assert [h.event for h in store.history("a")] == ["start"]
+    # prune removes an entity's history itself: nothing is left behind without the cascade
+    store.apply(TransitionWrite("a", "fail", "running", "failed", "worker", 1))
+    assert store.prune("job", ["failed"], datetime.now(UTC) + timedelta(days=1)) == ["a"]
+    with engine.connect() as conn:
+        left = conn.execute(sa.text(f"SELECT count(*) FROM {history} WHERE entity_id = 'a'")).scalar()
+    assert left == 0
+    store.close()
+    downgrade(engine, "0006", table_prefix=sql_target.prefix)
+    assert keys() == [f"{sql_target.prefix}entities"]
+
+
+def test_a_fresh_store_has_the_history_foreign_key_on_sqlite_only(sql_target: SqlTarget) -> None:
+    sql_target.store()
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    found = sa.inspect(engine).get_foreign_keys(f"{sql_target.prefix}history")
+    if sql_target.dialect == "postgres":
+        assert found == []
+    else:
+        assert [f["options"].get("ondelete") for f in found] == ["CASCADE"]
