@@ -221,7 +221,7 @@ class ByIdOps(SqlCore):
         return snap, record
 
     def _lean_statements(self, write: IdWrite) -> _Lean:
-        """The two statements of one lean shape (``key``), their ``?`` texts and binders.
+        """The two statements of ``write``'s lean shape, as ``?`` texts with their binders.
 
         The update returns only what the write does not know: never the id, kind, deleted
         flag or the times it set; the state only when there are several moves, the lease
