@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fsm.engine.many import Fire, Fired
 from fsm.errors import ConfigError
 from fsm.records import Lease, Snapshot
+from fsm.work.planning import plan_for_work
 
 if TYPE_CHECKING:
     from fsm.aio.engine import AsyncEngine
@@ -242,6 +243,7 @@ class BatchCompleter(_Batcher):
             pass
 
     def _loop(self) -> None:
+        plan_for_work(self.engine.store)
         while True:
             with self._changed:
                 while True:

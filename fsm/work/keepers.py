@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from fsm.errors import ConfigError, Fenced, FsmError, InvalidArgument, LeaseLost
 from fsm.records import Lease
 from fsm.work.keeper import _NO_PROGRESS, RENEW_FRACTION, RETRY_FRACTION, HeldLease, KeepResult
+from fsm.work.planning import plan_for_work
 
 if TYPE_CHECKING:
     from fsm.aio.engine import AsyncEngine
@@ -204,6 +205,7 @@ class LeaseKeepers:
                 kept.due = max(kept.due, time.monotonic() + self.period / RETRY_FRACTION)
 
     def _loop(self) -> None:
+        plan_for_work(self.engine.store)
         while True:
             with self._changed:
                 while not self._stopped:

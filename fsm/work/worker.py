@@ -74,6 +74,7 @@ from fsm.work.loop import (
     drive,
     parse_outcome,
 )
+from fsm.work.planning import plan_for_work
 from fsm.work.pool import HandlerPool
 from fsm.work.wakeups import due_in, subscribe_wakeups
 
@@ -461,6 +462,7 @@ class Worker(CoreFace):
             self.reaper.start()
         unsubscribe = subscribe_wakeups(self.engine.store, self.engine.kind, self.wake)
         self.completer.start()
+        plan_for_work(self.engine.store)  # this thread claims
         try:
             drive(self.core.loop(self))
         finally:

@@ -41,9 +41,11 @@ from stores.sql.joined import JOINED
 class _Slot:
     """One thread's connection and its reusable cursor."""
 
-    __slots__ = ("__weakref__", "conn", "cursor", "fairy")
+    __slots__ = ("__weakref__", "conn", "cursor", "fairy", "planned_for_work")
 
     def __init__(self, conn: Any, fairy: Any = None) -> None:
+        self.planned_for_work = False
+        """Whether :meth:`stores.sql.SqlStore.plan_for_work` set this connection up."""
         self.conn = conn
         self.cursor = conn.cursor()
         self.fairy = fairy  # the pool's handle, kept (not detached) for a shared :memory: connection
