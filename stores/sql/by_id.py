@@ -220,6 +220,21 @@ class ByIdOps(SqlCore):
         ))  # fmt: skip
         return snap, record
 
+    def _branch_sets(
+        self, n: int, change: Any, has_ttl: bool, bump_attempt: bool, bump_reclaims: bool, has_due: bool
+    ) -> tuple[str, str]:
+        """The ``SET`` list of a by-id move among ``n`` branches (the target chosen by the
+        row's state when there are several) and the placeholders of their source states."""
+        st, f = self._sql, self._f
+        c = st.L.col
+        sets = st._move_sets(change, has_ttl, bump_attempt, bump_reclaims, False, has_due)
+        plain = f"{c['state']} = {f.p('target')}"
+        assert sets.startswith(plain)
+        if n > 1:  # the branch the row's state takes
+            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
+            sets = f"{c['state']} = CASE e.{c['state']} {whens} END" + sets[len(plain) :]
+        return sets, ", ".join(f.p(f"s{i}") for i in range(n))
+
     def _lean_statements(self, write: IdWrite) -> _Lean:
         """The two statements of ``write``'s lean shape, as ``?`` texts with their binders.
 
@@ -236,13 +251,7 @@ class ByIdOps(SqlCore):
         has_howner = write.history_owner() is not None
         st, f = self._sql, self._f
         c = st.L.col
-        sets = st._move_sets(change, has_ttl, bump_attempt, bump_reclaims, False, has_due)
-        plain = f"{c['state']} = {f.p('target')}"
-        assert sets.startswith(plain)
-        if n > 1:  # the branch the row's state takes
-            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
-            sets = f"{c['state']} = CASE e.{c['state']} {whens} END" + sets[len(plain) :]
-        sources = ", ".join(f.p(f"s{i}") for i in range(n))
+        sets, sources = self._branch_sets(n, change, has_ttl, bump_attempt, bump_reclaims, has_due)
         guard = f"{st.live} AND e.{c['kind']} = {f.p('kind')} AND e.{c['state']} IN ({sources})"
         if token:
             guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
@@ -305,13 +314,7 @@ class ByIdOps(SqlCore):
             return found
         st, f = self._sql, self._f
         c = st.L.col
-        sets = st._move_sets(change, has_ttl, write.bump_attempt, write.bump_reclaims, False, has_due)
-        plain = f"{c['state']} = {f.p('target')}"
-        assert sets.startswith(plain)
-        if n > 1:  # the branch the row's state takes
-            whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))
-            sets = f"{c['state']} = CASE e.{c['state']} {whens} END" + sets[len(plain) :]
-        sources = ", ".join(f.p(f"s{i}") for i in range(n))
+        sets, sources = self._branch_sets(n, change, has_ttl, write.bump_attempt, write.bump_reclaims, has_due)
         guard = (
             f"{st.readable if st.pg else st.live} AND e.{c['kind']} = {f.p('kind')} AND e.{c['state']} IN ({sources})"
         )
