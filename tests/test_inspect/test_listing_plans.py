@@ -7,7 +7,9 @@ sorted each pair whole).  And the keyset seek stays exact through rows sharing o
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +44,9 @@ def seed(store: SqlStore) -> None:
         conn.exec_driver_sql("ANALYZE")
 
 
-def statements(store: SqlStore, data: InspectorData) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The SQL of the default list, its keyset next page and a data field search's two
-    reads (the window's end, then the matches in it), with their parameters."""
-    first = data.entities(Filters(limit=50))
-    assert first.more is not None
+@contextlib.contextmanager
+def captured_statements(store: SqlStore) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Inside the block, every statement the store runs, with its parameters."""
     captured: list[tuple[str, dict[str, Any]]] = []
     run = store._run
 
@@ -56,11 +56,20 @@ def statements(store: SqlStore, data: InspectorData) -> dict[str, tuple[str, dic
 
     store._run = spy  # type: ignore[method-assign]
     try:
+        yield captured
+    finally:
+        store._run = run  # type: ignore[method-assign]
+
+
+def statements(store: SqlStore, data: InspectorData) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The SQL of the default list, its keyset next page and a data field search's two
+    reads (the window's end, then the matches in it), with their parameters."""
+    first = data.entities(Filters(limit=50))
+    assert first.more is not None
+    with captured_statements(store) as captured:
         data.entities(Filters(limit=50))
         data.entities(Filters(limit=50, after=first.more))
         data.entities(Filters(data_path="task", data_value="task-3"))
-    finally:
-        store._run = run  # type: ignore[method-assign]
     assert len(captured) == 4, [s for s, _ in captured]
     return dict(zip(("default list", "next page", "data search window", "data search matches"), captured, strict=True))
 
@@ -174,18 +183,8 @@ def test_the_id_prefix_search_reads_a_primary_key_range_whatever_sqlite_knows(tm
     try:
         data = inspector(store)
         data.counts_cache.refresh()
-        captured: list[tuple[str, dict[str, Any]]] = []
-        run = store._run
-
-        def spy(sql: str, params: dict[str, Any], **kw: Any) -> Any:
-            captured.append((sql, dict(params)))
-            return run(sql, params, **kw)
-
-        store._run = spy  # type: ignore[method-assign]
-        try:
+        with captured_statements(store) as captured:
             found = data.entities(Filters(text="job-1-04"))
-        finally:
-            store._run = run  # type: ignore[method-assign]
         assert [s.id for s in found.rows] == [f"job-1-04{i}" for i in range(10)]
         ((sql, params),) = captured
         plan = [str(r[-1]) for r in store._run("EXPLAIN QUERY PLAN " + sql, params)]
