@@ -312,6 +312,12 @@ class WorkerCore:
             if error is not None:
                 self.stats.errors.append(error)
 
+    def ends(self, state: str, event: str) -> bool:
+        """Whether no handler can run after ``event`` fires from ``state``: every branch of
+        it leads to a state without a handler (a final state, mostly)."""
+        branches = self.table.branches_for(state, event)
+        return bool(branches) and all(b.target not in self.handlers for b in branches)
+
     def may_fire(self, state: str, event: str) -> bool:
         """Whether the worker may fire ``event`` from ``state`` at all (guards aside)."""
         return event in self.table.events and any(

@@ -16,14 +16,15 @@ directly; apps that want a runtime write handlers::
     worker.run()                             # until SIGTERM or worker.stop()
 
 Each claimed entity runs on a pool thread, its lease renewed by the worker's one keeper
-(:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).  A handler returns the
-event to fire (or ``(event, data)``, or ``None`` when it fired itself); if the entity
-then sits in another state with a handler, that handler runs next under the same lease
-(``running -> finalizing``).  A handler that raises is logged with the entity id and the
-entity is failed (the state's ``fail`` event, if the lifecycle lets the worker fire it),
-or its lease is released for another worker; a handler never kills the worker.  A
-handler whose lease is lost is told at its next ``job.run`` / ``job.fire`` (``Fenced``)
-and simply stops.
+(:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).
+A handler returns the event to fire (or ``(event, data)``, or ``None`` when it fired
+itself); if the entity then sits in another state with a handler, that handler runs next
+under the same lease (``running -> finalizing``); the job's slot is free once its last
+outcome is handed to the completer, so the next claim does not wait for that commit.  A
+handler that raises is logged with the entity id and the entity is failed (the state's
+``fail`` event, if the lifecycle lets the worker fire it), or its lease is released for
+another worker; a handler never kills the worker.  A handler whose lease is lost is told
+at its next ``job.run`` / ``job.fire`` (``Fenced``) and simply stops.
 
 The loop never sleeps while it is full: it waits for a slot to free, and when the queue
 is drained for :meth:`Worker.wake` (which a ``NOTIFY`` listener calls) or the poll
@@ -234,14 +235,16 @@ class Job(HeldEntity):
 
 class _Run:
     """A job's steps and where they stand: what a pool thread carries out next (``call``;
-    ``None``: the next step of ``driver``)."""
+    ``None``: the next step of ``driver``).  ``slot``: whether the job still counts
+    against the worker's concurrency (a last outcome gives its slot back at hand-over)."""
 
-    __slots__ = ("call", "driver", "job")
+    __slots__ = ("call", "driver", "job", "slot")
 
-    def __init__(self, job: Job, driver: Driver, call: Call | None = None) -> None:
+    def __init__(self, job: Job, driver: Driver, call: Call | None = None, *, slot: bool = True) -> None:
         self.job = job
         self.driver = driver
         self.call = call
+        self.slot = slot
 
     def close(self) -> None:
         """End the steps (a ``finally`` in them runs); idempotent."""
@@ -280,7 +283,7 @@ class Worker(CoreFace):
         """The reaper this worker runs under the leader lease (``reap=``), or ``None``."""
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
-        self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
+        self.completer = BatchCompleter(engine, all_waiting=lambda n: n >= len(self._running))
         self.completer.after_batch = self._slots_freed
         self.metrics = worker_metrics(metrics_port)
         """This process's Prometheus endpoint (``metrics_port=``, :mod:`fsm.observe.serving`), or ``None``."""
@@ -366,18 +369,44 @@ class Worker(CoreFace):
 
     def _hand_over(self, run: _Run, call: Call) -> bool:
         """Queue an outcome step in the completer's next batch; ``False``: carry it out
-        here (the completer is not running, or the lease is lost: ``job.fire`` says so)."""
+        here (the completer is not running, or the lease is lost: ``job.fire`` says so).
+
+        An outcome after which no handler can run (every branch of the event leads to a
+        state without one: ``complete``, ``fail``) gives the job's slot back at once, as
+        River's producer does when it hands a job to its completer: the next claim then
+        runs while this batch commits, on another connection, instead of after it.  The
+        job stays held (its lease kept, ``stop`` waits for it) until its commit; the
+        completer's backlog stays bounded, since a new job's first outcome keeps its slot
+        until committed."""
         job = run.job
         if job.held.lost:
             return False
         (event,) = call.args
-        return self.completer.fire_then(
+        # given back before it is queued: the batch may commit (and the job be done) first
+        gives_back = run.slot and self.core.ends(job.state, event)
+        if gives_back:
+            self._give_back(run)
+        queued = self.completer.fire_then(
             job.snapshot,
             event,
             lease=job.held.lease,
             data=call.kwargs.get("data"),
             then=lambda result: self._resumed(run, result),
         )
+        if gives_back and not queued:
+            self._take_back(run)
+        return queued
+
+    def _give_back(self, run: _Run) -> None:
+        with self._changed:
+            run.slot = False
+            self.core.running -= 1
+            self._changed.notify_all()
+
+    def _take_back(self, run: _Run) -> None:
+        with self._changed:
+            run.slot = True
+            self.core.running += 1
 
     def _resumed(self, run: _Run, result: Fired | BaseException) -> None:
         """On the completer's thread, after the batch holding ``run``'s outcome committed:
@@ -400,13 +429,15 @@ class Worker(CoreFace):
         if call is None:
             self._done(run, notify=False)  # the loop hears of every slot the batch freed at once
         else:
+            if not run.slot:  # the outcome was refused or failed: its handling needs a slot again
+                self._take_back(run)
             self._submit(_Run(run.job, driver, call))
 
     def _done(self, run: _Run, *, notify: bool) -> None:
         run.close()
         self.keepers.release(run.job.held)
         with self._changed:
-            if self._running.pop(run.job.id, None) is not None:
+            if self._running.pop(run.job.id, None) is not None and run.slot:
                 self.core.running -= 1
             if notify:
                 self._changed.notify_all()

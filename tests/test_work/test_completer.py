@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signals
-from fsm import Engine, Fire, FireResult, JobLifecycle, LeaseLost, ManualClock
+from fsm import Engine, Fire, FireResult, JobLifecycle, LeaseLost, ManualClock, StoreUnavailable
 from fsm.records import Snapshot, TransitionWrite
 from fsm.work import Worker
 from fsm.work.completer import BatchCompleter
@@ -310,3 +310,163 @@ def test_an_outcome_whose_lease_was_taken_meanwhile_is_refused_and_told(clock: M
     assert worker.stats.fenced == 1 and not finalizer_ran.is_set()
     after = jobs.get(made.id)
     assert after.state == "running" and after.lease_owner == "w2"  # the late write changed nothing
+
+
+# -- a last outcome gives its slot back at hand-over -----------------------------------------
+
+
+def _run_worker(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_last_outcome_frees_its_slot_while_its_batch_commits(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    first, second = jobs.create_many([{}, {}])
+    started: list[str] = []
+    second_started = threading.Event()
+    completing = threading.Event()
+
+    def run_agent(job: Any) -> str:
+        started.append(job.id)
+        if len(started) == 2:
+            second_started.set()
+        return "exited"
+
+    def finalizing(job: Any) -> str:
+        if not completing.is_set():
+            store.open.clear()  # the first job's `complete` waits for the test
+            completing.set()
+        return "complete"
+
+    worker = Worker(
+        jobs, {"running": run_agent, "finalizing": finalizing}, concurrency=1, poll_interval=timedelta(milliseconds=20)
+    )
+    thread = _run_worker(worker)
+    try:
+        assert completing.wait(WAIT)
+        # one slot, and the first job's last outcome not committed: the next job runs anyway
+        assert second_started.wait(WAIT)
+        held = [s.id for s in (first, second) if jobs.get(s.id).state == "finalizing"]
+        assert len(held) == 1  # the first one's `complete` is still on its way, its lease held
+        assert jobs.get(held[0]).lease_owner == "w1"
+        assert held[0] in worker._running
+        store.open.set()
+        for _ in range(200):
+            if worker.stats.finished == 2:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        store.open.set()
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+    assert [jobs.get(s.id).state for s in (first, second)] == ["completed", "completed"]
+    assert worker.stats.finished == 2 and worker.running == 0 and not worker._running
+
+
+def test_an_outcome_that_leads_to_a_handler_keeps_its_slot(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    jobs.create_many([{}, {}])
+    started = threading.Semaphore(0)
+    exited = threading.Event()
+
+    def run_agent(job: Any) -> str:
+        started.release()
+        store.open.clear()  # `exited` (a finalizer follows it) waits for the test
+        exited.set()
+        return "exited"
+
+    worker = Worker(
+        jobs,
+        {"running": run_agent, "finalizing": lambda job: "complete"},
+        concurrency=1,
+        poll_interval=timedelta(milliseconds=20),
+    )
+    thread = _run_worker(worker)
+    try:
+        assert exited.wait(WAIT) and started.acquire(timeout=WAIT)
+        assert not started.acquire(timeout=0.3)  # the slot is the first job's until its finalizer ran
+        assert worker.running == 1
+        store.open.set()
+    finally:
+        store.open.set()
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+
+
+def test_a_refused_last_outcome_leaves_the_slot_count_whole(clock: ManualClock) -> None:
+    store = Gate(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    thief = Engine(JobLifecycle, store, clock=clock, owner="w2")
+    (made,) = jobs.create_many([{}])
+    completing = threading.Event()
+
+    def finalizing(job: Any) -> str:
+        store.open.clear()
+        completing.set()
+        return "complete"
+
+    worker = Worker(
+        jobs,
+        {"running": lambda job: "exited", "finalizing": finalizing},
+        concurrency=2,
+        poll_interval=timedelta(milliseconds=20),
+    )
+    thread = _run_worker(worker)
+    try:
+        assert completing.wait(WAIT)
+        for _ in range(200):  # given back at hand-over
+            if worker.running == 0:
+                break
+            threading.Event().wait(0.01)
+        assert worker.running == 0 and made.id in worker._running
+        clock.advance(timedelta(minutes=10))  # the lease lapses; another holder takes it over
+        assert thief.acquire_lease(made.id).owner == "w2"
+        store.open.set()
+        for _ in range(200):
+            if worker.stats.fenced:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        store.open.set()
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+    assert worker.stats.fenced == 1 and worker.running == 0 and not worker._running
+    after = jobs.get(made.id)
+    assert after.state == "finalizing" and after.lease_owner == "w2"  # the late write changed nothing
+
+
+def test_a_last_outcome_whose_batch_failed_takes_a_slot_again_for_its_retry(clock: ManualClock) -> None:
+    class Failing(Gate):
+        failures = 1
+
+        def apply_many(self, writes: Sequence[TransitionWrite]) -> Any:
+            if self.failures and writes[0].target == "completed":
+                self.failures -= 1
+                raise StoreUnavailable("the store went away mid-batch")
+            return super().apply_many(writes)
+
+    store = Failing(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    (made,) = jobs.create_many([{}])
+    worker = Worker(
+        jobs,
+        {"running": lambda job: "exited", "finalizing": lambda job: "complete"},
+        concurrency=1,
+        poll_interval=timedelta(milliseconds=20),
+    )
+    thread = _run_worker(worker)
+    try:
+        for _ in range(200):
+            if worker.stats.retried:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        worker.stop(grace=timedelta(seconds=5))
+        thread.join(WAIT)
+    assert worker.stats.retried == 1 and worker.running == 0 and not worker._running
+    retried = jobs.history(made.id)[-1]
+    assert (retried.event, retried.source, retried.target) == ("retry", "finalizing", "finalizing")
