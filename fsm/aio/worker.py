@@ -48,7 +48,6 @@ from fsm.work.loop import (
     DEFAULT_POLL_INTERVAL,
     STOPPING,
     CoreFace,
-    Driver,
     Outcome,
     WorkerCore,
     WorkerStats,
@@ -63,15 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsm.worker")
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class _Slot:
-    """Whether a job still counts against the worker's concurrency."""
-
-    __slots__ = ("held",)
-
-    def __init__(self) -> None:
-        self.held = True
 
 
 class AsyncJob(HeldEntity):
@@ -184,7 +174,7 @@ class AsyncWorker(CoreFace):
         self.keepers = AsyncLeaseKeepers(engine, period=keeper_period)
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
-        self.completer = AsyncBatchCompleter(engine, all_waiting=lambda n: n >= len(self._running))
+        self.completer = AsyncBatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
         self._running: dict[str, tuple[asyncio.Task[None], HeldLease]] = {}
         self._stopping = False
         self._changed = asyncio.Event()  # a slot freed, a wake-up or a stop: the loop looks again
@@ -229,39 +219,14 @@ class AsyncWorker(CoreFace):
             self.core.count("claimed")
             self.core.running += 1
             job = AsyncJob(self.engine, snap, held, self.completer)
-            slot = _Slot()
-            task = asyncio.create_task(self._drive(job, slot), name=f"fsm-worker-{snap.id}")
+            task = asyncio.create_task(drive_async(self.core.handle(job)), name=f"fsm-worker-{snap.id}")
             self._running[snap.id] = (task, held)
-            task.add_done_callback(functools.partial(self._done, snap.id, held, slot))
+            task.add_done_callback(functools.partial(self._done, snap.id, held))
         return len(claimed)
 
-    async def _drive(self, job: AsyncJob, slot: _Slot) -> None:
-        """:func:`~fsm.work.loop.drive_async` of the job's steps, giving its slot back while
-        its last outcome commits (an event after which no handler can run), as the thread
-        face does at hand-over: the next claim need not wait for that commit.  A step after
-        it (the outcome was refused or failed: a retry, a release) takes a slot again."""
-        steps = self.core.handle(job)
-        driver = Driver(steps)
-        core = self.core
-        try:
-            while (call := driver.next()) is not None:
-                if not slot.held:
-                    slot.held = True
-                    core.running += 1
-                if call.outcome and core.ends(job.state, call.args[0]):
-                    slot.held = False
-                    core.running -= 1
-                    self._changed.set()
-                try:
-                    driver.value = await call.fn(*call.args, **call.kwargs)
-                except Exception as err:
-                    driver.error = err
-        finally:
-            steps.close()
-
-    def _done(self, entity_id: str, held: HeldLease, slot: _Slot, _: object) -> None:
+    def _done(self, entity_id: str, held: HeldLease, _: object) -> None:
         self.keepers.release(held)
-        if self._running.pop(entity_id, None) is not None and slot.held:
+        if self._running.pop(entity_id, None) is not None:
             self.core.running -= 1
         self._changed.set()
         self.completer.wake()  # one fewer handler to wait for before a batch is written

@@ -12,19 +12,18 @@ from typing import Any
 
 import pytest
 
-from fsm import AsyncEngine, Fenced, JobLifecycle, LeaseLost, StoreUnavailable
+from fsm import AsyncEngine, Fenced, JobLifecycle, LeaseLost
 from fsm.aio import AsyncJob, AsyncWorker
 from fsm.work.completer import AsyncBatchCompleter
 from fsm.work.keepers import AsyncLeaseKeepers
-from stores import MemoryStore
 from stores.aio import AsyncMemoryStore
 
 A_DAY = timedelta(days=1)
 PATIENT = 30.0
 
 
-async def until(predicate: Any, what: str, patience: float = PATIENT) -> None:
-    for _ in range(int(patience / 0.01)):
+async def until(predicate: Any, what: str) -> None:
+    for _ in range(int(PATIENT / 0.01)):
         if predicate():
             return
         await asyncio.sleep(0.01)
@@ -225,89 +224,3 @@ def test_reap_needs_an_async_store_with_a_sync_twin() -> None:
 
     with pytest.raises(ConfigError, match="sync twin"):
         AsyncWorker(AsyncEngine(JobLifecycle, NoTwin()), {}, reap=True)
-
-
-class _FailingCompletes(MemoryStore):
-    """Its first ``fail`` batches that complete a job raise ``StoreUnavailable``."""
-
-    def __init__(self, fail: int) -> None:
-        super().__init__()
-        self.fail = fail
-
-    def apply_many(self, writes: Any) -> Any:
-        if self.fail and writes[0].target == "completed":
-            self.fail -= 1
-            raise StoreUnavailable("the store went away mid-batch")
-        return super().apply_many(writes)
-
-
-def _gate_completes(worker: AsyncWorker) -> asyncio.Event:
-    """Hold the worker's batches that hold a ``complete`` until the event is set."""
-    gate = asyncio.Event()
-    completer = worker.completer
-    write = completer.run_once
-
-    async def gated() -> int:
-        if any(p.item.event == "complete" for p in completer._pending):
-            await gate.wait()
-        return await write()
-
-    completer.run_once = gated  # type: ignore[method-assign]
-    return gate
-
-
-def test_an_async_last_outcome_frees_its_slot_while_its_batch_commits() -> None:
-    async def scenario() -> None:
-        jobs = AsyncEngine(JobLifecycle, AsyncMemoryStore(), owner="w1")
-        first, second = await jobs.create_many([{}, {}])
-        started: list[str] = []
-
-        async def running(job: AsyncJob) -> str:
-            started.append(job.id)
-            return "exited"
-
-        async def finalizing(job: AsyncJob) -> str:
-            return "complete"
-
-        worker = AsyncWorker(jobs, {"running": running, "finalizing": finalizing}, concurrency=1, poll_interval=A_DAY)
-        gate = _gate_completes(worker)
-        task = asyncio.create_task(worker.run())
-        try:
-            # one slot, the first job's `complete` held back: the second job runs anyway
-            await until(lambda: len(started) == 2, "the second job started", patience=5.0)
-            assert (await jobs.get(started[0])).state == "finalizing"  # not committed yet, lease held
-            assert worker.running == 2 and worker.core.running == 1
-            gate.set()
-            await until(lambda: worker.stats.finished == 2, "both completed")
-        finally:
-            gate.set()
-            await worker.stop(grace=timedelta(seconds=1))
-            await task
-        assert [(await jobs.get(s.id)).state for s in (first, second)] == ["completed", "completed"]
-        assert worker.core.running == 0 and worker.running == 0
-
-    asyncio.run(scenario())
-
-
-def test_an_async_last_outcome_whose_batch_failed_takes_a_slot_again() -> None:
-    async def scenario() -> None:
-        jobs = AsyncEngine(JobLifecycle, AsyncMemoryStore(_FailingCompletes(fail=1)), owner="w1")
-        (made,) = await jobs.create_many([{}])
-
-        async def running(job: AsyncJob) -> str:
-            return "exited"
-
-        async def finalizing(job: AsyncJob) -> str:
-            return "complete"
-
-        worker = AsyncWorker(jobs, {"running": running, "finalizing": finalizing}, concurrency=1, poll_interval=A_DAY)
-        task = asyncio.create_task(worker.run())
-        await until(lambda: worker.stats.retried == 1, "the failed batch's job retried")
-        await until(lambda: worker.running == 0, "its handling done")
-        await worker.stop()
-        await task
-        assert worker.core.running == 0
-        last = (await jobs.history(made.id))[-1]
-        assert (last.event, last.source, last.target) == ("retry", "finalizing", "finalizing")
-
-    asyncio.run(scenario())
