@@ -21,6 +21,16 @@ from stores import MemoryStore, Store
 WAIT = 10.0
 
 
+def eventually(predicate: Any, timeout: float = WAIT) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds (checked every 10 ms)."""
+    pause = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return True
+        pause.wait(0.01)
+    return bool(predicate())
+
+
 def running(jobs: Engine, n: int) -> list[Snapshot]:
     jobs.create_many([{} for _ in range(n)])
     claimed = jobs.claim(n)
@@ -298,11 +308,7 @@ def test_an_outcome_whose_lease_was_taken_meanwhile_is_refused_and_told(clock: M
         taken = thief.acquire_lease(made.id)
         assert taken.owner == "w2"
         store.open.set()
-        deadline = threading.Event()
-        for _ in range(200):
-            if worker.stats.fenced:
-                break
-            deadline.wait(0.05)
+        eventually(lambda: worker.stats.fenced)
     finally:
         store.open.set()
         worker.stop(grace=timedelta(seconds=5))
@@ -354,10 +360,7 @@ def test_a_last_outcome_frees_its_slot_while_its_batch_commits(clock: ManualCloc
         assert jobs.get(held[0]).lease_owner == "w1"
         assert held[0] in worker._running
         store.open.set()
-        for _ in range(200):
-            if worker.stats.finished == 2:
-                break
-            threading.Event().wait(0.05)
+        eventually(lambda: worker.stats.finished == 2)
     finally:
         store.open.set()
         worker.stop(grace=timedelta(seconds=5))
@@ -418,18 +421,12 @@ def test_a_refused_last_outcome_leaves_the_slot_count_whole(clock: ManualClock) 
     thread = _run_worker(worker)
     try:
         assert completing.wait(WAIT)
-        for _ in range(200):  # given back at hand-over
-            if worker.running == 0:
-                break
-            threading.Event().wait(0.01)
+        eventually(lambda: worker.running == 0)  # given back at hand-over
         assert worker.running == 0 and made.id in worker._running
         clock.advance(timedelta(minutes=10))  # the lease lapses; another holder takes it over
         assert thief.acquire_lease(made.id).owner == "w2"
         store.open.set()
-        for _ in range(200):
-            if worker.stats.fenced:
-                break
-            threading.Event().wait(0.05)
+        eventually(lambda: worker.stats.fenced)
     finally:
         store.open.set()
         worker.stop(grace=timedelta(seconds=5))
@@ -460,10 +457,7 @@ def test_a_last_outcome_whose_batch_failed_takes_a_slot_again_for_its_retry(cloc
     )
     thread = _run_worker(worker)
     try:
-        for _ in range(200):
-            if worker.stats.retried:
-                break
-            threading.Event().wait(0.05)
+        eventually(lambda: worker.stats.retried)
     finally:
         worker.stop(grace=timedelta(seconds=5))
         thread.join(WAIT)
