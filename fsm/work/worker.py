@@ -240,11 +240,11 @@ class _Run:
 
     __slots__ = ("call", "driver", "job", "slot")
 
-    def __init__(self, job: Job, driver: Driver, call: Call | None = None, *, slot: bool = True) -> None:
+    def __init__(self, job: Job, driver: Driver, call: Call | None = None) -> None:
         self.job = job
         self.driver = driver
         self.call = call
-        self.slot = slot
+        self.slot = True
 
     def close(self) -> None:
         """End the steps (a ``finally`` in them runs); idempotent."""
