@@ -63,6 +63,7 @@ from fsm.work.loop import (
     DEFAULT_CLAIM_GATHER,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE,
+    DEFAULT_HANDLER_CONNECTIONS,
     DEFAULT_POLL_INTERVAL,
     STOPPING,
     Call,
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
     from fsm.engine import Engine, FireResult
     from fsm.reaping import Reaper, ReaperConfig
     from stores.base import Store
+    from stores.sql.connections import ConnectionLender
 
 log = logging.getLogger("fsm.worker")
 
@@ -266,8 +268,20 @@ class Worker(CoreFace):
         reap: bool | ReaperConfig | Mapping[str, object] = False,
         claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
         metrics_port: int | None = None,
+        handler_connections: int = DEFAULT_HANDLER_CONNECTIONS,
     ) -> None:
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
+        if (
+            isinstance(handler_connections, bool)
+            or not isinstance(handler_connections, int)
+            or not 1 <= handler_connections <= 1000
+        ):
+            raise ConfigError(f"handler_connections must be an integer from 1 to 1000, not {handler_connections!r}")
+        lend = getattr(engine.store, "lend_connections", None)
+        # handler threads share a bounded set of the store's connections, each thread's given
+        # back between jobs: slots cost threads, not connections (see DEFAULT_HANDLER_CONNECTIONS)
+        self.lender: ConnectionLender | None = None if lend is None else lend(handler_connections)
+        """The bounded connections the handler threads share (SQL stores), or ``None``."""
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool: HandlerPool[_Run] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
@@ -349,6 +363,17 @@ class Worker(CoreFace):
         :meth:`_resumed` as its continuation, and the thread is free at once (it would
         otherwise sleep until the batch commits, then be woken for a little bookkeeping:
         a thread switch per outcome under one interpreter lock)."""
+        lender = self.lender
+        if lender is None:
+            self._steps(run)
+            return
+        lender.join()
+        try:
+            self._steps(run)
+        finally:
+            lender.give_back()  # this thread goes back to the pool: so does its connection
+
+    def _steps(self, run: _Run) -> None:
         driver, call = run.driver, run.call
         try:
             while True:
@@ -550,6 +575,7 @@ class Worker(CoreFace):
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_GRACE",
+    "DEFAULT_HANDLER_CONNECTIONS",
     "DEFAULT_POLL_INTERVAL",
     "Handler",
     "HeldEntity",

@@ -100,6 +100,20 @@ class Connections:
             raise StoreUnavailable("the store is closed")
         if self._shared is not None and self._shared.conn is not None:
             return self._shared
+        lender: ConnectionLender | None = getattr(self._local, "lender", None)
+        if lender is not None:  # a thread of a bounded group: one of its connections
+            slot = lender.take()
+            self._local.slot = slot
+            return slot
+        slot = self._connect()
+        if self.lock is not None:
+            self._shared = slot
+        else:
+            self._local.slot = slot
+        return slot
+
+    def _connect(self) -> _Slot:
+        """A new connection, set up, owned by the store (not yet any thread's)."""
         try:
             fairy = self.engine.raw_connection()
         except self._errors as err:
@@ -116,11 +130,15 @@ class Connections:
             raise StoreUnavailable(f"cannot set up a connection to {self.engine.url!r}: {err}") from err
         slot = _Slot(conn, fairy if self.lock is not None else None)
         self._all.add(slot)
-        if self.lock is not None:
-            self._shared = slot
-        else:
-            self._local.slot = slot
         return slot
+
+    def lender(self, limit: int, wait: float) -> ConnectionLender | None:
+        """A bounded set of connections for a group of threads (a worker's handler
+        threads), or ``None`` where connections are not per thread (one shared in-memory
+        connection).  See :class:`ConnectionLender`."""
+        if self.lock is not None:
+            return None
+        return ConnectionLender(self, limit, wait)
 
     def current(self) -> _Slot | None:
         """This thread's connection if it has one (never opens one)."""
@@ -145,6 +163,87 @@ class Connections:
         self._closed = True
         for slot in list(self._all):
             slot.close()
+
+
+class ConnectionLender:
+    """At most ``limit`` connections for a group of threads that come and go from the work
+    (a worker's handler threads), each given back when its thread is idle.
+
+    A thread joins with :meth:`join`; its first store call then takes an idle connection of
+    the group (the most recently given back) or opens one, waiting up to ``wait`` seconds
+    while ``limit`` are taken (then ``StoreUnavailable``).  :meth:`give_back` returns the
+    thread's connection when it has finished a piece of work: an idle one is kept for the
+    next taker, one left inside a transaction is closed.  So a worker with many handler
+    threads holds no more connections than handlers that write at once, and never more
+    than ``limit``, however many threads it runs.  Threads outside the group (the claim
+    loop, the completer, the keeper) keep their own connection, as before."""
+
+    def __init__(self, conns: Connections, limit: int, wait: float) -> None:
+        self._conns = conns
+        self.limit = limit
+        self._wait = wait
+        self._free = threading.BoundedSemaphore(limit)
+        self._idle: list[_Slot] = []
+        self._lock = threading.Lock()
+        self.taken = 0
+        """Connections taken by the group's threads now (tests and dashboards)."""
+
+    def join(self) -> None:
+        """Make the calling thread's store calls use this group's connections."""
+        self._conns._local.lender = self
+
+    def take(self) -> _Slot:
+        """A connection for the calling thread (see the class doc)."""
+        local = self._conns._local
+        if not getattr(local, "permit", False):  # a thread whose connection broke keeps its permit
+            if not self._free.acquire(timeout=self._wait):
+                raise StoreUnavailable(
+                    f"every one of the {self.limit} connections for handlers is in use "
+                    f"(waited {self._wait:g} s; Worker(handler_connections=...) sets how many)"
+                )
+            local.permit = True
+            with self._lock:
+                self.taken += 1
+        try:
+            with self._lock:
+                while self._idle:
+                    slot = self._idle.pop()
+                    if slot.conn is not None:
+                        return slot
+            return self._conns._connect()
+        except BaseException:
+            self._release(local)
+            raise
+
+    def give_back(self) -> None:
+        """The calling thread is done for now: its connection goes back to the group."""
+        local = self._conns._local
+        if getattr(local, "lender", None) is not self:
+            return  # not a thread of this group: its connection is its own
+        slot: _Slot | None = getattr(local, "slot", None)
+        local.slot = None
+        if slot is not None and slot.conn is not None:
+            if _idle(slot.conn):
+                with self._lock:
+                    self._idle.append(slot)
+            else:  # left inside a transaction: never handed to another thread like that
+                slot.close()
+        if getattr(local, "permit", False):
+            self._release(local)
+
+    def _release(self, local: Any) -> None:
+        local.permit = False
+        with self._lock:
+            self.taken -= 1
+        self._free.release()
+
+
+def _idle(conn: Any) -> bool:
+    """Whether a DBAPI connection is outside any transaction."""
+    if isinstance(conn, sqlite3.Connection):
+        return not conn.in_transaction
+    info = getattr(conn, "info", None)
+    return info is not None and info.transaction_status == 0  # psycopg: TransactionStatus.IDLE
 
 
 def create_engine(url: str, *, busy_timeout: float = 5.0, **options: Any) -> sa.Engine:
@@ -381,6 +480,7 @@ def reason_of(err: BaseException) -> str:
 
 
 __all__ = [
+    "ConnectionLender",
     "Connections",
     "Undecodable",
     "create_engine",

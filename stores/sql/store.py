@@ -71,6 +71,7 @@ from stores.sql.by_id import ByIdOps
 from stores.sql.children import ChildIO, attach, split_data
 from stores.sql.claims import ClaimOps
 from stores.sql.connections import (
+    ConnectionLender,
     Connections,
     create_engine,
     database_name,
@@ -324,6 +325,16 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
         autocommit connection, or a call after the caller's transaction ended.  Signals are
         the engine's: use :meth:`fsm.Engine.within`, which holds them until the commit."""
         return joined_sync(self, connection)
+
+    def lend_connections(self, limit: int, wait: float = 30.0) -> ConnectionLender | None:
+        """At most ``limit`` connections shared by a group of threads, each thread's given
+        back when it is idle (a worker's handler threads: :class:`~stores.sql.connections.ConnectionLender`);
+        ``None`` for an in-memory database (one shared connection already)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ConfigError(f"limit must be an integer from 1 to 1000, not {limit!r}")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 3600:
+            raise ConfigError(f"wait must be a number of seconds from 0 to 3600, not {wait!r}")
+        return self._conns.lender(limit, float(wait))
 
     def plan_for_work(self) -> None:
         """Plan this thread's statements as a long-running worker's are planned, from the

@@ -1,0 +1,233 @@
+"""A thread worker's handler threads share a bounded set of the store's connections.
+
+Slots cost threads, not connections: each handler thread takes one of at most
+``handler_connections`` when its job first writes and gives it back when the thread is
+free again, an idle one kept for the next taker and one left inside a transaction closed.
+The claim loop, the completer and the keeper keep connections of their own."""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from conftest import SqlTarget
+
+from fsm import Engine, JobLifecycle
+from fsm.errors import ConfigError, StoreUnavailable
+from fsm.work import Worker
+from fsm.work.loop import DEFAULT_HANDLER_CONNECTIONS
+from stores import MemoryStore
+from stores.sql import SqlStore
+
+WAIT = 20.0
+
+
+def _in_thread(fn: Any) -> Any:
+    """``fn()`` on a new thread; its value, or the exception it raised."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as err:
+            out.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(WAIT)
+    assert out, "the thread did not finish"
+    return out[0]
+
+
+def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> None:
+    store: Any = sql_target.store()
+    eid = Engine(JobLifecycle, store).create().id
+    lender = store.lend_connections(2, wait=0.1)
+
+    def use() -> int:
+        lender.join()
+        try:
+            store.history(eid)
+            return id(store._conns.slot().conn)
+        finally:
+            lender.give_back()
+
+    first = _in_thread(use)
+    assert _in_thread(use) == first  # the idle connection, not a new one
+    assert lender.taken == 0
+
+
+def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_target: SqlTarget) -> None:
+    store: Any = sql_target.store()
+    eid = Engine(JobLifecycle, store).create().id
+    lender = store.lend_connections(2, wait=0.05)
+    holding, release = threading.Barrier(3), threading.Event()
+
+    def hold() -> None:
+        lender.join()
+        try:
+            store.history(eid)
+            holding.wait(WAIT)
+            release.wait(WAIT)
+        finally:
+            lender.give_back()
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holders:
+        t.start()
+    holding.wait(WAIT)
+    assert lender.taken == 2
+
+    def third() -> object:
+        lender.join()
+        try:
+            return store.history(eid)
+        finally:
+            lender.give_back()
+
+    refused = _in_thread(third)
+    assert isinstance(refused, StoreUnavailable)
+    assert "handler_connections" in str(refused)
+    release.set()
+    for t in holders:
+        t.join(WAIT)
+    assert lender.taken == 0
+    assert _in_thread(third) is not None  # a free connection again
+
+
+def test_a_connection_left_inside_a_transaction_is_closed_not_lent(sql_target: SqlTarget) -> None:
+    store: Any = sql_target.store()
+    eid = Engine(JobLifecycle, store).create().id
+    lender = store.lend_connections(1, wait=0.1)
+
+    def leave_open() -> Any:
+        lender.join()
+        slot = store._conns.slot()
+        slot.cursor.execute("BEGIN")
+        lender.give_back()
+        return slot
+
+    left = _in_thread(leave_open)
+    assert left.conn is None  # closed
+    assert lender.taken == 0
+
+    def next_one() -> Any:
+        lender.join()
+        try:
+            store.history(eid)
+            return store._conns.slot()
+        finally:
+            lender.give_back()
+
+    assert _in_thread(next_one) is not left
+
+
+def test_threads_outside_the_group_keep_their_own_connection(sql_target: SqlTarget) -> None:
+    store: Any = sql_target.store()
+    eid = Engine(JobLifecycle, store).create().id
+    lender = store.lend_connections(1, wait=0.1)
+    store.history(eid)
+    mine = store._conns.slot()
+    lender.give_back()  # this thread never joined: nothing is taken from it
+    assert store._conns.slot() is mine and mine.conn is not None
+    assert lender.taken == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1001, True, "4", 2.5, math.nan, None])
+def test_lend_connections_refuses_a_bad_limit(bad: object, tmp_path: Any) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path}/l.db")
+    try:
+        with pytest.raises(ConfigError, match="limit"):
+            store.lend_connections(bad)  # type: ignore[arg-type]
+        assert store.lend_connections(2) is not None  # the store is as it was
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 3601, True, "4", math.nan, math.inf, None])
+def test_lend_connections_refuses_a_bad_wait(bad: object, tmp_path: Any) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path}/w.db")
+    try:
+        with pytest.raises(ConfigError, match="wait"):
+            store.lend_connections(2, wait=bad)  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
+def test_an_in_memory_database_lends_nothing() -> None:
+    store = SqlStore("sqlite://")
+    try:
+        assert store.lend_connections(4) is None  # one shared connection already
+        worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"})
+        assert worker.lender is None
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("bad", [0, 1001, True, "16", 1.5, math.nan, None])
+def test_worker_refuses_bad_handler_connections(bad: object) -> None:
+    engine = Engine(JobLifecycle, MemoryStore())
+    with pytest.raises(ConfigError, match="handler_connections"):
+        Worker(engine, {"running": lambda job: "exited"}, handler_connections=bad)  # type: ignore[arg-type]
+
+
+def test_a_memory_store_worker_has_no_lender() -> None:
+    worker = Worker(Engine(JobLifecycle, MemoryStore()), {"running": lambda job: "exited"})
+    assert worker.lender is None
+
+
+def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarget) -> None:
+    """Eight handlers at once, each recording an effect (``job.run``: a write on its
+    thread): they use no more than two connections between them, every job completes, and
+    every connection is given back when the worker is done."""
+    store: Any = sql_target.store()
+    engine = Engine(JobLifecycle, store)
+    jobs = 24
+    made = [engine.create().id for _ in range(jobs)]
+    seen: set[int] = set()
+    most = [0]
+    lock = threading.Lock()
+    worker: Worker
+
+    def running(job: Any) -> str:
+        job.run("effect", lambda key: key)  # recorded once: a write on this thread
+        with lock:
+            seen.add(id(store._conns.slot().conn))
+            assert worker.lender is not None
+            most[0] = max(most[0], worker.lender.taken)
+        return "exited"
+
+    worker = Worker(
+        engine,
+        {"running": running, "finalizing": lambda job: "complete"},
+        concurrency=8,
+        handler_connections=2,
+        poll_interval=timedelta(milliseconds=20),
+    )
+    assert worker.lender is not None and worker.lender.limit == 2
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    pause = threading.Event()
+    for _ in range(int(WAIT / 0.02)):
+        if worker.stats.finished == jobs:
+            break
+        pause.wait(0.02)
+    worker.stop()
+    thread.join(WAIT)
+    assert [engine.get(i).state for i in made] == ["completed"] * jobs
+    assert worker.stats.claimed == jobs
+    assert len(seen) <= 2
+    assert 1 <= most[0] <= 2
+    assert worker.lender.taken == 0
+
+
+def test_the_default_bound_is_independent_of_concurrency(tmp_path: Any) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path}/d.db")
+    try:
+        worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"}, concurrency=64)
+        assert worker.lender is not None and worker.lender.limit == DEFAULT_HANDLER_CONNECTIONS
+    finally:
+        store.close()
