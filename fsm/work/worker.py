@@ -17,6 +17,10 @@ directly; apps that want a runtime write handlers::
 
 Each claimed entity runs on a pool thread, its lease renewed by the worker's one keeper
 (:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).
+The pool threads share at most ``handler_connections`` of a SQL store's connections: a
+handler that writes (``job.run``, ``job.progress``) takes one for its job and gives it
+back when its thread is free (:class:`stores.sql.connections.ConnectionLender`), so a
+slot costs a thread, not a connection.
 A handler returns the event to fire (or ``(event, data)``, or ``None`` when it fired
 itself); if the entity then sits in another state with a handler, that handler runs next
 under the same lease (``running -> finalizing``); the job's slot is free once its last
@@ -558,6 +562,8 @@ class Worker(CoreFace):
             except FsmError as err:
                 log.info("lease of %s not released at stop: %s", entity_id, err)
         self.keepers.stop()
+        if self.lender is not None:
+            self.lender.close()  # a stopped worker keeps no idle connection
         for run in self._pool.shutdown():  # waiting for a thread: their leases were released above
             run.close()
             self._forget(run.job.id, run.job.held)

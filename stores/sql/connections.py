@@ -187,6 +187,7 @@ class ConnectionLender:
         self._lock = threading.Lock()
         self.taken = 0
         """Connections taken by the group's threads now (tests and dashboards)."""
+        self._closed = False
 
     def join(self) -> None:
         """Make the calling thread's store calls use this group's connections."""
@@ -223,13 +224,28 @@ class ConnectionLender:
         slot: _Slot | None = getattr(local, "slot", None)
         local.slot = None
         if slot is not None and slot.conn is not None:
-            if _idle(slot.conn):
-                with self._lock:
+            with self._lock:
+                kept = not self._closed and _idle(slot.conn)
+                if kept:
                     self._idle.append(slot)
-            else:  # left inside a transaction: never handed to another thread like that
+            if not kept:  # left inside a transaction (never handed on like that), or closed
                 slot.close()
         if getattr(local, "permit", False):
             self._release(local)
+
+    @property
+    def idle(self) -> int:
+        """Connections kept for the next taker."""
+        return len(self._idle)
+
+    def close(self) -> None:
+        """Close the idle connections; one given back from now on is closed (the group's
+        work is over: a stopped worker holds none)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for slot in idle:
+            slot.close()
 
     def _release(self, local: Any) -> None:
         local.permit = False

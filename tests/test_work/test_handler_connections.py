@@ -57,7 +57,11 @@ def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> N
 
     first = _in_thread(use)
     assert _in_thread(use) == first  # the idle connection, not a new one
-    assert lender.taken == 0
+    assert lender.taken == 0 and lender.idle == 1
+    lender.close()
+    assert lender.idle == 0
+    _in_thread(use)  # given back after the close: closed, not kept
+    assert lender.idle == 0 and lender.taken == 0
 
 
 def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_target: SqlTarget) -> None:
@@ -187,7 +191,7 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     engine = Engine(JobLifecycle, store)
     jobs = 24
     made = [engine.create().id for _ in range(jobs)]
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}
     most = [0]
     lock = threading.Lock()
     worker: Worker
@@ -195,7 +199,8 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     def running(job: Any) -> str:
         job.run("effect", lambda key: key)  # recorded once: a write on this thread
         with lock:
-            seen.add(id(store._conns.slot().conn))
+            slot = store._conns.slot()
+            seen[id(slot)] = slot
             assert worker.lender is not None
             most[0] = max(most[0], worker.lender.taken)
         return "exited"
@@ -222,6 +227,8 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     assert len(seen) <= 2
     assert 1 <= most[0] <= 2
     assert worker.lender.taken == 0
+    assert worker.lender.idle == 0  # the stopped worker closed what it kept
+    assert all(slot.conn is None for slot in seen.values())
 
 
 def test_the_default_bound_is_independent_of_concurrency(tmp_path: Any) -> None:
