@@ -50,11 +50,13 @@ cores): 1 process 0.91x at 16, 1.11x at 24, 1.22x at 32 (client CPU per job 0.11
 0.087 ms); 4 processes 0.97x, 1.03x, 1.16x.  A slot costs a thread on the thread face, not
 a connection: handler threads share at most :data:`DEFAULT_HANDLER_CONNECTIONS`."""
 DEFAULT_HANDLER_CONNECTIONS = 16
-"""The most store connections a thread worker's handlers hold at once (``job.run``,
-``job.progress``, a retry's fire: a handler that writes takes one of them for its job and
-gives it back when its thread is free).  Each worker process also holds one each for its
-claim loop, completer and keeper (and a ``LISTEN`` one): 4 processes stay well under
-PostgreSQL's default 100 connections, whatever their concurrency."""
+"""The most PostgreSQL connections a thread worker's handlers hold at once: each call
+through a handler's ``job`` (``job.run``, ``job.progress``, a retry's fire) takes one and
+gives it back when it returns, an effect's ``fn`` running with none (a handler's own
+engine calls give theirs back when its thread is free).  Each worker process also holds
+one each for its claim loop, completer and keeper (and a ``LISTEN`` one): 4 processes stay
+well under PostgreSQL's default 100 connections, whatever their concurrency.  On SQLite
+each thread keeps its own (no server counts them)."""
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 """The fallback when no wake-up comes (a lost ``NOTIFY``, a store without notices, work
 another process made claimable without telling): wake-ups and due times do the rest."""

@@ -17,10 +17,11 @@ directly; apps that want a runtime write handlers::
 
 Each claimed entity runs on a pool thread, its lease renewed by the worker's one keeper
 (:class:`~fsm.work.keepers.LeaseKeepers`: one thread, one renewal transaction a round).
-The pool threads share at most ``handler_connections`` of a SQL store's connections: a
-handler that writes (``job.run``, ``job.progress``) takes one for its job and gives it
-back when its thread is free (:class:`stores.sql.connections.ConnectionLender`), so a
-slot costs a thread, not a connection.
+On PostgreSQL the pool threads share at most ``handler_connections`` of the store's
+connections: each call through a handler's ``job`` takes one and gives it back when it
+returns, an effect's ``fn`` running with none
+(:class:`stores.sql.connections.ConnectionLender`), so a slot costs a thread, not a
+connection.
 A handler returns the event to fire (or ``(event, data)``, or ``None`` when it fired
 itself); if the entity then sits in another state with a handler, that handler runs next
 under the same lease (``running -> finalizing``); the job's slot is free once its last
@@ -161,20 +162,47 @@ class HeldEntity:
 
 
 class Job(HeldEntity):
-    """What a handler gets: the entity, its held lease, and the ledger bound to both."""
+    """What a handler gets: the entity, its held lease, and the ledger bound to both.
+
+    Under a worker with a :class:`~stores.sql.connections.ConnectionLender` (PostgreSQL),
+    each of these calls holds one of the handlers' connections only while it runs, and an
+    effect's ``fn`` runs holding none: a handler waiting on a slow external call keeps no
+    other handler from the store."""
 
     def __init__(
-        self, engine: Engine, snapshot: Snapshot, held: HeldLease, completer: BatchCompleter | None = None
+        self,
+        engine: Engine,
+        snapshot: Snapshot,
+        held: HeldLease,
+        completer: BatchCompleter | None = None,
+        lender: ConnectionLender | None = None,
     ) -> None:
         super().__init__(snapshot, held)
         self.engine = engine
         self.completer = completer
+        self.lender = lender
+
+    def _given_back(self) -> None:
+        """After a call: this thread's connection back to the handlers' set (if it took one)."""
+        if self.lender is not None:
+            self.lender.give_back()
 
     def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
     ) -> Any:
         """An effect under this job's lease, recorded once (see :meth:`Engine.run`)."""
-        return self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
+        effect = fn
+        lender = self.lender
+        if lender is not None:
+
+            def effect(idempotency_key: str) -> Any:
+                lender.give_back()  # the ledger's reads are done: the effect runs holding no connection
+                return fn(idempotency_key)
+
+        try:
+            return self.engine.run(self.id, key, effect, self.held.check(), model=model, retry_failed=retry_failed)
+        finally:
+            self._given_back()
 
     def fire(
         self,
@@ -193,29 +221,38 @@ class Job(HeldEntity):
         ``run_after`` are :meth:`Engine.fire`'s (a retry's record and backoff): such a fire
         is written alone."""
         lease = self.held.check()
-        if self.completer is not None and not alone(idempotency_key, reason, error, run_after):
-            result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
-        else:
-            result = self.engine.fire(
-                self.snapshot,
-                event,
-                lease=lease,
-                data=data,
-                idempotency_key=idempotency_key,
-                reason=reason,
-                error=error,
-                run_after=run_after,
-            )
+        try:
+            if self.completer is not None and not alone(idempotency_key, reason, error, run_after):
+                result = self.completer.fire(self.snapshot, event, lease=lease, data=data)
+            else:
+                result = self.engine.fire(
+                    self.snapshot,
+                    event,
+                    lease=lease,
+                    data=data,
+                    idempotency_key=idempotency_key,
+                    reason=reason,
+                    error=error,
+                    run_after=run_after,
+                )
+        finally:
+            self._given_back()
         self.snapshot = result.snapshot
         return result
 
     def history(self) -> list[HistoryRecord]:
         """The entity's history (the worker counts a state's attempts in it)."""
-        return self.engine.history(self.id)
+        try:
+            return self.engine.history(self.id)
+        finally:
+            self._given_back()
 
     def previous_progress(self) -> Any:
         """What the previous holder's keeper recorded, for a resumed job."""
-        return self.engine.progress(self.id)
+        try:
+            return self.engine.progress(self.id)
+        finally:
+            self._given_back()
 
     def progress(self, details: Any) -> None:
         """Record progress details now, in their own write under this job's lease, so they
@@ -228,15 +265,23 @@ class Job(HeldEntity):
             raise
         except StoreUnavailable:
             self.held.progress(details)
+        finally:
+            self._given_back()
 
     def refresh(self) -> Snapshot:
         """Read the entity again (after the handler fired through other means)."""
-        self.snapshot = self.engine.get(self.id)
+        try:
+            self.snapshot = self.engine.get(self.id)
+        finally:
+            self._given_back()
         return self.snapshot
 
     def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""
-        return self.engine.release_lease(self.held.lease)
+        try:
+            return self.engine.release_lease(self.held.lease)
+        finally:
+            self._given_back()
 
 
 class _Run:
@@ -334,7 +379,7 @@ class Worker(CoreFace):
             self.core.count("claimed")
             self.core.running += 1
             self._running[snap.id] = held
-        job = Job(self.engine, snap, held, self.completer)
+        job = Job(self.engine, snap, held, self.completer, self.lender)
         self._submit(_Run(job, Driver(self.core.handle(job))))
 
     def _submit(self, run: _Run) -> None:

@@ -134,9 +134,10 @@ class Connections:
 
     def lender(self, limit: int, wait: float) -> ConnectionLender | None:
         """A bounded set of connections for a group of threads (a worker's handler
-        threads), or ``None`` where connections are not per thread (one shared in-memory
-        connection).  See :class:`ConnectionLender`."""
-        if self.lock is not None:
+        threads), or ``None`` on SQLite: a SQLite connection costs the server nothing (there
+        is none) and may be bound to the thread that opened it (``check_same_thread``, a
+        caller's ``creator``), so each thread keeps its own.  See :class:`ConnectionLender`."""
+        if self.lock is not None or self.engine.dialect.name == "sqlite":
             return None
         return ConnectionLender(self, limit, wait)
 
@@ -166,8 +167,8 @@ class Connections:
 
 
 class ConnectionLender:
-    """At most ``limit`` connections for a group of threads that come and go from the work
-    (a worker's handler threads), each given back when its thread is idle.
+    """At most ``limit`` PostgreSQL connections for a group of threads that come and go
+    from the work (a worker's handler threads), each given back when its thread is idle.
 
     A thread joins with :meth:`join`; its first store call then takes an idle connection of
     the group (the most recently given back) or opens one, waiting up to ``wait`` seconds
@@ -196,13 +197,13 @@ class ConnectionLender:
     def take(self) -> _Slot:
         """A connection for the calling thread (see the class doc)."""
         local = self._conns._local
-        if not getattr(local, "permit", False):  # a thread whose connection broke keeps its permit
+        if getattr(local, "permit", None) is not self:  # a thread whose connection broke keeps its permit
             if not self._free.acquire(timeout=self._wait):
                 raise StoreUnavailable(
                     f"every one of the {self.limit} connections for handlers is in use "
                     f"(waited {self._wait:g} s; Worker(handler_connections=...) sets how many)"
                 )
-            local.permit = True
+            local.permit = self
             with self._lock:
                 self.taken += 1
         try:
@@ -223,15 +224,17 @@ class ConnectionLender:
             return  # not a thread of this group: its connection is its own
         slot: _Slot | None = getattr(local, "slot", None)
         local.slot = None
-        if slot is not None and slot.conn is not None:
-            with self._lock:
-                kept = not self._closed and _idle(slot.conn)
-                if kept:
-                    self._idle.append(slot)
-            if not kept:  # left inside a transaction (never handed on like that), or closed
-                slot.close()
-        if getattr(local, "permit", False):
-            self._release(local)
+        try:
+            if slot is not None and slot.conn is not None:
+                with self._lock:
+                    kept = not self._closed and _idle(slot.conn)
+                    if kept:
+                        self._idle.append(slot)
+                if not kept:  # left inside a transaction (never handed on like that), or closed
+                    slot.close()
+        finally:
+            if getattr(local, "permit", None) is self:
+                self._release(local)
 
     @property
     def idle(self) -> int:
@@ -248,7 +251,7 @@ class ConnectionLender:
             slot.close()
 
     def _release(self, local: Any) -> None:
-        local.permit = False
+        local.permit = None
         with self._lock:
             self.taken -= 1
         self._free.release()

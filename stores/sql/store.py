@@ -329,7 +329,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
     def lend_connections(self, limit: int, wait: float = 30.0) -> ConnectionLender | None:
         """At most ``limit`` connections shared by a group of threads, each thread's given
         back when it is idle (a worker's handler threads: :class:`~stores.sql.connections.ConnectionLender`);
-        ``None`` for an in-memory database (one shared connection already)."""
+        ``None`` on SQLite, where each thread keeps its own (no server counts them)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise ConfigError(f"limit must be an integer from 1 to 1000, not {limit!r}")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 3600:

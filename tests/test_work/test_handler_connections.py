@@ -1,9 +1,11 @@
 """A thread worker's handler threads share a bounded set of the store's connections.
 
-Slots cost threads, not connections: each handler thread takes one of at most
-``handler_connections`` when its job first writes and gives it back when the thread is
-free again, an idle one kept for the next taker and one left inside a transaction closed.
-The claim loop, the completer and the keeper keep connections of their own."""
+Slots cost threads, not connections: on PostgreSQL each handler's store call through its
+``job`` takes one of at most ``handler_connections`` and gives it back when it returns (an
+effect's ``fn`` runs holding none; whatever else a handler did is given back when its
+thread is free), an idle one kept for the next taker and one left inside a transaction
+closed.  The claim loop, the completer and the keeper keep connections of their own.  On
+SQLite each thread keeps its own connection, as before."""
 
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ from stores.sql import SqlStore
 WAIT = 20.0
 
 
+def _postgres(sql_target: SqlTarget) -> Any:
+    """The target's store on PostgreSQL; on SQLite, checks it lends nothing and skips."""
+    store: Any = sql_target.store()
+    if sql_target.dialect != "postgres":
+        assert store.lend_connections(4) is None  # each thread keeps its own
+        pytest.skip("SQLite lends no connections: each thread keeps its own")
+    return store
+
+
 def _in_thread(fn: Any) -> Any:
     """``fn()`` on a new thread; its value, or the exception it raised."""
     out: list[Any] = []
@@ -43,7 +54,7 @@ def _in_thread(fn: Any) -> Any:
 
 
 def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> None:
-    store: Any = sql_target.store()
+    store = _postgres(sql_target)
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(2, wait=0.1)
 
@@ -65,7 +76,7 @@ def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> N
 
 
 def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_target: SqlTarget) -> None:
-    store: Any = sql_target.store()
+    store = _postgres(sql_target)
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(2, wait=0.05)
     holding, release = threading.Barrier(3), threading.Event()
@@ -103,7 +114,7 @@ def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_t
 
 
 def test_a_connection_left_inside_a_transaction_is_closed_not_lent(sql_target: SqlTarget) -> None:
-    store: Any = sql_target.store()
+    store = _postgres(sql_target)
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(1, wait=0.1)
 
@@ -130,7 +141,7 @@ def test_a_connection_left_inside_a_transaction_is_closed_not_lent(sql_target: S
 
 
 def test_threads_outside_the_group_keep_their_own_connection(sql_target: SqlTarget) -> None:
-    store: Any = sql_target.store()
+    store = _postgres(sql_target)
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(1, wait=0.1)
     store.history(eid)
@@ -146,7 +157,7 @@ def test_lend_connections_refuses_a_bad_limit(bad: object, tmp_path: Any) -> Non
     try:
         with pytest.raises(ConfigError, match="limit"):
             store.lend_connections(bad)  # type: ignore[arg-type]
-        assert store.lend_connections(2) is not None  # the store is as it was
+        assert store.lend_connections(2) is None  # a good limit is taken (SQLite lends none)
     finally:
         store.close()
 
@@ -161,10 +172,13 @@ def test_lend_connections_refuses_a_bad_wait(bad: object, tmp_path: Any) -> None
         store.close()
 
 
-def test_an_in_memory_database_lends_nothing() -> None:
-    store = SqlStore("sqlite://")
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///{tmp}/f.db"])
+def test_sqlite_lends_nothing(url: str, tmp_path: Any) -> None:
+    """In memory one connection is shared already; a file's connections cost no server
+    anything and may be bound to their thread: each thread keeps its own."""
+    store = SqlStore(url.format(tmp=tmp_path))
     try:
-        assert store.lend_connections(4) is None  # one shared connection already
+        assert store.lend_connections(4) is None
         worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"})
         assert worker.lender is None
     finally:
@@ -187,7 +201,7 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     """Eight handlers at once, each recording an effect (``job.run``: a write on its
     thread): they use no more than two connections between them, every job completes, and
     every connection is given back when the worker is done."""
-    store: Any = sql_target.store()
+    store = _postgres(sql_target)
     engine = Engine(JobLifecycle, store)
     jobs = 24
     made = [engine.create().id for _ in range(jobs)]
@@ -213,15 +227,7 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
         poll_interval=timedelta(milliseconds=20),
     )
     assert worker.lender is not None and worker.lender.limit == 2
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
-    thread.start()
-    pause = threading.Event()
-    for _ in range(int(WAIT / 0.02)):
-        if worker.stats.finished == jobs:
-            break
-        pause.wait(0.02)
-    worker.stop()
-    thread.join(WAIT)
+    _drain(engine, worker, jobs)
     assert [engine.get(i).state for i in made] == ["completed"] * jobs
     assert worker.stats.claimed == jobs
     assert len(seen) <= 2
@@ -231,10 +237,53 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     assert all(slot.conn is None for slot in seen.values())
 
 
-def test_the_default_bound_is_independent_of_concurrency(tmp_path: Any) -> None:
-    store = SqlStore(f"sqlite:///{tmp_path}/d.db")
-    try:
-        worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"}, concurrency=64)
-        assert worker.lender is not None and worker.lender.limit == DEFAULT_HANDLER_CONNECTIONS
-    finally:
-        store.close()
+def test_the_default_bound_is_independent_of_concurrency(sql_target: SqlTarget) -> None:
+    store = _postgres(sql_target)
+    worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"}, concurrency=64)
+    assert worker.lender is not None and worker.lender.limit == DEFAULT_HANDLER_CONNECTIONS
+
+
+def _drain(engine: Engine, worker: Worker, jobs: int) -> None:
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    pause = threading.Event()
+    for _ in range(int(WAIT / 0.02)):
+        if worker.stats.finished + worker.stats.failed >= jobs:
+            break
+        pause.wait(0.02)
+    worker.stop()
+    thread.join(WAIT)
+
+
+def test_an_effect_runs_holding_no_connection(sql_target: SqlTarget) -> None:
+    """One handler connection, two handlers whose effects must run at the same time (each
+    waits for the other inside its ``fn``): the first effect holds no connection, so the
+    second job's ledger reads get one and both effects run and are recorded.  Had a
+    handler kept its connection through its effect, the second would wait for it while
+    the first waits for the second."""
+    store = _postgres(sql_target)
+    engine = Engine(JobLifecycle, store)
+    made = [engine.create().id for _ in range(2)]
+    both = threading.Barrier(2, timeout=WAIT / 2)
+
+    def effect(key: str) -> str:
+        both.wait()
+        return key
+
+    def running(job: Any) -> str:
+        job.run("call", effect)
+        job.progress({"after": "call"})  # a write after the effect: a connection again
+        return "exited"
+
+    worker = Worker(
+        engine,
+        {"running": running, "finalizing": lambda job: "complete"},
+        concurrency=2,
+        handler_connections=1,
+        poll_interval=timedelta(milliseconds=20),
+    )
+    _drain(engine, worker, 2)
+    assert worker.stats.failed == 0
+    assert [engine.get(i).state for i in made] == ["completed", "completed"]
+    assert all(store.effect(i, "call") is not None for i in made)
+    assert worker.lender is not None and worker.lender.taken == 0
