@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import SqlTarget
+from conftest import SqlTarget, postgres_url
 
 from fsm import Engine, JobLifecycle
 from fsm.errors import ConfigError, StoreUnavailable
@@ -27,13 +29,13 @@ from stores.sql import SqlStore
 WAIT = 20.0
 
 
-def _postgres(sql_target: SqlTarget) -> Any:
-    """The target's store on PostgreSQL; on SQLite, checks it lends nothing and skips."""
-    store: Any = sql_target.store()
-    if sql_target.dialect != "postgres":
-        assert store.lend_connections(4) is None  # each thread keeps its own
-        pytest.skip("SQLite lends no connections: each thread keeps its own")
-    return store
+@pytest.fixture
+def pg_target() -> Iterator[SqlTarget]:
+    """PostgreSQL, where handlers' connections are lent (it skips without a server, and
+    fails under FSM_REQUIRE_POSTGRES=1); SQLite lends none (test_sqlite_lends_nothing)."""
+    target = SqlTarget("postgres", postgres_url(), f"t{uuid.uuid4().hex[:10]}_")
+    yield target
+    target.close()
 
 
 def _in_thread(fn: Any) -> Any:
@@ -53,8 +55,8 @@ def _in_thread(fn: Any) -> Any:
     return out[0]
 
 
-def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> None:
-    store = _postgres(sql_target)
+def test_a_connection_given_back_is_the_next_threads(pg_target: SqlTarget) -> None:
+    store: Any = pg_target.store()
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(2, wait=0.1)
 
@@ -75,8 +77,8 @@ def test_a_connection_given_back_is_the_next_threads(sql_target: SqlTarget) -> N
     assert lender.idle == 0 and lender.taken == 0
 
 
-def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_target: SqlTarget) -> None:
-    store = _postgres(sql_target)
+def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(pg_target: SqlTarget) -> None:
+    store: Any = pg_target.store()
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(2, wait=0.05)
     holding, release = threading.Barrier(3), threading.Event()
@@ -113,8 +115,8 @@ def test_at_most_limit_connections_are_taken_and_the_next_taker_is_refused(sql_t
     assert _in_thread(third) is not None  # a free connection again
 
 
-def test_a_connection_left_inside_a_transaction_is_closed_not_lent(sql_target: SqlTarget) -> None:
-    store = _postgres(sql_target)
+def test_a_connection_left_inside_a_transaction_is_closed_not_lent(pg_target: SqlTarget) -> None:
+    store: Any = pg_target.store()
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(1, wait=0.1)
 
@@ -140,8 +142,8 @@ def test_a_connection_left_inside_a_transaction_is_closed_not_lent(sql_target: S
     assert _in_thread(next_one) is not left
 
 
-def test_threads_outside_the_group_keep_their_own_connection(sql_target: SqlTarget) -> None:
-    store = _postgres(sql_target)
+def test_threads_outside_the_group_keep_their_own_connection(pg_target: SqlTarget) -> None:
+    store: Any = pg_target.store()
     eid = Engine(JobLifecycle, store).create().id
     lender = store.lend_connections(1, wait=0.1)
     store.history(eid)
@@ -197,11 +199,11 @@ def test_a_memory_store_worker_has_no_lender() -> None:
     assert worker.lender is None
 
 
-def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarget) -> None:
+def test_writing_handlers_share_at_most_handler_connections(pg_target: SqlTarget) -> None:
     """Eight handlers at once, each recording an effect (``job.run``: a write on its
     thread): they use no more than two connections between them, every job completes, and
     every connection is given back when the worker is done."""
-    store = _postgres(sql_target)
+    store: Any = pg_target.store()
     engine = Engine(JobLifecycle, store)
     jobs = 24
     made = [engine.create().id for _ in range(jobs)]
@@ -237,8 +239,8 @@ def test_writing_handlers_share_at_most_handler_connections(sql_target: SqlTarge
     assert all(slot.conn is None for slot in seen.values())
 
 
-def test_the_default_bound_is_independent_of_concurrency(sql_target: SqlTarget) -> None:
-    store = _postgres(sql_target)
+def test_the_default_bound_is_independent_of_concurrency(pg_target: SqlTarget) -> None:
+    store: Any = pg_target.store()
     worker = Worker(Engine(JobLifecycle, store), {"running": lambda job: "exited"}, concurrency=64)
     assert worker.lender is not None and worker.lender.limit == DEFAULT_HANDLER_CONNECTIONS
 
@@ -255,13 +257,13 @@ def _drain(engine: Engine, worker: Worker, jobs: int) -> None:
     thread.join(WAIT)
 
 
-def test_an_effect_runs_holding_no_connection(sql_target: SqlTarget) -> None:
+def test_an_effect_runs_holding_no_connection(pg_target: SqlTarget) -> None:
     """One handler connection, two handlers whose effects must run at the same time (each
     waits for the other inside its ``fn``): the first effect holds no connection, so the
     second job's ledger reads get one and both effects run and are recorded.  Had a
     handler kept its connection through its effect, the second would wait for it while
     the first waits for the second."""
-    store = _postgres(sql_target)
+    store: Any = pg_target.store()
     engine = Engine(JobLifecycle, store)
     made = [engine.create().id for _ in range(2)]
     both = threading.Barrier(2, timeout=WAIT / 2)
