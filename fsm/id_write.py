@@ -75,17 +75,26 @@ class IdWrite:
         targets = [t for _, t in self.moves]
         return len(set(targets)) == len(targets)
 
-    def for_row(self, row: Snapshot) -> TransitionWrite | None:
-        """The compare-and-set write this is on ``row``, or ``None`` if the row does not
-        qualify (deleted, another kind, not in a source, or not held by the caller)."""
+    def target_for(self, row: Snapshot) -> str | None:
+        """The state this write moves ``row`` to, or ``None`` if the row does not qualify
+        (deleted, another kind, not in a source, or not held by the caller)."""
         if row.deleted or row.kind != self.kind:
             return None
-        target = next((t for s, t in self.moves if s == row.state), None)
+        state = row.state
+        target = next((t for s, t in self.moves if s == state), None)
         if target is None:
             return None
         if self.expect_token is not None and (
             row.lease_token != self.expect_token or row.lease_owner != self.expect_owner
         ):
+            return None
+        return target
+
+    def for_row(self, row: Snapshot) -> TransitionWrite | None:
+        """The compare-and-set write this is on ``row``, or ``None`` if the row does not
+        qualify (:meth:`target_for`)."""
+        target = self.target_for(row)
+        if target is None:
             return None
         held = self.holds and self.expect_token is not None
         return TransitionWrite(

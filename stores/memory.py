@@ -264,10 +264,11 @@ class MemoryStore(LedgerRun, MemoryRetention):
         """:meth:`apply_by_id` of a write built from checked arguments (the engine's)."""
         with self._lock:
             row = self._rows.get(write.entity_id)
-            move = None if row is None else write.for_row(row)
-            if row is None or move is None:
+            target = None if row is None else write.target_for(row)
+            if row is None or target is None:
                 return None
-            return self._move(row, move, self.now(), None, None, None)
+            # the IdWrite itself, its target chosen: no TransitionWrite built per fire
+            return self._move(row, write, self.now(), None, None, None, target)
 
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """See :meth:`stores.Store.apply_many`: every write under the lock, in order."""
@@ -291,14 +292,18 @@ class MemoryStore(LedgerRun, MemoryRetention):
     def _move(
         self,
         row: Snapshot,
-        write: TransitionWrite | BatchWrite,
+        write: TransitionWrite | BatchWrite | IdWrite,
         now: datetime,
         data: dict[str, Any] | None,
         patch: dict[str, Any] | None,
         key: str | None,
+        target: str | None = None,
     ) -> tuple[Snapshot, HistoryRecord]:
-        """Write the moved row and its history row (the caller holds the lock)."""
+        """Write the moved row and its history row (the caller holds the lock); ``target``:
+        an :class:`IdWrite`'s, chosen by the row's state."""
         entity_id = row.id
+        if target is None:
+            target = write.target  # type: ignore[union-attr]
         owner, token, expires = row.lease_owner, row.lease_token, row.lease_expires_at
         change = write.lease_change
         if change is LeaseChange.ACQUIRE:
@@ -313,13 +318,13 @@ class MemoryStore(LedgerRun, MemoryRetention):
         due = getattr(write, "run_after", None)  # a BatchWrite keeps every due time
         error = getattr(write, "error", None)
         new = Snapshot(
-            entity_id, row.kind, write.target, version, owner, token, expires, now, row.created_at, now,
+            entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
             row.run_after if due is None else now + due,
         )  # fmt: skip
         record = HistoryRecord(
-            entity_id, version, write.event, row.state, write.target, write.actor, token,
-            write.reason, key, now, patch, write.history_owner() if isinstance(write, TransitionWrite) else None,
+            entity_id, version, write.event, row.state, target, write.actor, token,
+            write.reason, key, now, patch, None if isinstance(write, BatchWrite) else write.history_owner(),
             None if error is None else copy.deepcopy(error),
         )  # fmt: skip
         self._rows[entity_id] = new

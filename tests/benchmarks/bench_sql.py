@@ -383,62 +383,84 @@ def _toy_pg(conn: Any, n: int) -> Callable[[], Callable[[], int]]:
     return setup
 
 
-def _threads(bodies: list[Callable[[], int]]) -> Callable[[], int]:
-    """One timed body running ``bodies`` on threads started together (thread start untimed)."""
-    go = threading.Event()
-    done: list[int] = []
-    errors: list[BaseException] = []
+class _WriterThreads:
+    """``n`` writer threads that live across the rounds, as a deployment's writer threads
+    (and so their connections) do; each round hands each thread its body, all started
+    together (the hand-over untimed).  Both sides run on them: the raw side's threads use
+    connections opened once, ours open theirs (per thread, the store's) in the first
+    round only, which :meth:`warm` runs before the clock."""
 
-    def run(body: Callable[[], int]) -> None:
-        go.wait()
-        try:
-            done.append(body())
-        except BaseException as err:  # reported by the timed body
-            errors.append(err)
+    def __init__(self, n: int) -> None:
+        import queue
 
-    threads = [threading.Thread(target=run, args=(b,)) for b in bodies]
-    for t in threads:
-        t.start()
+        self._inboxes: list[Any] = [queue.SimpleQueue() for _ in range(n)]
+        self._out: Any = queue.SimpleQueue()
+        for inbox in self._inboxes:
+            threading.Thread(target=self._serve, args=(inbox,), daemon=True).start()
 
-    def body() -> int:
-        go.set()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return sum(done)
+    def _serve(self, inbox: Any) -> None:
+        while (item := inbox.get()) is not None:
+            go, body = item
+            go.wait()
+            try:
+                self._out.put(body())
+            except BaseException as err:  # reported by the timed body
+                self._out.put(err)
 
-    return body
+    def round(self, bodies: list[Callable[[], int]]) -> Callable[[], int]:
+        """The timed body of one round: let every thread run its body, wait for all."""
+        go = threading.Event()
+        for inbox, b in zip(self._inboxes, bodies, strict=True):
+            inbox.put((go, b))
+
+        def body() -> int:
+            go.set()
+            results = [self._out.get() for _ in bodies]
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return sum(results)
+
+        return body
+
+    def warm(self, bodies: list[Callable[[], int]]) -> None:
+        """One untimed round (each thread connects and its statements are prepared)."""
+        self.round(bodies)()
 
 
 def _writers_ours(store: SqlStore, writers: int, n: int) -> Callable[[], Callable[[], int]]:
     engine = Engine(PipelineLifecycle, store, owner=OWNER)
+    threads = _WriterThreads(writers)
+
+    def one(created: list[Any]) -> Callable[[], int]:
+        def body() -> int:
+            fire = engine.fire
+            for snap in created:
+                result = fire(snap, "start")
+                result = fire(result, "finish")
+                fire(result, "succeed", lease=result.lease)
+            return 3 * len(created)
+
+        return body
+
+    threads.warm([one([engine.create() for _ in range(12)]) for _ in range(writers)])
 
     def setup() -> Callable[[], int]:
         batches = [[engine.create() for _ in range(n)] for _ in range(writers)]
-
-        def one(created: list[Any]) -> Callable[[], int]:
-            def body() -> int:
-                fire = engine.fire
-                for snap in created:
-                    result = fire(snap, "start")
-                    result = fire(result, "finish")
-                    fire(result, "succeed", lease=result.lease)
-                return 3 * len(created)
-
-            return body
-
-        return _threads([one(b) for b in batches])
+        return threads.round([one(b) for b in batches])
 
     return setup
 
 
 def _writers_raw(url: str, raw: _RawPg, writers: int, n: int) -> Callable[[], Callable[[], int]]:
     conns = [_pg_connect(url, autocommit=True) for _ in range(writers)]
+    threads = _WriterThreads(writers)
+    warm = [raw.create(conns[w], 12) for w in range(writers)]
+    threads.warm([lambda c=conns[w], ids=warm[w]: raw.run_cte(c, ids) for w in range(writers)])
 
     def setup() -> Callable[[], int]:
         batches = [raw.create(conns[w], n) for w in range(writers)]
-        return _threads([lambda c=conns[w], ids=batches[w]: raw.run_cte(c, ids) for w in range(writers)])
+        return threads.round([lambda c=conns[w], ids=batches[w]: raw.run_cte(c, ids) for w in range(writers)])
 
     return setup
 
