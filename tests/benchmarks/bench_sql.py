@@ -22,7 +22,9 @@ lease_token``).
 - PostgreSQL (``--pg-url``): raw as one CTE statement (``WITH u AS (UPDATE .. RETURNING)
   INSERT ..``, autocommit; by id the same, its update choosing by state) and as the
   two-statement transaction (``UPDATE``, ``INSERT``, ``COMMIT``); then 1, 2, 4 and 8
-  writer threads, each on its own connection, ours against the raw CTE.
+  writer threads, each on its own connection, ours against the raw CTE (the threads and
+  their connections live across the rounds and are warmed before the clock, on both
+  sides, as a deployment's writers are).
 """
 
 from __future__ import annotations
