@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -289,3 +290,67 @@ def test_an_effect_runs_holding_no_connection(pg_target: SqlTarget) -> None:
     assert [engine.get(i).state for i in made] == ["completed", "completed"]
     assert all(store.effect(i, "call") is not None for i in made)
     assert worker.lender is not None and worker.lender.taken == 0
+
+
+_CHILD = """
+import sys, threading, time
+from fsm import Engine, JobLifecycle
+from fsm.work import Worker
+from stores.sql import SqlStore
+
+url, prefix, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = SqlStore(url, table_prefix=prefix, create=False)
+engine = Engine(JobLifecycle, store)
+
+def running(job):
+    job.run("call", lambda key: time.sleep(0.05) or key)  # a slow external call
+    job.progress({"called": True})
+    return "exited"
+
+worker = Worker(engine, {"running": running, "finalizing": lambda job: "complete"})  # the shipped defaults
+
+def stop_when_done():
+    while worker.stats.finished < jobs:
+        time.sleep(0.01)
+    worker.stop()
+
+threading.Thread(target=stop_when_done, daemon=True).start()
+worker.run(install_signals=False)
+store.close()
+"""
+
+
+def test_a_worker_process_with_the_defaults_holds_at_most_handler_connections(pg_target: SqlTarget) -> None:
+    """A real worker process with the shipped defaults (32 slots, 16 handler connections),
+    64 jobs whose handlers each record a slow effect and then their progress: PostgreSQL
+    never sees more of its connections than the 16 handlers' plus the claim loop's, the
+    completer's, the keeper's and the listener's, and every job completes.  With one
+    connection per handler thread it would be 32 and more."""
+    import subprocess
+    import sys
+
+    import psycopg
+
+    store: Any = pg_target.store()
+    engine = Engine(JobLifecycle, store)
+    jobs = 64
+    made = [engine.create().id for _ in range(jobs)]
+    tag = f"fsm-lend-{uuid.uuid4().hex[:8]}"
+    url = f"{pg_target.url}?application_name={tag}"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, url, pg_target.prefix, str(jobs)])
+    peak = 0
+    plain = pg_target.url.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        with psycopg.connect(plain, autocommit=True) as watch:
+            while child.poll() is None:
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
+                ).fetchone()
+                peak = max(peak, int(row[0]) if row else 0)
+                time.sleep(0.005)
+        assert child.wait(timeout=120) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert [engine.get(i).state for i in made] == ["completed"] * jobs
+    assert 1 <= peak <= DEFAULT_HANDLER_CONNECTIONS + 5  # + claim loop, completer, keeper, listener, reaper
