@@ -10,7 +10,7 @@ such writes on one row never both move it from the same version.
 
 A write that moves nothing is not diagnosed by the store: the engine reads the row then
 and judges it as a read-first fire does (:mod:`fsm.engine.by_id`), so the errors are the
-read-first path's own.  :meth:`IdWrite.for_row` is the same judgement in Python, for the
+read-first path's own.  :meth:`IdWrite.target_for` is the same judgement in Python, for the
 memory store and as the specification the SQL follows.
 """
 
@@ -31,7 +31,7 @@ from fsm.limits import (
     check_optional_id,
     check_run_after,
 )
-from fsm.records import LeaseChange, Snapshot, TransitionWrite
+from fsm.records import LeaseChange, Snapshot
 
 
 @dataclass(slots=True)
@@ -89,20 +89,6 @@ class IdWrite:
         ):
             return None
         return target
-
-    def for_row(self, row: Snapshot) -> TransitionWrite | None:
-        """The compare-and-set write this is on ``row``, or ``None`` if the row does not
-        qualify (:meth:`target_for`)."""
-        target = self.target_for(row)
-        if target is None:
-            return None
-        held = self.holds and self.expect_token is not None
-        return TransitionWrite(
-            row.id, self.event, row.state, target, self.actor, row.version,
-            self.expect_owner if held else None, self.expect_token if held else None, (),
-            self.lease_change, self.new_owner, self.lease_ttl, self.bump_attempt, self.bump_reclaims,
-            None, None, self.reason, None, row, self.run_after, self.error,
-        )  # fmt: skip
 
 
 def check_id_write(write: object) -> IdWrite:

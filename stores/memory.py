@@ -256,7 +256,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
 
     def apply_by_id(self, write: IdWrite) -> tuple[Snapshot, HistoryRecord] | None:
         """The transition ``write`` on the row as it is, judged under the lock as the SQL
-        stores judge it in their statement (:meth:`IdWrite.for_row`): the new snapshot and
+        stores judge it in their statement (:meth:`IdWrite.target_for`): the new snapshot and
         history row, or ``None`` if the row does not qualify (nothing written)."""
         return self.apply_by_id_checked(check_id_write(write))
 

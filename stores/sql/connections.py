@@ -258,9 +258,7 @@ class ConnectionLender:
 
 
 def _idle(conn: Any) -> bool:
-    """Whether a DBAPI connection is outside any transaction."""
-    if isinstance(conn, sqlite3.Connection):
-        return not conn.in_transaction
+    """Whether a psycopg connection (the only kind lent) is outside any transaction."""
     info = getattr(conn, "info", None)
     return info is not None and info.transaction_status == 0  # psycopg: TransactionStatus.IDLE
 
