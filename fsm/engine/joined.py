@@ -11,6 +11,11 @@ it for the outer commit).  SQLAlchemy's ``commit`` event runs just *before* the 
 commit, and a connection has no after-commit event, so the listener commits the DBAPI
 connection itself and then sends; SQLAlchemy's own commit that follows finds nothing left
 to commit.  A commit that fails raises out of the caller's ``commit()`` and sends nothing.
+
+A connection's transaction holds its signals in one :class:`signals.Held`, whichever
+blocks send them: a ``within()`` nested on the same Session or Connection (another engine
+of the same store, :func:`stores.sql.joined.joined_sync`) joins the outer block and holds
+into the same one, so the signals go out in the order they were sent.
 """
 
 from __future__ import annotations
@@ -29,20 +34,31 @@ from signals import Held, holding, release
 
 class HeldSignals:
     """The signals held on one SQLAlchemy connection until its commit (listeners
-    installed once per connection object, alive as long as it is)."""
+    installed once per connection object, alive as long as it is).
+
+    One :class:`signals.Held` per transaction of the connection: every ``within()`` block
+    on it until the commit (nested ones, blocks of other engines or stores on the same
+    connection, one after another) holds into it, so the signals go out in the order they
+    were sent."""
 
     def __init__(self, connection: sa.Connection) -> None:
-        self.blocks: list[Held] = []
-        self.marks: list[tuple[str, list[int]]] = []
+        self.held: Held | None = None
+        self.marks: list[int] = []
         event.listen(connection, "commit", self._commit)
         event.listen(connection, "rollback", self._rollback)
         event.listen(connection, "savepoint", self._savepoint)
         event.listen(connection, "rollback_savepoint", self._rollback_savepoint)
         event.listen(connection, "release_savepoint", self._release_savepoint)
 
+    def take(self) -> Held:
+        """The transaction's :class:`signals.Held`, made on first use."""
+        if self.held is None:
+            self.held = Held()
+        return self.held
+
     def _commit(self, connection: sa.Connection) -> None:
-        blocks, self.blocks, self.marks = self.blocks, [], []
-        if not any(held.items for held in blocks):
+        held, self.held, self.marks = self.held, None, []
+        if held is None or not held.items:
             return
         dbapi = connection.connection.dbapi_connection
         try:
@@ -50,46 +66,42 @@ class HeldSignals:
                 raise ConfigError("the connection was invalidated before its commit")
             dbapi.commit()  # the commit itself: the signals follow it, never precede it
         except BaseException:
-            for held in blocks:
-                held.items.clear()
+            held.items.clear()
             raise
-        for held in blocks:
-            release(held)
+        release(held)
 
     def _rollback(self, connection: sa.Connection) -> None:
-        blocks, self.blocks, self.marks = self.blocks, [], []
-        for held in blocks:
+        held, self.held, self.marks = self.held, None, []
+        if held is not None:
             held.items.clear()
 
-    def _savepoint(self, connection: sa.Connection, name: str) -> None:
-        self.marks.append((name, [len(held.items) for held in self.blocks]))
+    # SQLAlchemy names a savepoint only after its ``savepoint`` event (the event's name is
+    # None), and unwinds savepoints innermost first: the marks are a stack of sizes.
+
+    def _savepoint(self, connection: sa.Connection, name: str | None) -> None:
+        self.marks.append(0 if self.held is None else len(self.held.items))
 
     def _rollback_savepoint(self, connection: sa.Connection, name: str, context: Any) -> None:
-        while self.marks:
-            mark, sizes = self.marks.pop()
-            for held, size in zip(self.blocks, sizes, strict=False):
-                del held.items[size:]
-            if mark == name:
-                break
+        # a savepoint begun before the listeners were (no mark): everything held came after it
+        size = self.marks.pop() if self.marks else 0
+        if self.held is not None:
+            del self.held.items[size:]
 
     def _release_savepoint(self, connection: sa.Connection, name: str, context: Any) -> None:
-        while self.marks:
-            mark, _ = self.marks.pop()
-            if mark == name:
-                break
+        if self.marks:
+            self.marks.pop()
 
 
 _listening: weakref.WeakKeyDictionary[sa.Connection, HeldSignals] = weakref.WeakKeyDictionary()
 
 
 def held_on(connection: sa.Connection) -> Held:
-    """A new :class:`signals.Held`, sent when ``connection`` commits, dropped on rollback."""
+    """The :class:`signals.Held` of ``connection``'s transaction: sent when it commits,
+    dropped on rollback (a rolled-back savepoint drops what was held since it began)."""
     found = _listening.get(connection)
     if found is None:
         found = _listening[connection] = HeldSignals(connection)
-    held = Held()
-    found.blocks.append(held)
-    return held
+    return found.take()
 
 
 def joining(store: Any, target: Any) -> Any:

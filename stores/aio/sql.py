@@ -31,14 +31,25 @@ from stores.sql.binding import TableBinding
 from stores.sql.connections import is_memory
 from stores.sql.dialect import sqlite_ts_add, sqlite_ts_norm
 from stores.sql.joined import (
+    POSTGRES_IDENTITY,
+    SQLITE_IDENTITY,
     Joined,
     JoinedConnections,
     JoinedPostgres,
     JoinedSqlite,
+    aborted,
     check_driver,
     current,
     entered,
+    home_of,
+    joining_errors,
+    judge,
+    known_database,
+    open_join,
+    server_key,
     session_of,
+    sqlite_key,
+    store_server,
 )
 from stores.sql.store import SqlStore
 
@@ -257,45 +268,72 @@ class AsyncSqlStore(AsyncFace):
 
     @contextlib.asynccontextmanager
     async def _joined(self, target: Any) -> AsyncIterator[Joined]:
+        # the checks of stores.sql.joined.joined_sync, on the async driver
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-        if isinstance(target, AsyncSession):
-            aconn = await target.connection()
-        elif isinstance(target, AsyncConnection):
-            aconn = target
-        else:
+        if not isinstance(target, AsyncSession | AsyncConnection):
             raise ConfigError(
                 f"joined() takes a SQLAlchemy AsyncConnection or AsyncSession, not {type(target).__name__}"
             )
-        connection = aconn.sync_connection
-        if aconn.closed or connection is None or connection.invalidated:
-            raise ConfigError("joined() needs an open connection")
-        if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-            raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
-        if not aconn.in_transaction():
-            await aconn.begin()
-        driver: Any = (await aconn.get_raw_connection()).driver_connection
-        conn: Any
-        if self.dialect == "sqlite":
-            check_driver(connection, "sqlite", ("aiosqlite",))
-            await driver.create_function("fsm_ts_add", 2, sqlite_ts_add, deterministic=True)
-            await driver.create_function("fsm_ts", 1, sqlite_ts_norm, deterministic=True)
-            if not driver.in_transaction:  # pysqlite's legacy mode begins only before DML
-                await driver.execute("BEGIN IMMEDIATE")
-            conn = JoinedSqlite(SqliteLane(driver))
-        else:
-            check_driver(connection, "postgresql", ("psycopg",))
-            if driver.autocommit:
+        engine = self._base.engine
+        home = home_of(engine)
+        outer = open_join(id(self), home, target)
+        if outer is not None:  # a block open on the same connection: this one joins it
+            yield outer
+            return
+        with joining_errors(engine.url):
+            aconn = await target.connection() if isinstance(target, AsyncSession) else target
+            connection = aconn.sync_connection
+            if aconn.closed or connection is None or connection.invalidated:
+                raise ConfigError("joined() needs an open connection")
+            if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
                 raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
-            if driver.info.transaction_status == 0:  # IDLE: a transaction() block would commit on its own
-                await driver.execute("SELECT 1")
-            conn = JoinedPostgres(PsycopgLane(driver))
-        joined = Joined(connection, conn, session_of(target))
+            if not aconn.in_transaction():
+                await aconn.begin()
+            driver: Any = (await aconn.get_raw_connection()).driver_connection
+            conn: Any
+            if self.dialect == "sqlite":
+                check_driver(connection, "sqlite", ("aiosqlite",))
+                if not known_database(engine, home, connection):
+                    cur = await driver.execute(SQLITE_IDENTITY)
+                    judge(engine, home, connection, sqlite_key(await cur.fetchall(), connection.engine))
+                await driver.create_function("fsm_ts_add", 2, sqlite_ts_add, deterministic=True)
+                await driver.create_function("fsm_ts", 1, sqlite_ts_norm, deterministic=True)
+                if not driver.in_transaction:  # pysqlite's legacy mode begins only before DML
+                    await driver.execute("BEGIN IMMEDIATE")
+                conn = JoinedSqlite(SqliteLane(driver))
+            else:
+                check_driver(connection, "postgresql", ("psycopg",))
+                if driver.autocommit:
+                    raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
+                status = driver.info.transaction_status
+                if status == 0:  # IDLE: a transaction() block would commit on its own
+                    await driver.execute("SELECT 1")
+                elif status == 3:  # INERROR: a statement of the caller's failed
+                    raise aborted()
+                if not known_database(engine, home, connection):
+                    await asyncio.to_thread(store_server, engine)  # once per engine, off the loop
+                    judge(engine, home, connection, await self._server_of(driver))
+                conn = JoinedPostgres(PsycopgLane(driver))
+        joined = Joined(connection, conn, session_of(target), home)
         store = copy.copy(self._base)
-        store._conns = JoinedConnections(joined, self._base.engine)  # type: ignore[assignment]
+        store._conns = JoinedConnections(joined, engine)  # type: ignore[assignment]
         joined.store = store
         with entered(id(self), joined):
             yield joined
+
+    @staticmethod
+    async def _server_of(driver: Any) -> tuple[Any, ...]:
+        """The caller's PostgreSQL cluster and database (:data:`stores.sql.joined.POSTGRES_IDENTITY`),
+        under a savepoint of its transaction: a server that refuses the question leaves it usable."""
+        import psycopg
+
+        try:
+            async with driver.transaction():
+                cur = await driver.execute(POSTGRES_IDENTITY)
+                return server_key(await cur.fetchall())
+        except psycopg.Error:
+            return server_key([])
 
     def feed_wakeup(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         """See :meth:`stores.sql.SqlStore.feed_wakeup` (``callback`` runs on the listener's

@@ -22,21 +22,44 @@ the same statements it runs on its own connections: only where they run changes.
 
 The caller's connection must reach the same database with the store's driver: sqlite3 (or
 aiosqlite for an ``AsyncConnection``) and psycopg 3.  The store's own engine is the
-simplest: ``Session(store.engine)``.
+simplest: ``Session(store.engine)``.  Checked once per block, before the store runs a
+statement (:func:`check_database`):
+
+- SQLite: the file the caller's connection has open (``PRAGMA database_list``), its path
+  resolved, is the store's; an in-memory database only through the store's own engine.
+- PostgreSQL: the URLs name the same host, port and database (driver aside); when they do
+  not (``localhost`` for ``127.0.0.1``, a pooler in between), the servers are asked: the
+  same cluster (``pg_control_system()``'s system identifier) and ``current_database()``.
+  Each engine's answer is kept for the engine's lifetime: one question per engine.
+- Another database is refused with ``ConfigError`` naming both (passwords hidden), before
+  anything is written: the store's writes would land where the store never reads them.
+
+One block per store and thread (or task) at a time (:func:`open_join`): a ``within()``
+nested on the *same* Session or Connection (another engine of the store, or the same
+engine again) joins the open block; one on *another* connection is refused with
+``ConfigError`` at once.  On SQLite the same holds across stores on one database file:
+SQLite allows one writer, and the second connection would only wait for the first's lock
+until the busy timeout.  Joining the caller's connection never lets a driver's or
+SQLAlchemy's error out: a locked or unreachable database is ``StoreUnavailable``, a
+Session or Connection that cannot be joined (a failed flush pending its rollback, a
+PostgreSQL transaction aborted by a failed statement of the caller's) is ``ConfigError``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sqlite3
-from collections.abc import Iterator
+import sys
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 import sqlalchemy.orm
 
-from fsm.errors import ConfigError
+from fsm.errors import ConfigError, FsmError, StoreCorrupt, StoreUnavailable
 
 JOINED: contextvars.ContextVar[dict[int, Joined] | None] = contextvars.ContextVar("fsm_joined", default=None)
 """The joined connections of this thread or task: id of the store's connections -> Joined."""
@@ -87,6 +110,23 @@ class JoinedSqlite:
         setattr(self._conn, name, value)
 
 
+ABORTED = "25P02"
+"""PostgreSQL's SQLSTATE for "current transaction is aborted, commands ignored until end of
+transaction block" (``in_failed_sql_transaction``)."""
+
+
+def aborted() -> ConfigError:
+    """The caller's PostgreSQL transaction is aborted: nothing can run in it any more."""
+    return ConfigError(
+        "the caller's transaction is aborted: one of its own statements failed, and PostgreSQL "
+        "ignores every command until the transaction is rolled back",
+        problems=[
+            "roll the transaction back (or back to a savepoint begun before the failed statement) "
+            "before the store's next call; the store wrote nothing"
+        ],
+    )
+
+
 class _PostgresCursor:
     """A cursor on the caller's PostgreSQL connection: each write statement under a
     savepoint of its own, so a failed one leaves the caller's transaction usable."""
@@ -100,11 +140,16 @@ class _PostgresCursor:
 
     def execute(self, sql: str, *params: Any, **options: Any) -> _PostgresCursor:
         cur = self._cur
-        if sql.lstrip()[:6].upper() == "SELECT":
-            cur.execute(sql, *params, **options)
-            self._take()
-            return self
-        cur.execute("SAVEPOINT fsm_statement")
+        try:
+            if sql.lstrip()[:6].upper() == "SELECT":
+                cur.execute(sql, *params, **options)
+                self._take()
+                return self
+            cur.execute("SAVEPOINT fsm_statement")
+        except Exception as err:
+            if getattr(err, "sqlstate", None) == ABORTED:  # the caller's own statement failed before
+                raise aborted() from err
+            raise
         try:
             cur.execute(sql, *params, **options)
             self._take()
@@ -167,11 +212,14 @@ class JoinedSlot:
 class Joined:
     """One joined block: the caller's connection and its transaction, the store's view of it."""
 
-    def __init__(self, connection: sa.Connection, conn: Any, session: sa.orm.Session | None = None) -> None:
+    def __init__(
+        self, connection: sa.Connection, conn: Any, session: sa.orm.Session | None = None, database: Any = None
+    ) -> None:
         self.connection = connection
         self.transaction = connection.get_transaction()
         self.slot = JoinedSlot(conn, self)
         self.session = session
+        self.database = database  # the store's database (:func:`home_of`): one SQLite writer per file
         self.store: Any = None  # the async face's view of the store on this connection
 
     @property
@@ -185,14 +233,24 @@ class Joined:
         transaction ended.  A Session is asked for its connection first: it emits a
         ``begin_nested()`` savepoint only when its connection is next used, and the store's
         statement must run inside that savepoint."""
-        if not self.ended and self.session is not None and self.session.connection() is not self.connection:
-            self.transaction = None
+        if not self.ended and self.session is not None:
+            with joining_errors(self.connection.engine.url):
+                if self.session.connection() is not self.connection:
+                    self.transaction = None
         if self.ended:
             raise ConfigError(
                 "the transaction this block joined has ended (committed or rolled back): "
                 "open a new joined block on a connection in a transaction"
             )
         return self.slot
+
+    def serves(self, target: Any) -> bool:
+        """Whether ``target`` (a Session or Connection, sync or async) is this block's own:
+        its Session, its Connection, or a Session bound to that Connection."""
+        if target is self.connection or getattr(target, "sync_connection", None) is self.connection:
+            return True
+        session = session_of(target)
+        return session is not None and (session is self.session or session.bind is self.connection)
 
 
 class JoinedConnections:
@@ -265,16 +323,60 @@ def prepare_postgres(dbapi: Any) -> None:
     """Make sure psycopg is inside the transaction (it begins one only at the first statement)."""
     if dbapi.autocommit:
         raise ConfigError("the connection is in autocommit mode: it has no transaction to join")
-    if dbapi.info.transaction_status == 0:  # IDLE: a transaction() block would commit on its own
+    status = dbapi.info.transaction_status
+    if status == 0:  # IDLE: a transaction() block would commit on its own
         dbapi.execute("SELECT 1")
+    elif status == 3:  # INERROR: a statement of the caller's failed
+        raise aborted()
+
+
+# -- one block per store (and per SQLite file) and thread ------------------------------------
+
+
+def open_join(key: int, database: Any, target: Any) -> Joined | None:
+    """The open block of the store ``key`` in this thread (or task) that ``target`` joins,
+    ``None`` when there is none, or ``ConfigError`` when one is open on another connection
+    (of this store; on SQLite, of any store on the same file ``database``).  Checked before
+    ``target`` is asked for a connection: on SQLite the second connection's ``BEGIN`` would
+    wait for the first's write lock until the busy timeout."""
+    found = JOINED.get()
+    if not found:
+        return None
+    sqlite = isinstance(database, tuple) and database[0] in SQLITE_KEYS
+    for other_key, joined in found.items():
+        if joined.ended:  # a spent block (its transaction committed or rolled back) holds nothing
+            continue
+        if other_key == key:
+            if joined.serves(target):
+                return joined
+            raise ConfigError(
+                "another within() block of this store is open on another connection in this thread"
+                + (": SQLite allows one writer, and this one would wait for its lock" if sqlite else ""),
+                problems=[
+                    "nest the blocks on the same Session or Connection (a nested block on it joins the open one)",
+                    "or commit (or roll back) the first before opening the second",
+                ],
+            )
+        if sqlite and joined.database == database and not joined.serves(target):
+            raise ConfigError(
+                f"a within() block on this SQLite database ({database[1]}) is open on another connection "
+                "in this thread: SQLite allows one writer, and this one would wait for its lock",
+                problems=[
+                    "nest the blocks on the same Session or Connection",
+                    "or commit (or roll back) the first before opening the second",
+                ],
+            )
+    return None
 
 
 @contextlib.contextmanager
 def entered(key: int, joined: Joined) -> Iterator[Joined]:
-    """``joined`` as this context's joined connection of the store ``key``."""
+    """``joined`` as this context's joined connection of the store ``key`` (in place of a
+    spent one: :func:`open_join` refused an open one already)."""
     current = JOINED.get() or {}
-    if key in current:
-        raise ConfigError("this store already runs inside a joined block here; nest blocks of different stores only")
+    found = current.get(key)
+    if found is not None and not found.ended:
+        raise ConfigError("another within() block of this store is open on another connection in this thread")
     token = JOINED.set({**current, key: joined})
     try:
         yield joined
@@ -282,20 +384,224 @@ def entered(key: int, joined: Joined) -> Iterator[Joined]:
         JOINED.reset(token)
 
 
-def joined_sync(store: Any, target: Any) -> contextlib.AbstractContextManager[Joined]:
-    """:meth:`stores.sql.SqlStore.joined`."""
-    connection = sync_connection(target)
-    dialect = store.engine.dialect.name
-    dbapi = connection.connection.dbapi_connection
-    if dialect == "sqlite":
-        check_driver(connection, "sqlite", ("pysqlite",))
-        prepare_sqlite(dbapi)  # type: ignore[arg-type]
-        conn: Any = JoinedSqlite(dbapi)
+# -- which database: the store's and the caller's --------------------------------------------
+
+SQLITE_KEYS = ("sqlite", "sqlite-memory")
+
+_homes: weakref.WeakKeyDictionary[sa.Engine, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+"""A store's engine -> its database: ``("sqlite", path)``, ``("sqlite-memory", id)`` or
+``("postgresql", host, port, database)``."""
+
+_seen: weakref.WeakKeyDictionary[sa.Engine, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+"""A caller's engine -> the database its connections reach, as the database told (SQLite:
+the resolved file; PostgreSQL: ``("server", system identifier, database)``)."""
+
+_servers: weakref.WeakKeyDictionary[sa.Engine, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+"""A PostgreSQL store's engine -> its server's answer to :data:`POSTGRES_IDENTITY`."""
+
+SQLITE_IDENTITY = "PRAGMA database_list"
+POSTGRES_IDENTITY = "SELECT (SELECT system_identifier FROM pg_control_system())::text, current_database()"
+"""The cluster (fixed at ``initdb``, the same through any host name, port or pooler) and
+the database a PostgreSQL connection is on."""
+
+
+def sqlite_key(rows: Sequence[Any], engine: sa.Engine) -> tuple[Any, ...]:
+    """The database of a sqlite3 connection from its ``PRAGMA database_list``: the resolved
+    path of its ``main`` file, or an in-memory database of its own engine."""
+    path = next((row[2] for row in rows if row[1] == "main"), "")
+    return ("sqlite", os.path.realpath(path)) if path else ("sqlite-memory", id(engine))
+
+
+def postgres_key(url: sa.URL) -> tuple[Any, ...]:
+    """The database a PostgreSQL URL names, driver aside: host (a socket directory when the
+    URL has none), port and database (libpq's defaults when absent)."""
+
+    def first(name: str) -> str | None:
+        value = url.query.get(name)
+        return value[0] if isinstance(value, tuple) else value
+
+    host = url.host or first("host") or ""
+    port = url.port or first("port") or 5432
+    return ("postgresql", host.lower(), str(port), url.database or first("dbname") or url.username or "")
+
+
+def server_key(rows: Sequence[Any]) -> tuple[Any, ...]:
+    """A PostgreSQL connection's answer to :data:`POSTGRES_IDENTITY` (no rows: unknown)."""
+    return ("server", str(rows[0][0]), str(rows[0][1])) if rows else ("server-unknown",)
+
+
+def home_of(engine: sa.Engine) -> tuple[Any, ...]:
+    """The database of a store's engine (asked once per engine: SQLite opens a connection
+    of the pool and reads its file; PostgreSQL reads the URL)."""
+    found = _homes.get(engine)
+    if found is None:
+        url = engine.url
+        if url.get_backend_name() != "sqlite":
+            found = postgres_key(url)
+        elif url.database in (None, "", ":memory:") or "mode=memory" in str(url):
+            found = ("sqlite-memory", id(engine))
+        else:
+            with joining_errors(url):
+                raw = engine.raw_connection()
+                try:
+                    cur = raw.cursor()
+                    cur.execute(SQLITE_IDENTITY)
+                    found = sqlite_key(cur.fetchall(), engine)
+                finally:
+                    raw.close()
+        _homes[engine] = found
+    return found
+
+
+def store_server(engine: sa.Engine) -> tuple[Any, ...]:
+    """The PostgreSQL store's cluster and database, asked once per engine (a connection of
+    its pool; run in a thread by the async face)."""
+    found = _servers.get(engine)
+    if found is None:
+        try:
+            with engine.connect() as conn:
+                found = server_key(conn.exec_driver_sql(POSTGRES_IDENTITY).all())
+        except sa.exc.SQLAlchemyError:
+            found = server_key([])
+        _servers[engine] = found
+    return found
+
+
+def known_database(store_engine: sa.Engine, home: tuple[Any, ...], connection: sa.Connection) -> bool:
+    """Whether ``connection`` is known to reach the store's database without asking it:
+    the store's own engine, a PostgreSQL URL naming the same database, or an engine asked
+    before (``ConfigError`` when its answer was another database)."""
+    engine = connection.engine
+    if engine is store_engine or (home[0] == "postgresql" and postgres_key(engine.url) == home):
+        return True
+    seen = _seen.get(engine)
+    if seen is None:
+        return False
+    judge(store_engine, home, connection, seen)
+    return True
+
+
+def judge(store_engine: sa.Engine, home: tuple[Any, ...], connection: sa.Connection, seen: tuple[Any, ...]) -> None:
+    """``ConfigError`` unless ``seen`` (what the caller's database answered) is the store's
+    database; nothing was written yet."""
+    _seen[connection.engine] = seen
+    if home[0] in SQLITE_KEYS:
+        if seen == home:
+            return
+        theirs = seen[1] if seen[0] == "sqlite" else "another in-memory database"
+        ours = home[1] if home[0] == "sqlite" else "an in-memory database of the store's own engine"
     else:
-        check_driver(connection, "postgresql", ("psycopg",))
-        prepare_postgres(dbapi)
-        conn = JoinedPostgres(dbapi)
-    return entered(id(store._conns), Joined(connection, conn, session_of(target)))
+        server = store_server(store_engine)
+        if seen == server and server[0] == "server":
+            return
+        theirs = connection.engine.url.render_as_string(hide_password=True)
+        ours = store_engine.url.render_as_string(hide_password=True)
+        if seen[0] == "server" and server[0] == "server":
+            theirs += f" (database {seen[2]!r} of the cluster {seen[1]})"
+            ours += f" (database {server[2]!r} of the cluster {server[1]})"
+    raise ConfigError(
+        f"within() was given a connection to another database than the store's: the store is on {ours}, "
+        f"the connection on {theirs}; the engine's writes would land there, where the store never reads them",
+        problems=["pass a Session or Connection of the store's own database (Session(store.engine) is simplest)"],
+    )
+
+
+def check_database(store_engine: sa.Engine, home: tuple[Any, ...], connection: sa.Connection, dbapi: Any) -> None:
+    """:func:`judge` the caller's sync connection, asking its database only the first time
+    its engine is seen (SQLite: before ``BEGIN``; PostgreSQL: inside the transaction,
+    under a savepoint, so a server that refuses the question leaves it usable)."""
+    if known_database(store_engine, home, connection):
+        return
+    if home[0] in SQLITE_KEYS:
+        seen = sqlite_key(dbapi.execute(SQLITE_IDENTITY).fetchall(), connection.engine)
+    else:
+        import psycopg
+
+        try:
+            with dbapi.transaction():  # inside the caller's transaction: a savepoint
+                seen = server_key(dbapi.execute(POSTGRES_IDENTITY).fetchall())
+        except psycopg.Error:
+            seen = server_key([])
+    judge(store_engine, home, connection, seen)
+
+
+# -- errors met while joining ----------------------------------------------------------------
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    psycopg = sys.modules.get("psycopg")
+    return (sa.exc.SQLAlchemyError, sqlite3.Error) + ((psycopg.Error,) if psycopg is not None else ())
+
+
+def _unreachable(err: BaseException) -> bool:
+    orig = getattr(err, "orig", None) or err
+    if isinstance(err, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.TimeoutError):
+        return True
+    if isinstance(orig, sqlite3.OperationalError | sqlite3.InterfaceError):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+@contextlib.contextmanager
+def joining_errors(url: sa.URL) -> Iterator[None]:
+    """Driver and SQLAlchemy errors met while joining the caller's connection (or asking
+    its Session for it), as typed errors: a corrupt SQLite file -> ``StoreCorrupt``; the
+    database locked (SQLite's one writer), down or refusing the connection ->
+    ``StoreUnavailable``; a transaction PostgreSQL aborted -> ``ConfigError`` (roll it
+    back); anything else (a Session pending its rollback after a failed flush, a closed
+    Connection) -> ``ConfigError``."""
+    try:
+        yield
+    except FsmError:
+        raise
+    except _driver_errors() as err:
+        from stores.sql.connections import database_name, is_corrupt, reason_of
+
+        where, reason = database_name(url), reason_of(err)
+        if is_corrupt(err):
+            raise StoreCorrupt(where, reason=reason) from err
+        if getattr(getattr(err, "orig", None) or err, "sqlstate", None) == ABORTED:
+            raise aborted() from err
+        if _unreachable(err):
+            locked = "locked" in reason.lower() and url.get_backend_name() == "sqlite"
+            raise StoreUnavailable(
+                f"cannot join the caller's transaction on {where}: {reason}"
+                + (
+                    " (another connection holds SQLite's write lock: SQLite allows one writer, "
+                    "and within() waited its busy timeout for it)"
+                    if locked
+                    else ""
+                )
+            ) from err
+        raise ConfigError(f"the Session or Connection given cannot be joined: {reason}") from err
+
+
+def joined_sync(store: Any, target: Any) -> contextlib.AbstractContextManager[Joined]:
+    """:meth:`stores.sql.SqlStore.joined`: the block open on ``target`` already
+    (:func:`open_join`), or a new one once ``target`` proves to reach the store's database
+    with its driver."""
+    if not isinstance(target, sa.orm.Session | sa.Connection):
+        raise ConfigError(f"joined() takes a SQLAlchemy Connection or Session, not {type(target).__name__}")
+    engine: sa.Engine = store.engine
+    key, home = id(store._conns), home_of(engine)
+    outer = open_join(key, home, target)
+    if outer is not None:
+        return contextlib.nullcontext(outer)
+    with joining_errors(engine.url):
+        connection = sync_connection(target)
+        dbapi = connection.connection.dbapi_connection
+        if engine.dialect.name == "sqlite":
+            check_driver(connection, "sqlite", ("pysqlite",))
+            check_database(engine, home, connection, dbapi)
+            prepare_sqlite(dbapi)  # type: ignore[arg-type]
+            conn: Any = JoinedSqlite(dbapi)
+        else:
+            check_driver(connection, "postgresql", ("psycopg",))
+            prepare_postgres(dbapi)
+            check_database(engine, home, connection, dbapi)
+            conn = JoinedPostgres(dbapi)
+    return entered(key, Joined(connection, conn, session_of(target), home))
 
 
 def current(key: int) -> Joined | None:
@@ -306,14 +612,27 @@ def current(key: int) -> Joined | None:
 
 __all__ = [
     "JOINED",
+    "POSTGRES_IDENTITY",
+    "SQLITE_IDENTITY",
     "Joined",
     "JoinedConnections",
     "JoinedPostgres",
     "JoinedSlot",
     "JoinedSqlite",
+    "aborted",
+    "check_database",
     "check_driver",
     "current",
     "entered",
+    "home_of",
     "joined_sync",
+    "joining_errors",
+    "judge",
+    "known_database",
+    "open_join",
+    "postgres_key",
+    "server_key",
     "session_of",
+    "sqlite_key",
+    "store_server",
 ]
