@@ -9,9 +9,18 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fsm.errors import ConfigError
 from fsm.limits import MAX_INT64, as_duration, duration_problem
@@ -43,6 +52,11 @@ DEFAULT_JITTER = 0.1
 """Each backoff is spread by up to this fraction either way, so retries do not march in step."""
 
 
+StateName = Annotated[str, Strict()]
+"""A state name as a key of :class:`Policy`'s per-state maps: a ``str`` (bytes or another
+type are refused, not converted)."""
+
+
 class RetryPolicy(BaseModel):
     """How a worker retries a handler that raised, after Temporal's ``RetryPolicy``.
 
@@ -62,9 +76,12 @@ class RetryPolicy(BaseModel):
 
     max_attempts: int = Field(default=DEFAULT_RETRY_ATTEMPTS, ge=1, le=10_000, strict=True)
     initial_interval: timedelta = Field(default=DEFAULT_INITIAL_INTERVAL)
-    backoff_coefficient: float = Field(default=DEFAULT_BACKOFF_COEFFICIENT, ge=1.0, le=100.0, allow_inf_nan=False)
+    # numbers are strict (an int or float; never a str or bool), finite, within their range
+    backoff_coefficient: float = Field(
+        default=DEFAULT_BACKOFF_COEFFICIENT, ge=1.0, le=100.0, allow_inf_nan=False, strict=True
+    )
     max_interval: timedelta = Field(default=DEFAULT_MAX_INTERVAL)
-    jitter: float = Field(default=DEFAULT_JITTER, ge=0.0, le=1.0, allow_inf_nan=False)
+    jitter: float = Field(default=DEFAULT_JITTER, ge=0.0, le=1.0, allow_inf_nan=False, strict=True)
     retry_on: tuple[type[BaseException] | str, ...] = Field(default=())
     non_retryable: tuple[type[BaseException] | str, ...] = Field(default=())
 
@@ -86,7 +103,9 @@ class RetryPolicy(BaseModel):
                 elif not (isinstance(item, type) and issubclass(item, BaseException)):
                     raise ValueError(f"exception types are classes or names, not {item!r}")
             return tuple(value)
-        return value
+        # a set, a mapping, a generator...: pydantic would turn it into a tuple without the
+        # checks above, so it is refused
+        raise ValueError(f"exception types are a class, a name, or a list or tuple of them, not {value!r:.80}")
 
     @model_validator(mode="after")
     def _cap_above_start(self) -> RetryPolicy:
@@ -159,7 +178,7 @@ class Policy(BaseModel):
         default=DEFAULT_STALE_AFTER, description="idle time that makes a lease-less entity stale"
     )
     lease_ttl: timedelta = Field(default=DEFAULT_LEASE_TTL, description="lifetime of a lease after acquire or renew")
-    renewal_budget: dict[str, timedelta] = Field(
+    renewal_budget: dict[StateName, timedelta] = Field(
         default_factory=dict, description="per state: how long after entering it a lease may be renewed"
     )
     default_renewal_budget: timedelta | None = Field(
@@ -182,7 +201,7 @@ class Policy(BaseModel):
     max_wait: timedelta = Field(
         default=DEFAULT_MAX_WAIT, description="backstop of an entity waiting, unowned, for a worker"
     )
-    retry: dict[str, RetryPolicy] = Field(default_factory=dict, description="per state: how handler errors retry")
+    retry: dict[StateName, RetryPolicy] = Field(default_factory=dict, description="per state: how handler errors retry")
     default_retry: RetryPolicy | None = Field(
         default_factory=RetryPolicy, description="retry policy of every state retry does not name; None: no retry"
     )

@@ -471,7 +471,7 @@ class Engine(EngineWork):
         ``from_start=True``.  Reads every ``poll`` seconds while nothing is new; ends when
         ``stop`` is set or after ``timeout`` seconds (``None``: never), or when the caller
         stops iterating.  See :mod:`fsm.engine.watch`."""
-        poll_s, timeout_s = watch_args(after, poll, timeout)
+        poll_s, timeout_s = watch_args(after, poll, timeout, from_start=from_start, stop=stop)
         store, kind = self.store, self.kind
         if after is None and not from_start:
             after = store.feed_head()

@@ -4,6 +4,12 @@ The store removes (:meth:`stores.Store.prune`); the engine knows which states ar
 (its compiled table) and what "older than" means on the store's clock, and walks the
 batches.  Each batch is one transaction of the store; a batch that fails raises, and the
 batches before it stay removed (each one is whole).
+
+Which states may be pruned is decided here, the one level that knows: the store sits below
+the lifecycles and cannot tell a final state from another (:meth:`stores.Store.prune` removes
+the states it is given, after checking only their shape: 1 to 100 non-empty names).  So
+:func:`prune` takes no states from its caller; it always passes its compiled table's final
+states, and ``fsm prune`` (:mod:`fsm.reaping.prune_cli`) goes through it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Both faces: :meth:`fsm.Engine.watch` (an iterator) and :meth:`fsm.aio.AsyncEngin
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import threading
 import time
@@ -26,17 +28,60 @@ DEFAULT_POLL = 0.5
 PAGE = 500
 
 
-def watch_args(after: object, poll: object, timeout: object) -> tuple[float, float | None]:
-    """Check ``watch``'s arguments (the store checks ``after`` itself)."""
+def watch_args(
+    after: object,
+    poll: object,
+    timeout: object,
+    *,
+    from_start: object = False,
+    stop: object = None,
+    asynchronous: bool = False,
+) -> tuple[float, float | None]:
+    """Check every argument of ``watch`` at call time, before anything is read
+    (``InvalidArgument``); the store checks that ``after`` is one of its positions.
+
+    ``after``: a string or None; ``from_start``: a bool; ``poll``: seconds from 0.001 to
+    3600; ``timeout``: finite, non-negative seconds or None; ``stop``: see :func:`stop_arg`.
+    Returns ``poll`` and ``timeout`` as floats."""
     if after is not None and not isinstance(after, str):
         raise InvalidArgument(f"after must be a feed position (a string) or None, not {type(after).__name__}")
+    if not isinstance(from_start, bool):
+        raise InvalidArgument(f"from_start must be True or False, not {_shown(from_start)}")
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not (0.001 <= poll <= 3600):
-        raise InvalidArgument(f"poll must be a number of seconds from 0.001 to 3600, not {poll!r}")
+        raise InvalidArgument(f"poll must be a number of seconds from 0.001 to 3600, not {_shown(poll)}")
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout) or timeout < 0
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout < 0
     ):
-        raise InvalidArgument(f"timeout must be a non-negative number of seconds or None, not {timeout!r}")
+        raise InvalidArgument(
+            f"timeout must be a finite, non-negative number of seconds or None (no timeout), not {_shown(timeout)}"
+        )
+    stop_arg(stop, asynchronous=asynchronous)
     return float(poll), None if timeout is None else float(timeout)
+
+
+def stop_arg(stop: object, *, asynchronous: bool = False) -> None:
+    """Check a watch's ``stop``: None, or an event the watch can wait on -- for the sync
+    face a :class:`threading.Event` (or any object with ``is_set()`` and a blocking
+    ``wait(timeout)``, such as a ``multiprocessing`` event), for the async face an
+    :class:`asyncio.Event` (``is_set()`` and a coroutine ``wait()``).  ``InvalidArgument``
+    otherwise: an event of the other face would never stop the watch (or spin it)."""
+    if stop is None:
+        return
+    if not asynchronous and isinstance(stop, threading.Event):
+        return
+    if asynchronous and isinstance(stop, asyncio.Event):
+        return
+    is_set = getattr(stop, "is_set", None)
+    wait = getattr(stop, "wait", None)
+    if callable(is_set) and callable(wait) and inspect.iscoroutinefunction(wait) == asynchronous:
+        return
+    wanted = "an asyncio.Event" if asynchronous else "a threading.Event"
+    raise InvalidArgument(f"stop must be {wanted} or None, not {_shown(stop)}")
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 class Cursor:
@@ -90,7 +135,22 @@ def watch_sync(
     wakeup: Wakeup | None = None,
 ) -> Iterator[FeedEntry]:
     """The sync face's loop: read pages until ``stop`` is set or ``timeout`` has passed;
-    between reads, wait (:class:`Pacer`) or until the store's wake-up fires."""
+    between reads, wait (:class:`Pacer`) or until the store's wake-up fires.
+
+    Not a generator itself: ``stop`` is checked here, when the watch is made, so a bad one
+    is refused by the call, not on the first ``next``."""
+    stop_arg(stop)
+    return _watch_loop(feed, cursor, poll, timeout, stop, wakeup)
+
+
+def _watch_loop(
+    feed: Callable[[str | None], list[FeedEntry]],
+    cursor: Cursor,
+    poll: float,
+    timeout: float | None,
+    stop: threading.Event | None,
+    wakeup: Wakeup | None,
+) -> Iterator[FeedEntry]:
     deadline = None if timeout is None else time.monotonic() + timeout
     stopped = stop if stop is not None else threading.Event()
     wake = threading.Event()
@@ -131,4 +191,4 @@ def _wait(wake: threading.Event | None, stopped: threading.Event, seconds: float
     return False
 
 
-__all__ = ["DEFAULT_POLL", "PAGE", "STOP_CHECK", "Cursor", "Pacer", "Wakeup", "watch_args", "watch_sync"]
+__all__ = ["DEFAULT_POLL", "PAGE", "STOP_CHECK", "Cursor", "Pacer", "Wakeup", "stop_arg", "watch_args", "watch_sync"]

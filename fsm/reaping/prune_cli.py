@@ -3,7 +3,8 @@
 ``fsm prune --older-than 30d [--dry-run]`` removes, for each lifecycle (the built-in
 pipeline and job by default), the entities in a final state last updated longer ago than
 the retention, with their history, effects and renewal logs (:meth:`fsm.Engine.prune`),
-in batches, and prints what it removed.  Entities in any other state are never touched.
+in batches, and prints what it removed.  Entities in any other state are never touched: the
+final states come from each lifecycle's table (there is no option to name states).
 A dry run prints what would go and changes nothing.  Nothing is ever removed unless pruned.
 """
 

@@ -10,6 +10,11 @@ matches them in the deleting transaction.
 
 A store bound to the application's own table refuses: those rows are the application's
 to delete (with ``ON DELETE CASCADE`` the library's history and effects follow them).
+
+The store checks the shape of ``states`` (:func:`stores.retention.check_prune`: a collection
+of 1 to 100 non-empty names, not a string), not their meaning: it knows no lifecycle, so it
+cannot tell a final state from another.  That is the caller's part; :meth:`fsm.Engine.prune`
+always passes its lifecycle's final states and takes none from its own caller.
 """
 
 from __future__ import annotations
