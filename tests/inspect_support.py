@@ -208,13 +208,16 @@ class Served:
 
 
 def serve_asgi(app: Any) -> tuple[Any, threading.Thread, str]:
-    """``app`` served by uvicorn in a thread on a free loopback port: (server, thread, base URL)."""
+    """``app`` served by uvicorn in a thread on a free loopback port, bounded as ``fsm
+    inspect`` serves it (:mod:`fsm.inspect.serving`): (server, thread, base URL)."""
     import uvicorn
+
+    from fsm.inspect import serving
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    server = uvicorn.Server(serving.config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(500):

@@ -7,8 +7,13 @@ updated_at)`` index, one per pair), and their history rows of that hour (primary
 lookups).  While fewer than :data:`SAMPLE` entities changed in the hour, that is every
 transition of the hour; past it the page says the charts cover the newest ones.  From it:
 transitions, claims (the lease-taking starts) and reaper moves per minute, and the median
-claim latency per minute (a start's time minus the time its entity became claimable: its
-previous transition, or its creation).
+claim latency per minute, counted as the ``fsm.claim.latency`` metric counts a start
+(:func:`fsm.observe.hooks.claim_latency`): the start's time minus the time its entity
+became **due**, its ``run_after`` (a delayed job's due time, a retry's end of backoff, the
+creation otherwise; a requeue keeps it), not the transition before the start, which would
+count a delay or a backoff as waiting for a worker.  The row keeps only its latest
+``run_after``: a start it was not set for (a later retry set it again, so it is later than
+that start) has no due time left to count from, and is left out of the median.
 
 The holders table walks the lease index: rows with a lease, grouped by owner, with the
 last renewal logged for what each holds.
@@ -57,7 +62,8 @@ class Activity:
     claims: list[int] = field(default_factory=list)
     reaper: list[int] = field(default_factory=list)
     latency: list[float | None] = field(default_factory=list)
-    """Median claim latency (seconds) of each minute's claims; ``None`` when none."""
+    """Median claim latency (seconds, from the due time) of each minute's claims whose due
+    time is known (:func:`claim_wait`); ``None`` when none."""
     moves: list[Move] = field(default_factory=list)
     """The reaper's moves in the sample, newest first."""
 
@@ -75,6 +81,21 @@ class Holder:
     expired: int
     all_ids: tuple[str, ...] = ()
     """Every entity it holds (read), soonest expiry first: the holder filter's rows."""
+
+
+def claim_wait(started_at: datetime, run_after: datetime) -> float | None:
+    """Seconds a start waited for a worker once due, as :func:`fsm.observe.hooks.claim_latency`
+    counts a start: from the row's ``run_after`` (the store reads a row without one as due
+    since its creation, as the metric's first attempt counts) to the start's commit, at
+    least 0.  ``None`` when ``run_after`` is later than the start: a due time set after it
+    (a retry's backoff), so the one this start had is gone.
+
+    A due-setting write (a create, a retry) sets ``run_after`` to its own time or later,
+    and a requeue or release keeps it; so a ``run_after`` no later than a start is the one
+    that start was claimed under."""
+    if run_after > started_at + timedelta(milliseconds=1):  # the stores' clocks round to microseconds
+        return None
+    return max(0.0, (started_at - run_after).total_seconds())
 
 
 class ActivitySql:
@@ -114,7 +135,8 @@ class ActivitySql:
         walks = self._walks(
             pairs,
             params,
-            f"{ref('id')} AS fsm_i, {ref('kind')} AS fsm_k, {ref('created_at')} AS fsm_c, {ref('updated_at')} AS fsm_u",
+            f"{ref('id')} AS fsm_i, {ref('kind')} AS fsm_k, {ref('created_at')} AS fsm_c, "
+            f"{ref('updated_at')} AS fsm_u, {ref('run_after')} AS fsm_r",
             f" AND {ref('updated_at')} >= {p('since')}",
             f"{ref('updated_at')} DESC",
         )
@@ -123,18 +145,15 @@ class ActivitySql:
         if not sampled:
             return found
         kinds = {str(r[0]): str(r[1]) for r in sampled}
-        created = {str(r[0]): decode_time(r[2]) for r in sampled}
+        due = {str(r[0]): decode_time(r[4]) if r[4] is not None else decode_time(r[2]) for r in sampled}
         rows = self.store._run(
             f"SELECT h.entity_id, h.seq, h.event, h.source, h.target, h.actor, h.reason, h.at FROM {self.H} AS h "
             f"WHERE {self.f.in_ids('h.entity_id', 'ids')} ORDER BY h.entity_id, h.seq",
             {"ids": self.f.ids(list(kinds))},
         )
         buckets: dict[int, list[float]] = defaultdict(list)
-        previous: dict[str, datetime] = {}
-        for entity_id, seq, event, source, target, actor, reason, at_raw in rows:
+        for entity_id, _seq, event, source, target, actor, reason, at_raw in rows:
             at = decode_time(at_raw)
-            before = previous.get(entity_id)
-            previous[entity_id] = at
             if at < since or at > now + timedelta(seconds=5):
                 continue
             minute = min(minutes - 1, int((at - since).total_seconds() // 60))
@@ -145,9 +164,9 @@ class ActivitySql:
                 found.moves.append(Move(entity_id, kind, event, source, target, reason, at))
             if event in self.claim_events.get(kind, ()):
                 found.claims[minute] += 1
-                became = before if before is not None else (created[entity_id] if seq == 1 else None)
-                if became is not None:
-                    buckets[minute].append(max(0.0, (at - became).total_seconds()))
+                waited = claim_wait(at, due[entity_id])
+                if waited is not None:
+                    buckets[minute].append(waited)
         for minute, waits in buckets.items():
             found.latency[minute] = statistics.median(waits)
         found.moves.sort(key=lambda m: (m.at, m.entity_id), reverse=True)
@@ -205,4 +224,4 @@ class ActivitySql:
         return found
 
 
-__all__ = ["SAMPLE", "WINDOW", "Activity", "ActivitySql", "Holder", "Move"]
+__all__ = ["SAMPLE", "WINDOW", "Activity", "ActivitySql", "Holder", "Move", "claim_wait"]

@@ -119,6 +119,9 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 8px; }
 .split { display: grid; grid-template-columns: minmax(320px, 1fr) minmax(320px, 1fr); gap: 12px; }
 .facts th { width: 130px; }
+th[title] { cursor: help; text-decoration: underline dotted #9aa3b5; }
+.legend { color: #6b7385; font-size: 12px; margin: 4px 0 0; }
+.attempts td.of-state { white-space: nowrap; }
 pre { margin: 4px 0; white-space: pre-wrap; word-break: break-all; font-size: 12px; }
 pre.data { background: #fafbfc; border: 1px solid #eceef2; padding: 6px; max-height: 280px; overflow: auto; }
 .diagram-box img.diagram { width: 100%; max-height: 75vh; object-fit: contain; min-height: 320px; }

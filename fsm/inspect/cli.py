@@ -6,7 +6,12 @@ uvicorn).  The store is opened without creating anything, and the page has no wr
 Exposure: the Host header must be a loopback name, the bound address, or one given with
 ``--allowed-host``.  Binding anything but loopback needs a token (``FSM_INSPECT_TOKEN``, or
 one made up and printed at start); requests then send ``Authorization: Bearer TOKEN`` or
-sign in once with the printed one-time URL, which sets a session cookie.
+sign in once with the printed one-time URL, which sets a session cookie (add
+``&next=/entity?id=..``, URL-encoded, to land on that page).
+
+Served by uvicorn with bounds on what one client can hold (:mod:`fsm.inspect.serving`): a
+request must arrive whole within ``REQUEST_READ_TIMEOUT_S`` seconds of connecting, and at
+most ``MAX_CONNECTIONS`` connections are held.
 """
 
 from __future__ import annotations
@@ -126,9 +131,11 @@ def handle(args: argparse.Namespace) -> int:
         return 2
     for line in announce(args, tokens):
         print(line, file=sys.stderr)
+    from fsm.inspect import serving
     from fsm.inspect.events import end_streams_on_exit
 
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    # bounded: a request must arrive whole within seconds, and few connections are held
+    server = uvicorn.Server(serving.config(app, host=args.host, port=args.port))
     end_streams_on_exit(server, app)  # open /events streams would hold the shutdown forever
     server.run()
     return 0

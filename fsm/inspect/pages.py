@@ -16,7 +16,19 @@ from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
 from fsm.inspect.data import FLAG_CAP, Filters, Flags, ReaperTick, RenewalLog
 from fsm.inspect.listing import Listed
-from fsm.inspect.timeline import age, esc, pretty_json, span, stamp, timeline
+from fsm.inspect.timeline import (
+    ATTEMPT_HELP,
+    RUNS_HELP,
+    age,
+    attempt_numbers,
+    esc,
+    pretty_json,
+    retries_by_state,
+    runs,
+    span,
+    stamp,
+    timeline,
+)
 from fsm.inspect.views import (
     activity_section,
     attempts_section,
@@ -158,7 +170,8 @@ def entities_section(
 ) -> str:
     head = (
         "<tr><th>id</th><th>lifecycle</th><th>state</th><th>in state for</th><th>created</th>"
-        "<th>lease holder</th><th>lease expiry</th><th>attempt</th><th>reclaims</th><th>failure reason</th></tr>"
+        f"<th>lease holder</th><th>lease expiry</th><th title='{esc(ATTEMPT_HELP)}'>attempt</th><th>reclaims</th>"
+        "<th>failure reason</th></tr>"
     )
     rows = []
     for s in listed.rows:
@@ -272,25 +285,25 @@ def entity_page(
         ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}{waiting}"),
         ("in state for", f"<span title='{esc(stamp(entered))}'>{esc(span(now - entered))}</span>"),
         ("version", str(snap.version)),
-        ("attempt", str(snap.attempt)),
+        ("attempt", attempt_fact(snap, history)),
         ("reclaims", str(snap.reclaims)),
         ("created", f"{esc(age(now, snap.created_at))} <span class=muted>{esc(stamp(snap.created_at))}</span>"),
         ("updated", f"{esc(age(now, snap.updated_at))} <span class=muted>{esc(stamp(snap.updated_at))}</span>"),
         ("concurrency key", esc(snap.concurrency_key or "")),
         ("last renewal", last_renewal(now, renewals)),
     ]
-    lease = "<table class=facts>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    titles = {"attempt": f" title='{esc(ATTEMPT_HELP)}'"}
+    lease = "<table class=facts>" + "".join(f"<tr><th{titles.get(k, '')}>{k}</th><td>{v}</td></tr>" for k, v in facts)
     lease += f"<tr><th>lease</th>{lease_cells(now, snap)}</tr></table>"
     effect_rows = "".join(
         f"<tr><td>{esc(e.key)}</td><td class='{esc(e.status)}'>{esc(e.status)}</td><td class=n>{e.lease_token}</td>"
-        f"<td class=n>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td>"
+        f"<td class=n title='{esc(runs(e.attempts))}'>{e.attempts}</td><td>{esc(stamp(e.recorded_at))}</td>"
         f"<td><pre>{esc(pretty_json(e.result))}</pre></td></tr>"
         for e in effects
     )
     effect_table = (
-        "<table><tr><th>key</th><th>status</th><th>token</th><th>attempts</th><th>recorded</th><th>result</th></tr>"
-        + effect_rows
-        + "</table>"
+        f"<table><tr><th>key</th><th>status</th><th>token</th><th class=n title='{esc(RUNS_HELP)}'>runs</th>"
+        "<th>recorded</th><th>result</th></tr>" + effect_rows + "</table>"
         if effects
         else "<p class=empty>No effect recorded.</p>"
     )
@@ -299,12 +312,26 @@ def entity_page(
         f"<h1 class=id>{esc(snap.id)}</h1>"
         f"<div class=split><section><h2>Now</h2>{lease}</section><section><h2>Data</h2>"
         f"<pre class=data>{esc(pretty_json(snap.data))}</pre></section></div>"
-        f"{attempts_section(now, history, starts)}"
+        f"{attempts_section(now, history, starts, snap.attempt)}"
         f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
-        f"{timeline(now, history, effects, progress, renewals.entries)}</section>"
+        f"{timeline(now, history, effects, progress, renewals.entries, attempt_numbers(history, starts, snap.attempt))}"
+        "</section>"
         f"<section class=diagram-box><h2>Diagram</h2>{diagram}</section>"
         f"<section><h2>Recorded effects</h2>{effect_table}</section>"
     )
+
+
+def attempt_fact(snap: Snapshot, history: list[HistoryRecord]) -> str:
+    """The entity's attempt, and the handler errors the worker retried (per state), which
+    a finalizer's retries do not add to the attempt: "1 (2 retries: 2 in finalizing)"."""
+    retried = retries_by_state(history)
+    if not retried:
+        return f"<span class=attempt>{snap.attempt}</span>"
+    total = sum(retried.values())
+    where = ", ".join(f"{n} in {state}" for state, n in retried.items())
+    noun = "retry" if total == 1 else "retries"
+    said = f"({total} {noun}: {where})"
+    return f"<span class=attempt>{snap.attempt}</span> <span class='muted retries'>{esc(said)}</span>"
 
 
 def with_retry_links(body: str, retry_of: str | None, retried_as: str | None) -> str:
@@ -342,6 +369,7 @@ def not_found(entity_id: str) -> str:
 __all__ = [
     "NO_LIFECYCLE",
     "age",
+    "attempt_fact",
     "diagram_image",
     "entity_page",
     "error_page",

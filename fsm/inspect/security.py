@@ -13,7 +13,9 @@ plain ASGI wrapper around the Starlette application (outermost first):
   loopback): a request passes with ``Authorization: Bearer <token>`` or with the session
   cookie, which ``GET /login?code=..`` sets from a *one-time* code (the URL the CLI
   prints; a used code is refused).  Anything else gets 401.  The cookie is ``HttpOnly``
-  and ``SameSite=Strict``, so another site's page cannot send it along.
+  and ``SameSite=Strict``, so another site's page cannot send it along.  The sign-in
+  then goes to ``next=`` when it names a page of this inspector (:func:`safe_next`: a path
+  on this origin, never another site), else to the overview; the 401 page says how.
 
 Secrets are compared in constant time (``hmac.compare_digest``).
 """
@@ -52,6 +54,40 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 """The Host names allowed by default: this machine only."""
 COOKIE = "fsm_inspect_session"
 LOGIN_PATH = "/login"
+HOME = "/"
+MAX_NEXT = 2048
+"""Longest ``next=`` followed (characters)."""
+NEXT_HINT = (
+    " To land on a page after signing in, add <code class=next>&amp;next=</code> and the page's path, "
+    "URL-encoded, to that URL (<code>&amp;next=%2Fentity%3Fid%3Djob-1</code> for "
+    "<code>/entity?id=job-1</code>)."
+)
+"""What the 401 page says of ``next=`` (fixed text: the page repeats nothing of the request)."""
+
+
+def safe_next(value: str) -> str | None:
+    """``value`` if the sign-in may send the browser there, else ``None`` (the overview then).
+
+    Only a path of this inspector, with its query: it starts with exactly one ``/`` and
+    holds no backslash (browsers read ``/\\host`` as ``//host``), no control character or
+    whitespace (they drop a tab or newline inside a URL, so ``/<TAB>/host`` would become
+    ``//host``; a CR or LF would split the Location header), and nothing that gives a
+    scheme or a host.  Not the sign-in itself (no loop)."""
+    from urllib.parse import urlsplit
+
+    if not value or len(value) > MAX_NEXT or not value.startswith("/") or value.startswith("//"):
+        return None
+    if "\\" in value or any(c.isspace() or ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
+        return None
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    if parts.scheme or parts.netloc or not parts.path.startswith("/") or parts.path.startswith("//"):
+        return None
+    if parts.path == LOGIN_PATH:
+        return None
+    return value
 
 
 def is_loopback(host: str) -> bool:
@@ -182,7 +218,7 @@ class TokenGate:
                 401,
                 "Sign-in needed",
                 "This inspector needs its token: send <code>Authorization: Bearer TOKEN</code>, or open the "
-                "one-time sign-in URL that <code>fsm inspect</code> printed.",
+                "one-time sign-in URL that <code>fsm inspect</code> printed." + NEXT_HINT,
             )
             response.headers["www-authenticate"] = 'Bearer realm="fsm inspect"'
             await response(scope, receive, send)
@@ -203,7 +239,8 @@ class TokenGate:
                 "This sign-in URL is not valid",
                 "A sign-in URL works once. Ask for a new one: <code>fsm inspect</code> prints one at start.",
             )
-        response = RedirectResponse("/", status_code=303)
+        target = safe_next(QueryParams(scope.get("query_string", b"").decode("latin-1")).get("next", "")) or HOME
+        response = RedirectResponse(target, status_code=303)
         response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return response
 
@@ -226,5 +263,6 @@ __all__ = [
     "Tokens",
     "allowed_hosts",
     "is_loopback",
+    "safe_next",
     "secure",
 ]

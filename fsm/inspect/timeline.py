@@ -77,6 +77,74 @@ class RenewalRun:
 Event = HistoryRecord | EffectRecord | LeaseRenewal | RenewalRun
 """A timeline line; an ``EffectRecord`` keyed ``fsm:progress`` is the holder's progress."""
 
+# -- the three counts called "attempt" ---------------------------------------------------------
+#
+# The records hold three numbers an operator reads as attempts, and they count different things:
+#
+# - ``Snapshot.attempt``: the entity's starts, one per claim that takes it out of the queue (a
+#   transition declared with ``counts_attempt``); a finalizer resumed after a retry or a
+#   reclaim keeps its attempt.  ``Policy.max_attempts`` bounds it (the reaper's requeues);
+# - the ``attempt`` of a handler error (``fsm.records.error_record``, in a history row's
+#   ``error``): the n-th error of the handler *of that state*, counted per state from the
+#   ``retry`` transitions out of it (the worker's :class:`~fsm.policy.RetryPolicy` bounds it);
+# - ``EffectRecord.attempts``: how many times that one effect ran and recorded its outcome (a
+#   failed effect runs again on the next try; a succeeded one is replayed, never run again).
+#
+# The page names them apart: "attempt N" is always the first (a history row's attempt is the
+# entity's attempt when the row was written), "error N in STATE" the second, "ran N times"
+# the third.
+
+RETRY_EVENT = "retry"
+"""The event the worker fires when its RetryPolicy retries a handler error (fsm.work)."""
+ATTEMPT_HELP = (
+    "attempt: the entity's attempt counter, one per claim that started it from the queue "
+    "(a finalizer resumed after a retry or a reclaim keeps its attempt)"
+)
+ERROR_HELP = (
+    "error N in STATE: the N-th handler error in that state, which the worker's RetryPolicy "
+    "counts per state (it retries while N < its max_attempts)"
+)
+RUNS_HELP = (
+    "runs: how many times that effect ran and recorded its outcome "
+    "(a failed effect runs again on the next try; a succeeded one is replayed, never run again)"
+)
+
+
+def attempt_numbers(history: list[HistoryRecord], starts: frozenset[str], current: int | None = None) -> dict[int, int]:
+    """The entity's attempt when each history row (by ``seq``) was written: the starts
+    (``starts``: the events that count an attempt) up to and including it.  With the
+    entity's ``current`` attempt, older rows the store no longer keeps are made up for, so
+    the newest row's number is the entity's.  Empty without ``starts`` (unknown lifecycle)."""
+    if not starts:
+        return {}
+    seen, numbers = 0, {}
+    for h in history:
+        seen += h.event in starts
+        numbers[h.seq] = seen
+    missing = current - seen if current is not None and current > seen else 0
+    return {seq: n + missing for seq, n in numbers.items()}
+
+
+def retries_by_state(history: list[HistoryRecord]) -> dict[str, int]:
+    """How many times the worker retried a handler error out of each state."""
+    found: dict[str, int] = {}
+    for h in history:
+        if h.event == RETRY_EVENT:
+            found[h.source] = found.get(h.source, 0) + 1
+    return found
+
+
+def error_label(h: HistoryRecord) -> str:
+    """ "error 2 in finalizing" for a row recording a handler error, else ''."""
+    if not isinstance(h.error, dict):
+        return ""
+    n = h.error.get("attempt")
+    return f"error {n} in {h.source}" if isinstance(n, int) and not isinstance(n, bool) else f"error in {h.source}"
+
+
+def runs(n: int) -> str:
+    return f"ran {n} time" + ("" if n == 1 else "s")
+
 
 def events(
     history: list[HistoryRecord],
@@ -108,9 +176,10 @@ def _when(now: datetime, at: datetime) -> str:
     return f"<span class=when title='{esc(stamp(at))}'>{esc(age(now, at))}</span>"
 
 
-def _line(now: datetime, event: Event, after: Event | None = None) -> str:
+def _line(now: datetime, event: Event, after: Event | None = None, numbers: dict[int, int] | None = None) -> str:
     """One line; ``after`` is the next event in time (a reaper move after a run of renewals
-    that ran out says why the reaper moved: the holder stopped renewing)."""
+    that ran out says why the reaper moved: the holder stopped renewing); ``numbers`` the
+    entity's attempt at each history row (:func:`attempt_numbers`)."""
     if isinstance(event, HistoryRecord):
         h = event
         kind = "reaper" if h.actor == "reaper" else "transition"
@@ -122,9 +191,11 @@ def _line(now: datetime, event: Event, after: Event | None = None) -> str:
         if h.idempotency_key:
             facts.append(f"key: {h.idempotency_key}")
         data = f"<pre>{esc(pretty_json(h.data))}</pre>" if h.data else ""
-        if isinstance(h.error, dict):  # a handler's failed attempt (fsm.records.error_record)
-            failure = f"attempt {h.error.get('attempt', '?')}: {h.error.get('type')}: {h.error.get('message')}"
-            data += f"<p class=error>{esc(failure)}</p>"
+        if isinstance(h.error, dict):  # a handler's failed try (fsm.records.error_record)
+            attempt = (numbers or {}).get(h.seq)
+            which = (f"attempt {attempt}, " if attempt else "") + error_label(h)
+            failure = f"{which}: {h.error.get('type')}: {h.error.get('message')}"
+            data += f"<p class=error title='{esc(ATTEMPT_HELP)}; {esc(ERROR_HELP)}'>{esc(failure)}</p>"
         return (
             f"<li class='ev {kind}' data-seq='{h.seq}'>{_when(now, h.at)}<span class=tag>"
             f"{'reaper move' if kind == 'reaper' else 'transition'}</span> "
@@ -168,8 +239,8 @@ def _line(now: datetime, event: Event, after: Event | None = None) -> str:
         )
     return (
         f"<li class='ev effect {esc(e.status)}'>{_when(now, e.recorded_at)}<span class=tag>effect</span> "
-        f"<b>{esc(e.key)}</b> <span class=muted>{esc(f'{e.status}, token {e.lease_token}, attempt {e.attempts}')}"
-        "</span></li>"
+        f"<b>{esc(e.key)}</b> <span class=muted title='{esc(RUNS_HELP)}'>"
+        f"{esc(f'{e.status}, token {e.lease_token}, {runs(e.attempts)}')}</span></li>"
     )
 
 
@@ -179,13 +250,32 @@ def timeline(
     effects: list[EffectRecord],
     progress: EffectRecord | None,
     renewals: list[LeaseRenewal],
+    numbers: dict[int, int] | None = None,
 ) -> str:
-    """The timeline as an ordered list, newest first."""
+    """The timeline as an ordered list, newest first; ``numbers``: the entity's attempt at
+    each history row (:func:`attempt_numbers`), said beside a handler error."""
     lines = events(history, effects, progress, renewals)
     later: list[Event | None] = [*lines[1:], None] if lines else []  # an entity never fired has no line
-    body = "".join(_line(now, e, after) for e, after in reversed(list(zip(lines, later, strict=True))))
+    body = "".join(_line(now, e, after, numbers) for e, after in reversed(list(zip(lines, later, strict=True))))
     body = body or "<li class=empty>Nothing recorded yet.</li>"
     return f"<ol class=timeline>{body}</ol>"
 
 
-__all__ = ["RenewalRun", "age", "clock", "esc", "events", "span", "stamp", "timeline"]
+__all__ = [
+    "ATTEMPT_HELP",
+    "ERROR_HELP",
+    "RETRY_EVENT",
+    "RUNS_HELP",
+    "RenewalRun",
+    "age",
+    "attempt_numbers",
+    "clock",
+    "error_label",
+    "esc",
+    "events",
+    "retries_by_state",
+    "runs",
+    "span",
+    "stamp",
+    "timeline",
+]

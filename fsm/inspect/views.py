@@ -12,7 +12,18 @@ from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
 from fsm.inspect.charts import bars
 from fsm.inspect.data import ReaperTick
-from fsm.inspect.timeline import age, clock, esc, span, stamp
+from fsm.inspect.timeline import (
+    ATTEMPT_HELP,
+    ERROR_HELP,
+    RUNS_HELP,
+    age,
+    attempt_numbers,
+    clock,
+    error_label,
+    esc,
+    span,
+    stamp,
+)
 from fsm.records import HistoryRecord
 
 ROWS_OF_TICKS = 8
@@ -78,7 +89,7 @@ def activity_section(cached: Cached[Activity], ticks: list[ReaperTick]) -> str:
     charts = [
         bars("Transitions per minute", [float(v) for v in a.transitions], css="c-transitions", name="transitions"),
         bars("Claims per minute", [float(v) for v in a.claims], css="c-claims", name="claims"),
-        bars("Claim latency, median", a.latency, unit=" s", css="c-latency", name="latency"),
+        bars("Claim latency from due, median", a.latency, unit=" s", css="c-latency", name="latency"),
         bars("Reaper moves per minute", [float(v) for v in a.reaper], css="c-reaper", name="reaper"),
     ]
     if per_tick:
@@ -241,14 +252,15 @@ def moves_section(now: datetime, activity: Activity) -> str:
 # -- one entity --------------------------------------------------------------------------------
 
 
-def attempts_section(now: datetime, history: list[HistoryRecord], starts: frozenset[str] = frozenset()) -> str:
-    """Each attempt's error: every transition that records an error or a reason, with the
-    attempt it ended (the ``attempt`` its error or data records, else the attempt-counting
-    starts ``starts`` seen so far)."""
-    numbers, seen = {}, 0
-    for h in history:
-        seen += h.event in starts
-        numbers[h.seq] = seen
+def attempts_section(
+    now: datetime, history: list[HistoryRecord], starts: frozenset[str] = frozenset(), current: int | None = None
+) -> str:
+    """Each attempt's error: every transition that records an error or a reason, newest
+    first, with the entity's attempt then (its starts ``starts`` so far, made up to the
+    entity's ``current`` attempt when older history is gone) and, for a handler error, which
+    error of its state it was (its ``error_record`` attempt: "error 2 in finalizing").  A
+    legend says what each number counts (:mod:`fsm.inspect.timeline`)."""
+    numbers = attempt_numbers(history, starts, current)
     failed = [h for h in history if error_of(recorded(h)) or (h.reason and h.target != h.source)]
     if not failed:
         return "<section class=attempts><h2>Errors by attempt</h2><p class=empty>No error recorded.</p></section>"
@@ -256,19 +268,24 @@ def attempts_section(now: datetime, history: list[HistoryRecord], starts: frozen
     for h in reversed(failed):
         found = recorded(h)
         data = found if isinstance(found, dict) else {}
-        attempt = data.get("attempt") or numbers.get(h.seq) or ""
+        attempt = numbers.get(h.seq, "")
         trace = traceback_of(data)
         detail = f"<details><summary>traceback</summary><pre>{esc(trace)}</pre></details>" if trace else ""
         rows.append(
             f"<tr data-attempt-seq='{h.seq}'><td title='{esc(stamp(h.at))}'>{esc(age(now, h.at))}</td>"
-            f"<td class=n>{esc(attempt)}</td><td>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</td>"
+            f"<td class=n>{esc(attempt)}</td><td class=of-state>{esc(error_label(h))}</td>"
+            f"<td>#{h.seq} {esc(f'{h.event}: {h.source} → {h.target}')}</td>"
             f"<td>{esc(h.actor)}</td><td>{esc(h.reason or '')}</td>"
             f"<td class=error>{esc(error_of(data))}{detail}</td></tr>"
         )
+    unknown = "" if numbers else " (unknown here: this lifecycle was not given to fsm inspect)"
     return (
         "<section class=attempts><h2>Errors by attempt <span class=muted>newest first</span></h2><table>"
-        "<tr><th>when</th><th class=n>attempt</th><th>transition</th><th>by</th><th>reason</th><th>error</th></tr>"
-        f"{''.join(rows)}</table></section>"
+        f"<tr><th>when</th><th class=n title='{esc(ATTEMPT_HELP)}'>attempt</th>"
+        f"<th title='{esc(ERROR_HELP)}'>handler error</th><th>transition</th><th>by</th><th>reason</th>"
+        f"<th>error</th></tr>{''.join(rows)}</table>"
+        f"<p class=legend>{esc(ATTEMPT_HELP + unknown)}; {esc(ERROR_HELP)}; an effect's {esc(RUNS_HELP)}.</p>"
+        "</section>"
     )
 
 

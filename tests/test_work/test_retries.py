@@ -74,7 +74,7 @@ def test_a_connection_error_twice_then_success_completes_with_both_errors_in_his
     table = attempts_section(clock.now(), engine.history("j1"))
     assert "ConnectionError: database went away (1)" in table and "ConnectionError: database went away (2)" in table
     line = timeline(clock.now(), engine.history("j1"), [], None, [])  # the entity page's timeline rows
-    assert "attempt 2: ConnectionError: database went away (2)" in line
+    assert "error 2 in running: ConnectionError: database went away (2)" in line
 
 
 def test_spent_attempts_fail_the_entity_with_reason_error_and_the_last_error(
