@@ -144,7 +144,8 @@ def test_the_leader_lease_is_resigned_when_a_once_run_ends(tmp_path: object) -> 
     from stores import open_store
 
     store = open_store(url)
-    assert store.get("fsm-reaper-leader").lease_owner is None
+    for kind in ("pipeline", "job"):  # one leader lease per lifecycle the reaper serves
+        assert store.get(f"fsm-reaper-leader:{kind}").lease_owner is None
 
 
 def test_a_bad_out_directory_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

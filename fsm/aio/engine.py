@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -218,9 +218,11 @@ class AsyncEngine:
         """See :meth:`fsm.Engine.renewals`."""
         return await self._call(self.sync.renewals, entity_id)
 
-    async def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
+    async def claim(
+        self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None
+    ) -> list[Snapshot]:
         """See :meth:`fsm.Engine.claim`."""
-        return await self._call(self.sync.claim, limit, owner=owner)
+        return await self._call(self.sync.claim, limit, owner=owner, into=into)
 
     async def run(
         self,
@@ -270,7 +272,7 @@ class AsyncEngine:
         """See :meth:`fsm.Engine.prune`."""
         return await self._call(self.sync.prune, older_than, batch_size=batch_size, dry_run=dry_run)
 
-    async def watch(
+    def watch(
         self,
         after: str | None = None,
         *,
@@ -280,8 +282,17 @@ class AsyncEngine:
         stop: asyncio.Event | None = None,
     ) -> AsyncIterator[FeedEntry]:
         """See :meth:`fsm.Engine.watch`: the same feed as an async iterator
-        (``async for entry in engine.watch(): ...``); ``stop`` is an :class:`asyncio.Event`."""
-        poll_s, timeout_s = watch_args(after, poll, timeout)
+        (``async for entry in engine.watch(): ...``); ``stop`` is an :class:`asyncio.Event`.
+
+        Every argument is checked by the call itself (``InvalidArgument``), before the
+        iterator is returned; a position the store never gave is refused before the first
+        entry (that check reads the store)."""
+        poll_s, timeout_s = watch_args(after, poll, timeout, from_start=from_start, stop=stop, asynchronous=True)
+        return self._watch(after, from_start, poll_s, timeout_s, stop)
+
+    async def _watch(
+        self, after: str | None, from_start: bool, poll_s: float, timeout_s: float | None, stop: asyncio.Event | None
+    ) -> AsyncIterator[FeedEntry]:
         store, kind = self.store, self.kind
         if after is None and not from_start:
             after = await store.feed_head()

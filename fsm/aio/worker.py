@@ -208,7 +208,7 @@ class AsyncWorker(CoreFace):
         if self._stopping or free <= 0:
             return 0
         try:
-            claimed = await self.engine.claim(free)
+            claimed = await self.engine.claim(free, into=self.core.claim_into)
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0

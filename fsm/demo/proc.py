@@ -27,7 +27,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -76,8 +76,8 @@ class ObservedEngine(Engine):
 
     log: Log
 
-    def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
-        claimed = super().claim(limit, owner=owner)
+    def claim(self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None) -> list[Snapshot]:
+        claimed = super().claim(limit, owner=owner, into=into)
         for snap in claimed:
             expires = snap.lease_expires_at.timestamp() if snap.lease_expires_at else None
             self.log("claimed", job=snap.id, token=snap.lease_token, state=snap.state, expires=expires)

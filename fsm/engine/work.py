@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -44,13 +44,16 @@ MAX_CLAIM = 1000
 log = logging.getLogger("fsm.engine")
 
 
-def claim_plan(table: CompiledTable) -> tuple[tuple[ClaimStart, ...], tuple[str, ...]]:
+def claim_plan(
+    table: CompiledTable, *, into: frozenset[str] | None = None
+) -> tuple[tuple[ClaimStart, ...], tuple[str, ...]]:
     """What a claim may take, read off the table.
 
     Starts: every unguarded worker transition that takes the lease (``queued -> running``
     of a job).  Resumes: every state whose work needs the lease holder (a worker branch
     out of it requires ``holds_lease``): an entity there with no lease owner was reclaimed
     by the reaper, or released by a stopping worker, and waits for a new holder.
+    ``into``: only the starts whose target and the resumes whose state is one of these.
     """
     starts: dict[str, ClaimStart] = {}
     resumes: list[str] = []
@@ -61,7 +64,8 @@ def claim_plan(table: CompiledTable) -> tuple[tuple[ClaimStart, ...], tuple[str,
             starts[branch.source] = ClaimStart(branch.source, branch.target, branch.event, branch.bump_attempt)
         if branch.holds_lease and branch.source not in resumes and branch.source not in table.finals:
             resumes.append(branch.source)
-    return tuple(starts.values()), tuple(r for r in resumes if r not in starts)
+    chosen = tuple(s for s in starts.values() if into is None or s.target in into)
+    return chosen, tuple(r for r in resumes if r not in starts and (into is None or r in into))
 
 
 def _log_claims(kind: str, claimed: list[Snapshot]) -> None:
@@ -89,19 +93,35 @@ def _log_claims(kind: str, claimed: list[Snapshot]) -> None:
 class EngineWork(EngineLeases):
     """``claim``, ``run``, ``effects``, ``progress``, ``entities`` and ``counts``."""
 
-    def claim(self, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
+    def _claim_into(self, into: object) -> frozenset[str] | None:
+        """``claim(into=...)`` checked: ``None``, or a collection of this lifecycle's leaf states."""
+        if into is None:
+            return None
+        if isinstance(into, str | bytes) or not isinstance(into, Collection):
+            raise InvalidArgument(f"into must be a collection of state names, not {type(into).__name__}")
+        unknown = sorted(repr(s)[:80] for s in into if not isinstance(s, str) or s not in self.table.leaves)
+        if unknown:
+            raise InvalidArgument(f"into names no leaf state of {self.kind!r}: {', '.join(unknown)}")
+        return frozenset(into)
+
+    def claim(self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None) -> list[Snapshot]:
         """Take up to ``limit`` of the oldest claimable entities of this lifecycle.
 
         Queued entities are started (their lease-taking transition fires, token + 1);
         entities waiting for a new holder (reclaimed finalizers) get a new lease, token + 1,
         without a transition.  Concurrent claimers, in any process on any machine, never
         take the same entity.  Each returned snapshot carries the caller's ``lease``.
+
+        ``into``: only claims that leave the entity in one of these states (a worker
+        passes the states it has handlers for, so it never holds work it cannot do);
+        ``None``: every claim the lifecycle allows.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
             raise InvalidArgument(f"limit must be an integer from 1 to {MAX_CLAIM}, not {limit!r}")
-        starts, resumes = claim_plan(self.table)
+        starts, resumes = claim_plan(self.table, into=self._claim_into(into))
         if not starts and not resumes:
-            raise InvalidArgument(f"lifecycle {self.kind!r} has nothing to claim: no transition takes the lease")
+            what = "no transition takes the lease" if into is None else f"no claim leaves an entity in {sorted(into)}"
+            raise InvalidArgument(f"lifecycle {self.kind!r} has nothing to claim: {what}")
         request = ClaimRequest(
             kind=self.kind,
             owner=self.owner if owner is None else text("owner", owner),

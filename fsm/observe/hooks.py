@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -175,7 +175,9 @@ class Instrumentation:
     def _wrap_claim(self, original: Callable[..., Any]) -> Callable[..., Any]:
         tracer, ins = self.tracer, self.instruments
 
-        def claim(engine: EngineWork, limit: int = 1, *, owner: str | None = None) -> list[Snapshot]:
+        def claim(
+            engine: EngineWork, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None
+        ) -> list[Snapshot]:
             who = engine.owner if owner is None else owner
             attrs: dict[str, Any] = {
                 a.MESSAGING_SYSTEM: a.SYSTEM,
@@ -188,7 +190,7 @@ class Instrumentation:
             from opentelemetry.trace import SpanKind
 
             with tracer.start_as_current_span(f"claim {engine.kind}", kind=SpanKind.CONSUMER, attributes=attrs) as span:
-                claimed: list[Snapshot] = original(engine, limit, owner=owner)
+                claimed: list[Snapshot] = original(engine, limit, owner=owner, into=into)
                 span.set_attribute(a.MESSAGING_BATCH_COUNT, len(claimed))
                 if len(claimed) == 1:
                     span.set_attribute(a.MESSAGING_MESSAGE_ID, claimed[0].id)

@@ -172,7 +172,10 @@ class ReapResult:
     dry_run: bool = False
     enabled: bool = True
     leading: bool = True
-    """False when ``config.leader`` is on and another reaper holds the leader lease."""
+    """False when ``config.leader`` is on and other reapers lead every kind this one serves."""
+    standby: list[str] = field(default_factory=list)
+    """With ``config.leader``: the kinds this reaper served as a standby this tick (another
+    reaper leads them); the other kinds it reaped."""
     would_move: list[tuple[str, str, str, str]] = field(default_factory=list)
     """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
 
@@ -198,10 +201,11 @@ class ReapResult:
         if not self.enabled:
             return "reaper disabled: touched nothing"
         if not self.leading:
-            return "standby: another reaper holds the leader lease"
+            return f"standby: another reaper leads {', '.join(self.standby) or 'every kind'}"
+        standby = f"; standby for {', '.join(self.standby)}" if self.standby else ""
         return (
             f"{head} {moved}; lost races {self.lost_races}; refused {self.refused}; bad rows {self.bad_rows}; "
-            f"errors {self.errors}; {self.duration_s * 1000:.1f} ms"
+            f"errors {self.errors}; {self.duration_s * 1000:.1f} ms{standby}"
         )
 
 

@@ -1,8 +1,12 @@
-"""One leader at a time: a lease on a reserved row, for reapers that should not overlap.
+"""One leader at a time per lifecycle: a lease on a reserved row, for reapers that should
+not overlap.
 
 Reapers are correct without it (every move re-checks its rule in the statement, and
 PostgreSQL claims rows with ``FOR UPDATE SKIP LOCKED``); a leader only saves the others
-the work.  The reserved row is an ordinary entity of kind ``fsm.leader`` that no lifecycle
+the work.  Leadership is per lifecycle kind (:func:`leader_key`): a worker's embedded
+reaper leading ``job`` never makes a pipeline reaper beside it a standby, so every kind
+with reaper rules has exactly one leader at a time, whichever set of kinds each reaper
+serves.  Each reserved row is an ordinary entity of kind ``fsm.leader`` that no lifecycle
 queries, and leadership is an ordinary lease on it: the leader renews it at every tick, a
 standby takes it over once it expires, and a takeover bumps the fencing token.
 """
@@ -18,6 +22,12 @@ from stores.base import Store
 
 LEADER_KIND = "fsm.leader"
 DEFAULT_LEADER_KEY = "fsm-reaper-leader"
+"""The prefix of every leader row's id (``fsm-reaper-leader:job``)."""
+
+
+def leader_key(kind: str) -> str:
+    """The id of the reserved row whose lease is the leadership of ``kind``'s reaping."""
+    return f"{DEFAULT_LEADER_KEY}:{kind}"
 
 
 class LeaderLease:
@@ -68,4 +78,4 @@ class LeaderLease:
                 return self.store.get(self.key)
 
 
-__all__ = ["DEFAULT_LEADER_KEY", "LEADER_KIND", "LeaderLease"]
+__all__ = ["DEFAULT_LEADER_KEY", "LEADER_KIND", "LeaderLease", "leader_key"]

@@ -33,8 +33,9 @@ from fsm.reaping.config import (
     ReapPolicy,
     ReapResult,
 )
-from fsm.reaping.leader import LeaderLease
+from fsm.reaping.leader import LeaderLease, leader_key
 from fsm.reaping.rules import Rule, plan_rules
+from fsm.reaping.ticklog import TickLog
 from fsm.reaping.wakeups import notify_moved, wakes_workers
 from fsm.records import (
     Actor,
@@ -120,7 +121,21 @@ class Reaper:
                 "leader=True needs a store with the library's own tables: on a store bound to an application "
                 "table the reserved leader row would land in that table; give the leader its own SqlStore"
             )
-        self.leader = LeaderLease(store, self.owner, self.config.effective_leader_ttl) if self.config.leader else None
+        ttl = self.config.effective_leader_ttl
+        self.leaders: dict[str, LeaderLease] = (
+            {
+                rp.bound_lifecycle.kind: LeaderLease(store, self.owner, ttl, leader_key(rp.bound_lifecycle.kind))
+                for rp in reap_policies
+            }
+            if self.config.leader
+            else {}
+        )
+        """With ``config.leader``: one leader lease per lifecycle kind this reaper serves.  A
+        tick reaps the kinds it leads; another reaper (a worker's, serving only ``job``) leads
+        its own kinds, never all of them."""
+        self.tick_log: TickLog | None = None
+        """Where :meth:`start`'s ticks are recorded (what ``fsm inspect`` shows as the
+        reaper's recent ticks), or ``None``: a worker's embedded reaper sets it."""
         # the claim without snapshots, when the store's class offers it (a wrapper that only
         # forwards attributes does not: its own move_candidates is what it means to be called);
         # called as the store's own attribute, so a shared in-memory SQLite store's lock wraps it
@@ -139,12 +154,17 @@ class Reaper:
         started = time.perf_counter()
         if self.config.enabled:
             try:
-                if self.leader is not None and not dry_run and not self.leader.try_lead():
-                    result.leading = False
-                    return self._finish(result, started, dry_run)
+                led = self._lead() if self.leaders and not dry_run else None
+                if led is not None:
+                    result.standby = sorted(set(self.leaders) - led)
+                    if not led:
+                        result.leading = False
+                        return self._finish(result, started, dry_run)
                 woken: set[str] = set()  # kinds whose workers can claim what this tick moved
                 try:
                     for i, rule in enumerate(self.rules):
+                        if led is not None and rule.engine.kind not in led:
+                            continue  # another reaper leads this kind
                         before = result.total_moved
                         self._run_rule(rule, result, dry_run)
                         if i in self._waking and result.total_moved > before:
@@ -161,6 +181,16 @@ class Reaper:
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
         return self._finish(result, started, dry_run)
+
+    def _lead(self) -> set[str]:
+        """Renew or take the leadership of each kind; the kinds this reaper leads now."""
+        return {kind for kind, lease in self.leaders.items() if lease.try_lead()}
+
+    @property
+    def leader(self) -> LeaderLease | None:
+        """The leader lease of this reaper's only kind (``None`` without ``config.leader``);
+        a reaper of several kinds has one per kind in :attr:`leaders`."""
+        return next(iter(self.leaders.values()), None) if len(self.leaders) == 1 else None
 
     def _finish(self, result: ReapResult, started: float, dry_run: bool) -> ReapResult:
         result.duration_s = time.perf_counter() - started
@@ -416,11 +446,11 @@ class Reaper:
             self._stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        if self.leader is not None:
+        for kind, lease in self.leaders.items():
             try:
-                self.leader.resign()  # a standby takes over at its next tick, not after the TTL
+                lease.resign()  # a standby takes over at its next tick, not after the TTL
             except Exception:
-                log.exception("could not resign the leader lease; it expires on its own")
+                log.exception("could not resign the leader lease of %s; it expires on its own", kind)
 
     @property
     def running(self) -> bool:
@@ -430,7 +460,12 @@ class Reaper:
         interval = min(self.config.interval.total_seconds(), threading.TIMEOUT_MAX)
         while not stop.is_set():
             result = self.run_once()
-            log.info("reaper tick: %s", result.summary())
+            # a tick that did something is INFO; an idle or standby one is DEBUG (every
+            # interval of every worker's reaper would otherwise fill the log)
+            idle = not result.total_moved and not result.errors and not result.bad_rows
+            log.log(logging.DEBUG if idle else logging.INFO, "reaper tick: %s", result.summary())
+            if self.tick_log is not None and (result.leading or result.errors):
+                self.tick_log.record(result, self.owner)  # never raises: logged instead
             stop.wait(interval)
 
 

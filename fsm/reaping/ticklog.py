@@ -55,6 +55,7 @@ def tick_summary(result: ReapResult, owner: str) -> dict[str, object]:
         "errors": result.errors,
         "duration_ms": round(result.duration_s * 1000, 1),
         "leading": result.leading,
+        "standby": list(result.standby),
         "enabled": result.enabled,
     }
 

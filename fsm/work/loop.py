@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Collection, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -66,6 +66,9 @@ DEFAULT_CLAIM_GATHER = timedelta(milliseconds=2)
 """After a slot frees on a full worker, how long the loop waits for more to free before
 it claims: the completer's own delay, so a batch that committed together is claimed
 again together.  A long handler pays it once per claim, never per job."""
+MIN_POLL_INTERVAL = timedelta(milliseconds=5)
+"""The shortest poll interval a worker accepts: a drained worker claims once per interval,
+and a zero would spin a core."""
 MIN_DUE_WAIT = 0.001
 """The shortest wait for a due time (a row due now but not claimed is another claimer's)."""
 STOPPING = "worker stopping"
@@ -197,7 +200,7 @@ class WorkerStats:
 
     claimed: int = 0
     finished: int = 0
-    """Entities left in a state without a handler (usually final)."""
+    """Entities that reached a final state under this worker."""
     failed: int = 0
     """Handlers that raised (the entity was retried, failed or released)."""
     retried: int = 0
@@ -217,23 +220,49 @@ def check_worker(
     poll_interval: object,
     grace: object,
 ) -> None:
-    """Refuse a worker's configuration with every problem named (both faces' worker)."""
+    """Refuse a worker's configuration with every problem named (both faces' worker).
+
+    The handlers must cover at least one state a claim leaves an entity in (``running``
+    of a job, started from ``queued``; ``finalizing``, resumed after a reclaim): the
+    worker claims only those (:func:`claim_states`), and a map that covers none would
+    claim nothing."""
     problems = []
-    unknown = sorted(set(handlers) - set(table.leaves))
+    if not isinstance(handlers, Mapping):
+        problems.append(f"handlers must be a mapping of state name to handler, not {type(handlers).__name__}")
+        handlers = {}
+    not_names = [repr(k)[:80] for k in handlers if not isinstance(k, str)]
+    if not_names:
+        problems.append(f"handler keys must be state names (str), not {', '.join(not_names)}")
+    names = {k for k in handlers if isinstance(k, str)}
+    unknown = sorted(names - set(table.leaves))
     if unknown:
-        problems.append(f"no such leaf state of {kind}: {', '.join(unknown)}")
-    finals = sorted(set(handlers) & table.finals)
+        problems.append(f"no such leaf state of {kind}: {', '.join(u[:80] for u in unknown)}")
+    finals = sorted(names & table.finals)
     if finals:
         problems.append(f"final states have no work to do: {', '.join(finals)}")
     if not all(callable(h) for h in handlers.values()):
         problems.append("every handler must be callable")
+    if not problems and not claim_states(table, names):
+        entries = ", ".join(sorted(claim_states(table, set(table.leaves))))
+        problems.append(
+            f"no handler for a state a claim leaves an entity in ({entries}): the worker would claim work it cannot do"
+        )
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
         problems.append(f"concurrency must be an integer from 1 to 1024, not {concurrency!r}")
-    for name, value in (("poll_interval", poll_interval), ("grace", grace)):
-        if not isinstance(value, timedelta) or value < timedelta() or value > timedelta(days=1):
-            problems.append(f"{name} must be a timedelta from 0 to 1 day, not {value!r}")
+    if not isinstance(poll_interval, timedelta) or not MIN_POLL_INTERVAL <= poll_interval <= timedelta(days=1):
+        problems.append(f"poll_interval must be a timedelta from 5 ms to 1 day, not {poll_interval!r}")
+    if not isinstance(grace, timedelta) or grace < timedelta() or grace > timedelta(days=1):
+        problems.append(f"grace must be a timedelta from 0 to 1 day, not {grace!r}")
     if problems:
         raise ConfigError("invalid worker: " + "; ".join(problems), problems=problems)
+
+
+def claim_states(table: CompiledTable, handled: Collection[str]) -> frozenset[str]:
+    """The states a claim leaves an entity in that have a handler: what a worker claims
+    into (``Engine.claim(into=...)``).  A state a claim leaves entities in without a
+    handler is left to a worker that has one."""
+    starts, resumes = claim_plan(table)
+    return frozenset(s.target for s in starts if s.target in handled) | frozenset(r for r in resumes if r in handled)
 
 
 def _nothing() -> None:
@@ -275,7 +304,9 @@ class WorkerCore:
         self.poll_interval = poll_interval.total_seconds()
         self.grace = grace.total_seconds()
         self.claim_gather = claim_gather.total_seconds()
-        starts, resumes = claim_plan(table)
+        self.claim_into = claim_states(table, self.handlers)
+        """The states this worker claims into (``Engine.claim(into=...)``): those it has a handler for."""
+        starts, resumes = claim_plan(table, into=self.claim_into)
         self.claimable = tuple(dict.fromkeys([s.source for s in starts] + list(resumes)))
         """The states a claim takes rows from (where a row waits out its due time)."""
         self.stats = WorkerStats()
@@ -364,7 +395,27 @@ class WorkerCore:
         while True:
             handler = self.handlers.get(job.state)
             if handler is None:
-                self.count("finished")
+                if job.state in self.table.finals:
+                    self.count("finished")
+                    return
+                # a state another worker handles (a finalizer pool): give the lease back, so
+                # that worker claims it now instead of after the reaper's reclaim
+                lease = job.snapshot.lease
+                log.info(
+                    "released %s %s in %s: this worker has no handler for it",
+                    self.kind,
+                    job.id,
+                    job.state,
+                    extra={
+                        "entity": job.id,
+                        "kind": self.kind,
+                        "owner": lease.owner if lease else None,
+                        "token": job.snapshot.lease_token,
+                        "state": job.state,
+                        "outcome": "released",
+                    },
+                )
+                yield from self.release(job)
                 return
             state = job.state
             started = time.perf_counter()  # report() logs each outcome and sends ``handled``
@@ -470,6 +521,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_HANDLER_CONNECTIONS",
     "DEFAULT_POLL_INTERVAL",
+    "MIN_POLL_INTERVAL",
     "STOPPING",
     "Call",
     "CoreFace",
@@ -481,6 +533,7 @@ __all__ = [
     "WorkerCore",
     "WorkerStats",
     "check_worker",
+    "claim_states",
     "drive",
     "drive_async",
     "parse_outcome",

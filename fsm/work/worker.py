@@ -102,8 +102,10 @@ def worker_reaper(
     engine: Engine, reap: bool | ReaperConfig | Mapping[str, object], *, store: Store | None = None
 ) -> Reaper:
     """The reaper a ``Worker(..., reap=...)`` runs: the engine's lifecycle and policy (one
-    source of truth with the claim window), under the leader lease, so that of many
-    workers one reaps at a time and a standby takes over when the leader dies.
+    source of truth with the claim window), under the leader lease of that lifecycle, so
+    that of many workers one reaps it at a time and a standby takes over when the leader
+    dies (reapers of other lifecycles lead their own: leadership is per lifecycle).  Each
+    tick it leads is recorded in the store's tick log (``fsm inspect`` shows it).
 
     ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
     of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
@@ -118,8 +120,12 @@ def worker_reaper(
         config = validated_config(reap).model_copy(update={"leader": True})
     else:
         raise ConfigError(f"reap must be a bool or a ReaperConfig, not {type(reap).__name__}")
+    from fsm.reaping.ticklog import TickLog
+
     on = engine.store if store is None else store
-    return Reaper(on, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+    reaper = Reaper(on, {engine.lifecycle: engine.policy}, config, clock=engine.clock, owner=engine.owner)
+    reaper.tick_log = TickLog(on)  # its ticks show in ``fsm inspect`` as the CLI reaper's do
+    return reaper
 
 
 def alone(idempotency_key: str | None, reason: str | None, error: object, run_after: timedelta | None) -> bool:
@@ -363,7 +369,7 @@ class Worker(CoreFace):
         if self._stopping.is_set() or free <= 0:
             return 0
         try:
-            claimed = self.engine.claim(free)
+            claimed = self.engine.claim(free, into=self.core.claim_into)
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0

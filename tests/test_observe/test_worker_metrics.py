@@ -138,14 +138,18 @@ def test_a_worker_process_serves_its_metrics_on_metrics_port(tmp_path: Path, fac
 
 def test_the_workers_of_a_process_share_one_endpoint_closed_by_the_last() -> None:
     engine = Engine(JobLifecycle, MemoryStore())
-    first = Worker(engine, {}, metrics_port=0)
+    first = Worker(engine, {"running": lambda job: None}, metrics_port=0)
     try:
         assert first.metrics is not None and observe.active() is first.metrics.instrumentation
-        second = Worker(engine, {}, metrics_port=first.metrics.port)
-        third = Worker(engine, {}, metrics_port=0)
+        second = Worker(engine, {"running": lambda job: None}, metrics_port=first.metrics.port)
+        third = Worker(engine, {"running": lambda job: None}, metrics_port=0)
         assert second.metrics is first.metrics and third.metrics is first.metrics
         with pytest.raises(ConfigError, match="one endpoint per process"):
-            Worker(engine, {}, metrics_port=first.metrics.port + 1 if first.metrics.port < 65535 else 1)
+            Worker(
+                engine,
+                {"running": lambda job: None},
+                metrics_port=first.metrics.port + 1 if first.metrics.port < 65535 else 1,
+            )
         url = first.metrics.url
         first.stop()
         second.stop()
@@ -164,11 +168,11 @@ def test_the_workers_of_a_process_share_one_endpoint_closed_by_the_last() -> Non
 def test_a_bad_metrics_port_is_refused_with_a_typed_error_before_any_work(port: object) -> None:
     engine = Engine(JobLifecycle, MemoryStore())
     with pytest.raises(ConfigError):
-        Worker(engine, {}, metrics_port=port)  # type: ignore[arg-type]
+        Worker(engine, {"running": lambda job: None}, metrics_port=port)  # type: ignore[arg-type]
     assert observe.active() is None
 
 
 def test_without_metrics_port_a_worker_serves_nothing() -> None:
-    worker = Worker(Engine(JobLifecycle, MemoryStore()), {})
+    worker = Worker(Engine(JobLifecycle, MemoryStore()), {"running": lambda job: None})
     assert worker.metrics is None and observe.active() is None
     worker.stop()

@@ -593,7 +593,7 @@ def test_with_leader_on_only_one_of_two_reapers_ticks_until_the_leader_dies(
     taken = second.run_once()
     assert taken.leading
     assert not first.run_once().leading  # back from the dead, it finds a new leader
-    assert any_store.get("fsm-reaper-leader").lease_owner == "reaper-b"
+    assert any_store.get("fsm-reaper-leader:pipeline").lease_owner == "reaper-b"
 
 
 def test_a_stopped_leader_resigns_so_a_standby_leads_at_its_next_tick(any_store: Store, clock: ManualClock) -> None:
@@ -714,7 +714,7 @@ def test_a_dry_run_lists_a_row_two_rules_would_move_once_and_takes_no_leadership
     from fsm import UnknownEntity
 
     with pytest.raises(UnknownEntity):
-        any_store.get("fsm-reaper-leader")  # a dry run writes nothing, not even the leader row
+        any_store.get("fsm-reaper-leader:pipeline")  # a dry run writes nothing, not even the leader row
 
 
 def test_a_reap_policy_for_another_lifecycle_is_refused() -> None:

@@ -28,6 +28,7 @@ def test_each_live_tick_is_one_history_row_with_its_counts() -> None:
         "errors": 0,
         "duration_ms": 2.0,
         "leading": True,
+        "standby": [],
         "enabled": True,
     }
     assert rows[1].reason == "moved 0, 1 errors"

@@ -223,4 +223,4 @@ def test_reap_needs_an_async_store_with_a_sync_twin() -> None:
         sync_store = None  # type: ignore[assignment]
 
     with pytest.raises(ConfigError, match="sync twin"):
-        AsyncWorker(AsyncEngine(JobLifecycle, NoTwin()), {}, reap=True)
+        AsyncWorker(AsyncEngine(JobLifecycle, NoTwin()), {"running": lambda job: None}, reap=True)

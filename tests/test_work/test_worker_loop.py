@@ -181,8 +181,8 @@ def test_a_worker_that_reaps_runs_a_leader_reaper_of_its_lifecycle_and_policy_an
     worker.stop()
     thread.join(PATIENT)
     assert not worker.reaper.running
-    chosen = Worker(engine, {}, reap=ReaperConfig(interval=timedelta(seconds=3)))
+    chosen = Worker(engine, {"running": lambda job: None}, reap=ReaperConfig(interval=timedelta(seconds=3)))
     assert chosen.reaper is not None and chosen.reaper.config.leader  # always under the leader lease
-    assert Worker(engine, {}).reaper is None
+    assert Worker(engine, {"running": lambda job: None}).reaper is None
     with pytest.raises(ConfigError):
-        Worker(engine, {}, reap={"interval": -1})
+        Worker(engine, {"running": lambda job: None}, reap={"interval": -1})
