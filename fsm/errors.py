@@ -167,14 +167,27 @@ class EntityMovedOn(Fenced):
     """A lease holder's entity was moved on without it: expired, requeued or reclaimed by the
     reaper (or finished by another holder).  ``state`` is where the entity is now."""
 
-    def __init__(self, entity_id: str, *, state: str, token: int | None, found_token: int, owner: str | None) -> None:
+    def __init__(
+        self,
+        entity_id: str,
+        *,
+        state: str,
+        token: int | None,
+        found_token: int,
+        owner: str | None,
+        cause: str | None = None,
+    ) -> None:
         self.entity_id = entity_id
         self.state = state
         self.expected_token = token
         self.found_token = found_token
         self.owner = owner
+        self.cause = cause
+        """What moved it, when known: the transition's event and reason (``cancel (operator
+        alice: wrong branch)``)."""
+        by = f", by {cause}" if cause else ""
         super().__init__(
-            f"entity {entity_id!r} moved on without its holder {owner!r} (token {token}): it is now in "
+            f"entity {entity_id!r} moved on without its holder {owner!r} (token {token}){by}: it is now in "
             f"{state!r} with token {found_token}; stop working on it"
         )
 

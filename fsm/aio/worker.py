@@ -143,6 +143,10 @@ class AsyncJob(HeldEntity):
         self.snapshot = await self.engine.get(self.id)
         return self.snapshot
 
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (the worker waits out a store outage with it)."""
+        await asyncio.sleep(seconds)
+
     async def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""
         return await self.engine.release_lease(self.held.lease)

@@ -42,6 +42,7 @@ from fsm.errors import (
     ConditionFailed,
     ConfigError,
     EntityExists,
+    EntityMovedOn,
     Fenced,
     FsmError,
     GuardRejected,
@@ -503,11 +504,29 @@ class Engine(EngineWork):
         else finished is."""
         if snap.lease_owner == lease.owner and snap.lease_token == lease.token:
             return
-        if snap.state in self.table.finals and snap.lease_token == lease.token:
+        last = None
+        if snap.lease_owner is None:  # moved on with nobody holding it: by what (and whom)
             history = self.store.history(snap.id)
-            if history and history[-1].actor == "worker" and history[-1].lease_token == lease.token:
-                return
+            last = history[-1] if history else None
+        # its own holder's write names the holder; an operator's override (a cancel of a
+        # running job) carries the same token but no owner: that holder is fenced
+        if (
+            snap.state in self.table.finals
+            and snap.lease_token == lease.token
+            and last is not None
+            and (last.actor, last.lease_token, last.owner) == ("worker", lease.token, lease.owner)
+        ):
+            return
         stop = fenced(snap, lease)
+        if isinstance(stop, EntityMovedOn) and last is not None and last.seq == snap.version:
+            stop = EntityMovedOn(
+                snap.id,
+                state=snap.state,
+                token=lease.token,
+                found_token=snap.lease_token,
+                owner=lease.owner,
+                cause=last.event + (f" ({last.reason})" if last.reason else ""),
+            )
         if stop is not None:
             raise stop
 

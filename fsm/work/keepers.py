@@ -43,23 +43,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsm.keeper")
 
 
+DEFAULT_FENCE_CHECK = timedelta(seconds=1)
+"""How often the keeper reads the row of each lease held longer than this, to tell its
+holder promptly that the entity moved on without it (an operator's cancel, another
+process's fire): ``job.lost`` turns True within about this long, not at the next renewal
+(a third of the TTL).  A job done sooner is never read: the check costs nothing on a fast
+queue, and one read per long-held lease per period otherwise."""
+
+
 @dataclass(eq=False)
 class _Kept:
     held: HeldLease
     due: float
     deadline: float
     """When the lease as last renewed lapses (this process's monotonic clock)."""
+    check: float
+    """When the keeper next reads the row to see whether the entity moved on."""
 
 
 class LeaseKeepers:
     """Renews every lease it keeps from one thread (see the module doc)."""
 
-    def __init__(self, engine: Engine, *, period: timedelta | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, period: timedelta | None = None, fence_check: timedelta = DEFAULT_FENCE_CHECK
+    ) -> None:
         ttl = engine.policy.lease_ttl
         period = ttl / RENEW_FRACTION if period is None else period
         if not isinstance(period, timedelta) or period <= timedelta() or period >= ttl:
             raise ConfigError(f"the keeper's period must be positive and below the lease TTL ({ttl}), not {period!r}")
+        if not isinstance(fence_check, timedelta) or not timedelta(milliseconds=10) <= fence_check <= timedelta(
+            hours=1
+        ):
+            raise ConfigError(f"the keeper's fence_check must be a timedelta from 10 ms to 1 hour, not {fence_check!r}")
         self.engine = engine
+        self.fence_check = fence_check.total_seconds()
         self.period = period.total_seconds()
         self.ttl = ttl.total_seconds()
         self.rounds = 0
@@ -82,7 +99,7 @@ class LeaseKeepers:
             # is due; a new lease is due a period from now, after every kept one (and after
             # an idle thread's next look), so keeping it never wakes the thread: no thread
             # switch on the way from a claim to its handler
-            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl)
+            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl, now + self.fence_check)
             if not self._stopped:
                 self._ensure_running()
         return held
@@ -170,6 +187,35 @@ class LeaseKeepers:
         log.info("renewal of %s failed, retrying: %s", held.entity_id, answer)
         return KeepResult(renewed=False, retry=True, reason=str(answer))
 
+    def check_once(self) -> dict[str, KeepResult]:
+        """Read the row of every lease held past its check time, and tell each holder
+        whose entity moved on without it (``held.lost``, with the fencing error naming
+        what moved it); the result of each lost one, by entity id.  A row that cannot be
+        read is left to the next check or renewal."""
+        now = time.monotonic()
+        with self._changed:
+            due = [k for k in self._kept.values() if k.check <= now and not k.held.lost]
+            for kept in due:
+                kept.check = now + self.fence_check
+        results: dict[str, KeepResult] = {}
+        for kept in due:
+            held = kept.held
+            try:
+                snap = self.engine.store.get(held.entity_id)
+                self.engine._check_holder(snap, held.lease)
+            except Fenced as err:
+                if self._finished_by_holder(held):
+                    self.release(held)
+                    continue
+                held._lose(err)
+                self.release(held)
+                self.engine._lease_lost(held.lease, err, "fence check")
+                log.warning("lease of %s lost while its handler runs: %s", held.entity_id, err)
+                results[held.entity_id] = KeepResult(renewed=False, lost=True, reason=str(err))
+            except FsmError as err:  # unreachable, deleted: the renewal decides
+                log.debug("fence check of %s skipped: %s", held.entity_id, err)
+        return results
+
     def _finished_by_holder(self, held: HeldLease) -> bool:
         """Whether the lease's own holder finished the entity (the engine's fencing rule)."""
         try:
@@ -195,7 +241,7 @@ class LeaseKeepers:
         (called under the lock)."""
         # a lease its holder already lost is never renewed (run_once skips it): counting
         # its due time would wake the loop at once, forever
-        first = min((k.due for k in self._kept.values() if not k.held.lost), default=None)
+        first = min((min(k.due, k.check) for k in self._kept.values() if not k.held.lost), default=None)
         return None if first is None else first - time.monotonic()
 
     def _round_failed(self) -> None:
@@ -217,6 +263,7 @@ class LeaseKeepers:
                     return
             try:
                 self.run_once()
+                self.check_once()
             except Exception:  # never let the keeper die silently: retried next round
                 self._round_failed()
 
@@ -226,8 +273,10 @@ class AsyncLeaseKeepers(LeaseKeepers):
     :class:`~fsm.aio.AsyncWorker` holds, one transaction a round, through the async
     engine's greenlet bridge (the same rounds and answers as the thread face's)."""
 
-    def __init__(self, engine: AsyncEngine, *, period: timedelta | None = None) -> None:
-        super().__init__(engine.sync, period=period)
+    def __init__(
+        self, engine: AsyncEngine, *, period: timedelta | None = None, fence_check: timedelta = DEFAULT_FENCE_CHECK
+    ) -> None:
+        super().__init__(engine.sync, period=period, fence_check=fence_check)
         self.aengine = engine
         self._task: asyncio.Task[None] | None = None
         self._look = asyncio.Event()
@@ -265,8 +314,9 @@ class AsyncLeaseKeepers(LeaseKeepers):
                 continue
             try:
                 await self.aengine._call(self.run_once)
+                await self.aengine._call(self.check_once)
             except Exception:  # never let the keeper die silently: retried next round
                 self._round_failed()
 
 
-__all__ = ["AsyncLeaseKeepers", "LeaseKeepers"]
+__all__ = ["DEFAULT_FENCE_CHECK", "AsyncLeaseKeepers", "LeaseKeepers"]

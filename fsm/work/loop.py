@@ -33,8 +33,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from fsm.engine.work import claim_plan
-from fsm.errors import ConfigError, Fenced, FsmError
-from fsm.policy import Policy
+from fsm.errors import ConfigError, Fenced, FsmError, StoreUnavailable
+from fsm.policy import Policy, RetryPolicy
 from fsm.records import Actor, Snapshot, error_record
 from fsm.table import CompiledTable
 from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
@@ -71,6 +71,13 @@ MIN_POLL_INTERVAL = timedelta(milliseconds=5)
 and a zero would spin a core."""
 MIN_DUE_WAIT = 0.001
 """The shortest wait for a due time (a row due now but not claimed is another claimer's)."""
+OUTAGE_PAUSE = 0.05
+"""The first wait before a handler error's record is written again after the store failed
+to take it (doubled each time, up to :data:`MAX_OUTAGE_PAUSE`, while the lease is held)."""
+MAX_OUTAGE_PAUSE = 2.0
+TRANSIENT_RETRY = RetryPolicy()
+"""The backoff of a store outage met by a handler in a state without a RetryPolicy: the
+defaults (an outage is retried whatever the state's policy; it spends no attempt)."""
 STOPPING = "worker stopping"
 """``job.held.reason`` of a handler still running when :meth:`Worker.stop`'s grace ran out."""
 
@@ -192,6 +199,12 @@ class JobFace(Protocol):
     def refresh(self) -> Any: ...
 
     def release(self) -> Any: ...
+
+    @property
+    def lost(self) -> bool: ...
+
+    def pause(self, seconds: float) -> Any:
+        """Wait ``seconds`` (less if the lease is lost first)."""
 
 
 @dataclass
@@ -447,35 +460,79 @@ class WorkerCore:
         transition it causes: ``retry`` (due again after the backoff) while the state's
         :class:`~fsm.policy.RetryPolicy` retries it and attempts remain, else ``fail`` with
         reason ``error``; a lifecycle that lets the worker fire neither gets the lease back
-        (the reaper's budgets bound what follows).  Returns whether it retried."""
+        (the reaper's budgets bound what follows).  Returns whether it retried.
+
+        The store's own failure (``StoreUnavailable``: down, out of connections, SQLite's
+        write lock held past the busy timeout) is the infrastructure's, not the job's: it
+        is retried with backoff and spends no attempt (its error is recorded with
+        ``"transient": true``, which the attempt count skips), and it never fails the job.
+        When recording the outcome meets the same outage, the write is tried again with
+        backoff while the lease is held; once the lease is lost, the reaper's rules take
+        over (a requeue while attempts remain)."""
         state, token = job.state, job.snapshot.lease_token
+        transient = isinstance(err, StoreUnavailable)
         retry = self.policy.retry_for(state)
+        if transient and retry is None:
+            retry = TRANSIENT_RETRY
         can_retry = retry is not None and self.may_fire(state, "retry")
-        attempt = 1
+        attempt, outages = 1, 0
         if can_retry:
             try:  # the n-th error in this state: each retry out of it recorded one before
                 history = yield step(job.history)
-                attempt += sum(1 for h in history if h.event == "retry" and h.source == state)
+                for h in history:
+                    if h.event == "retry" and h.source == state:
+                        if h.error is not None and h.error.get("transient"):
+                            outages += 1
+                        else:
+                            attempt += 1
             except FsmError as read_err:
                 log.warning("could not count the attempts of %s: %s", job.id, read_err)
         error = error_record(err, attempt=attempt)
-        if can_retry and retry is not None and retry.retries(err) and attempt < retry.max_attempts:
-            delay = retry.backoff(attempt)
-            try:
-                yield step(job.fire, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}")
+        if transient:
+            error["transient"] = True
+        if can_retry and retry is not None and (transient or (retry.retries(err) and attempt < retry.max_attempts)):
+            delay = retry.backoff(outages + 1 if transient else attempt)
+            done = yield from self.record(
+                job, "retry", error=error, run_after=delay, idempotency_key=f"worker-retry:{token}"
+            )
+            if done:
                 self.count("retried")
                 self.due_later()  # a drained loop sleeping past the backoff reads it again
                 return True
-            except FsmError as fire_err:
-                log.warning("could not retry %s after its handler raised: %s", job.id, fire_err)
-        if self.may_fire(state, "fail"):
-            try:
-                yield step(job.fire, "fail", reason="error", error=error, idempotency_key=f"worker-fail:{token}")
+            if done is None:
                 return False
-            except FsmError as fire_err:
-                log.warning("could not fail %s after its handler raised: %s", job.id, fire_err)
+        if not transient and self.may_fire(state, "fail"):
+            done = yield from self.record(
+                job, "fail", reason="error", error=error, idempotency_key=f"worker-fail:{token}"
+            )
+            if done is not False:
+                return False
         yield from self.release(job)
         return False
+
+    def record(self, job: JobFace, event: str, **kwargs: Any) -> Generator[Call, Any, bool | None]:
+        """Fire a handler error's ``event`` (``retry``, ``fail``); an outage of the store is
+        waited out with backoff while the lease is held.  ``True``: recorded; ``None``: the
+        job is not this worker's any more (fenced, or the lease lapsed during the outage),
+        told with one WARNING; ``False``: refused for another reason (logged)."""
+        pause = OUTAGE_PAUSE
+        while True:
+            try:
+                yield step(job.fire, event, **kwargs)
+                return True
+            except Fenced as fenced:
+                log.warning("%s of %s not recorded: %s", event, job.id, fenced)
+                return None
+            except StoreUnavailable as outage:
+                if job.lost:
+                    log.warning("%s of %s not recorded: the lease lapsed during an outage (%s)", event, job.id, outage)
+                    return None
+                log.info("%s of %s waits out an outage of the store (%.2f s): %s", event, job.id, pause, outage)
+                yield step(job.pause, pause)
+                pause = min(pause * 2, MAX_OUTAGE_PAUSE)
+            except FsmError as fire_err:
+                log.warning("could not %s %s after its handler raised: %s", event, job.id, fire_err)
+                return False
 
     def release(self, job: JobFace) -> Steps:
         try:

@@ -282,6 +282,11 @@ class Job(HeldEntity):
             self._given_back()
         return self.snapshot
 
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the lease is lost first (the worker waits out a
+        store outage with it)."""
+        self.held.wait_lost(seconds)
+
     def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""
         try:
