@@ -49,14 +49,18 @@ the rate grows with the batch.  Drain of no-op jobs against pgqueuer on one Post
 cores): 1 process 0.91x at 16, 1.11x at 24, 1.22x at 32 (client CPU per job 0.113, 0.097,
 0.087 ms); 4 processes 0.97x, 1.03x, 1.16x.  A slot costs a thread on the thread face, not
 a connection: handler threads share at most :data:`DEFAULT_HANDLER_CONNECTIONS`."""
-DEFAULT_HANDLER_CONNECTIONS = 16
+DEFAULT_HANDLER_CONNECTIONS = 5
 """The most PostgreSQL connections a thread worker's handlers hold at once: each call
 through a handler's ``job`` (``job.run``, ``job.progress``, a retry's fire) takes one and
 gives it back when it returns, an effect's ``fn`` running with none (a handler's own
-engine calls give theirs back when its thread is free).  Each worker process also holds
-one each for its claim loop, completer and keeper (and a ``LISTEN`` one): 4 processes stay
-well under PostgreSQL's default 100 connections, whatever their concurrency.  On SQLite
-each thread keeps its own (no server counts them)."""
+engine calls give theirs back when its thread is free).  A handler holds one for a few
+milliseconds per call, so 5 serve 32 slots; a handler that waits longer for one (30 s)
+meets ``StoreUnavailable``, which the worker retries without spending an attempt.  On
+SQLite each thread keeps its own (no server counts them)."""
+MAX_WORKER_CONNECTIONS = DEFAULT_HANDLER_CONNECTIONS + 5
+"""The most PostgreSQL connections a default thread worker process holds: its handlers'
+5, plus one each for the claim loop, the completer, the lease keeper, the ``LISTEN`` and
+(``reap=True``) the reaper.  Four such processes hold 40 of PostgreSQL's default 100."""
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 """The fallback when no wake-up comes (a lost ``NOTIFY``, a store without notices, work
 another process made claimable without telling): wake-ups and due times do the rest."""
@@ -578,6 +582,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_HANDLER_CONNECTIONS",
     "DEFAULT_POLL_INTERVAL",
+    "MAX_WORKER_CONNECTIONS",
     "MIN_POLL_INTERVAL",
     "STOPPING",
     "Call",
