@@ -310,7 +310,10 @@ class Store(Protocol):
         caller passes its lifecycle's final states) and whose ``updated_at`` is before
         ``before``, oldest first, with their history, effects and renewal log, in one
         transaction; returns their ids in that order.  Soft-deleted rows in those states
-        go too.  A row is removed only if it still matches in the removing transaction;
+        go too.  The store cannot tell a final state from another (it knows no lifecycle):
+        ``Engine.prune`` passes the final states; whatever a direct caller names, a row
+        whose lease is held (live work: a final state's lease is always cleared) is never
+        removed.  A row is removed only if it still matches in the removing transaction;
         rows of other kinds or states are never touched.  ``dry_run``: the ids that would
         be removed; nothing changes.  ``InvalidArgument`` for a bad argument (nothing
         removed); ``ConfigError`` on a store bound to the application's table."""

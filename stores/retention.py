@@ -88,7 +88,8 @@ class MemoryRetention:
                 (
                     row
                     for row in self._rows.values()
-                    if row.kind == kind and row.state in finals and row.updated_at < before
+                    # a held row is live work, whatever states the caller named
+                    if row.kind == kind and row.state in finals and row.updated_at < before and row.lease_owner is None
                 ),
                 key=lambda row: (row.updated_at, row.id),
             )[:limit]

@@ -295,3 +295,20 @@ def test_store_prune_checks_the_shape_of_states_and_removes_nothing(
     with pytest.raises(InvalidArgument, match="state"):
         any_store.prune("job", BAD_STATES[bad](), any_store.now())  # type: ignore[arg-type]
     assert (any_store.get(done, include_deleted=True), any_store.history(done)) == before
+
+
+def test_store_prune_never_removes_a_held_row_whatever_states_it_is_given(any_store: Store, clock: ManualClock) -> None:
+    """The store cannot tell a final state from another; a direct caller that names
+    ``running`` still cannot delete live work: a held row is never pruned."""
+    from datetime import timedelta
+
+    jobs = Engine(JobLifecycle, any_store, clock=clock)
+    jobs.create("held")
+    jobs.create("waiting")
+    [held] = jobs.claim(1)
+    assert held.id == "held"
+    clock.advance(timedelta(days=2))
+    later = any_store.now() + timedelta(days=1)  # SQL stores read the server's clock
+    assert any_store.prune("job", ["running"], later, dry_run=True) == []
+    assert any_store.prune("job", ["running"], later) == []
+    assert jobs.get("held").state == "running" and len(jobs.history("held")) == 1

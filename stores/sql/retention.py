@@ -45,7 +45,10 @@ class RetentionOps(SqlCore):
         c = sql.L.col
         where = (
             f"e.{c['kind']} = {f.p('kind')} AND {f.in_ids('e.' + c['state'], 'states')} "
-            f"AND e.{c['updated_at']} < {f.p('before')}"
+            f"AND e.{c['updated_at']} < {f.p('before')} "
+            # a held row is live work, whatever states the caller named (a final state's
+            # lease is always cleared): a wrong ``states`` never deletes a running job
+            f"AND e.{c['lease_owner']} IS NULL"
         )
         pick = (
             f"SELECT e.{c['id']} FROM {sql.E} AS e WHERE {where} "
