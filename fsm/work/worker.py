@@ -29,7 +29,11 @@ outcome is handed to the completer, so the next claim does not wait for that com
 handler that raises is logged with the entity id and the entity is failed (the state's
 ``fail`` event, if the lifecycle lets the worker fire it), or its lease is released for
 another worker; a handler never kills the worker.  A handler whose lease is lost is told
-at its next ``job.run`` / ``job.fire`` (``Fenced``) and simply stops.
+at its next ``job.run`` / ``job.fire`` (``Fenced``) and simply stops; one whose entity
+was moved on without it (an operator's ``cancel``) sees ``job.lost`` within about a
+second, the keeper's fence check (:data:`fsm.work.keepers.DEFAULT_FENCE_CHECK`).  A
+store outage met by a handler is retried without spending an attempt, never failed.
+The worker claims only into states it has a handler for.
 
 The loop never sleeps while it is full: it waits for a slot to free, and when the queue
 is drained for :meth:`Worker.wake` (which a ``NOTIFY`` listener calls) or the poll
