@@ -18,6 +18,7 @@ from pydantic import (
     Strict,
     TypeAdapter,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -57,6 +58,18 @@ StateName = Annotated[str, Strict()]
 type are refused, not converted)."""
 
 
+def config_errors(model: str, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Validate ``data`` with ``handler``; a pydantic ``ValidationError`` becomes the
+    library's :class:`~fsm.errors.ConfigError` naming every problem (a model of the
+    library's configuration, built directly or by ``replace``, answers with its typed
+    error, never pydantic's)."""
+    try:
+        return handler(data)
+    except ValidationError as err:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in err.errors()]
+        raise ConfigError(f"invalid {model}: " + "; ".join(problems), problems=problems) from None
+
+
 class RetryPolicy(BaseModel):
     """How a worker retries a handler that raised, after Temporal's ``RetryPolicy``.
 
@@ -73,6 +86,11 @@ class RetryPolicy(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return config_errors(cls.__name__, data, handler)
 
     max_attempts: int = Field(default=DEFAULT_RETRY_ATTEMPTS, ge=1, le=10_000, strict=True)
     initial_interval: timedelta = Field(default=DEFAULT_INITIAL_INTERVAL)
@@ -171,6 +189,11 @@ class Policy(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return config_errors(cls.__name__, data, handler)
 
     # defaults as default=...: a user's mypy without the pydantic plugin reads only the
     # keyword (dataclass_transform), and would call every field a required argument

@@ -224,7 +224,7 @@ def test_a_duration_under_a_microsecond_is_refused_everywhere(any_store: Store) 
     assert _rows(any_store, "j1") == before
     with pytest.raises(ConfigError, match="microsecond"):
         validated_config({"interval": 1e-9, "leader": True})  # its leader lease would have a zero TTL
-    with pytest.raises(ValueError, match="microsecond"):
+    with pytest.raises(ConfigError, match="microsecond"):
         Policy(lease_ttl=4e-7)
     assert validated_config({"interval": 1e-6, "leader": True}).effective_leader_ttl == timedelta(microseconds=3)
 

@@ -9,7 +9,7 @@
    not converted (a str or bool is never a number; NaN and infinities never pass), and so
    are exception-type collections pydantic would convert without checking their names and
    state-name keys that are not strings.  ``replace`` says so with a ``ConfigError``
-   naming every problem; the constructors with pydantic's ``ValidationError``, as before.
+   naming every problem, and so do the constructors (the library's error, not pydantic's).
 3. Pruning: only the engine knows which states are final (stores sit below lifecycles), so
    :meth:`fsm.Engine.prune` (and ``fsm prune``, which calls it) hands the store its
    lifecycle's final states and nothing else; the store checks the shape of ``states``.
@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from fsm import ConfigError, Engine, InvalidArgument, JobLifecycle, ManualClock, PipelineLifecycle
 from fsm.policy import Policy, RetryPolicy
+from fsm.reaping import ReaperConfig, ReapPolicy
 from stores import Store
 
 # -- 1. watch --------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_retry_policy_numbers_are_strict_and_finite() -> None:
     for field, value in LAX_RETRY_VALUES:
         try:
             RetryPolicy(**{field: value})  # type: ignore[arg-type]
-        except ValidationError:
+        except ConfigError:  # the library's typed error, naming the field
             continue
         accepted.append((field, value))
     assert accepted == []
@@ -312,3 +313,19 @@ def test_store_prune_never_removes_a_held_row_whatever_states_it_is_given(any_st
     assert any_store.prune("job", ["running"], later, dry_run=True) == []
     assert any_store.prune("job", ["running"], later) == []
     assert jobs.get("held").state == "running" and len(jobs.history("held")) == 1
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: RetryPolicy(backoff_coefficient="2", jitter="0.1"),  # type: ignore[arg-type]
+        lambda: Policy(lease_ttl="soon"),  # type: ignore[arg-type]
+        lambda: Policy(retry={"running": {"jitter": "x"}}),  # type: ignore[dict-item]
+        lambda: ReaperConfig(interval=-1),  # type: ignore[arg-type]
+        lambda: ReapPolicy(max_active="long"),  # type: ignore[arg-type]
+    ],
+)
+def test_configuration_models_built_directly_raise_the_librarys_config_error(build: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build()
+    assert not isinstance(caught.value, ValidationError) and caught.value.problems

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from fsm.definition_rules import leased_states as _leased_states
 from fsm.lifecycle import Lifecycle
-from fsm.policy import Policy, duration
+from fsm.policy import Policy, config_errors, duration
 from fsm.records import LeaseChange
 
 DEFAULT_INTERVAL = timedelta(minutes=5)
@@ -27,6 +27,11 @@ class ReaperConfig(BaseModel):
     tick then reads and writes nothing."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return config_errors(cls.__name__, data, handler)
 
     # defaults as default=...: a user's mypy without the pydantic plugin reads only the
     # keyword (dataclass_transform), and would call every field a required argument
@@ -74,6 +79,11 @@ class ReapPolicy(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return config_errors(cls.__name__, data, handler)
 
     lifecycle: type[Lifecycle] | None = None
     """Optional where the Reaper's mapping key names it already (``{JobLifecycle: ReapPolicy(...)}``)."""
