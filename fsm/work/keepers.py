@@ -204,8 +204,8 @@ class LeaseKeepers:
                 snap = self.engine.store.get(held.entity_id)
                 self.engine._check_holder(snap, held.lease)
             except Fenced as err:
-                if self._finished_by_holder(held):
-                    self.release(held)
+                if self._moved_by_holder(held):
+                    self.release(held)  # its own retry, release or finish, not yet forgotten
                     continue
                 held._lose(err)
                 self.release(held)
@@ -215,6 +215,17 @@ class LeaseKeepers:
             except FsmError as err:  # unreachable, deleted: the renewal decides
                 log.debug("fence check of %s skipped: %s", held.entity_id, err)
         return results
+
+    def _moved_by_holder(self, held: HeldLease) -> bool:
+        """Whether the entity's last move was its holder's own (a retry or a release that
+        gave the lease back, a finish), made after the row was read or before the holder
+        left the keeper: the newest history row names the holder's owner and token."""
+        try:
+            history = self.engine.store.history(held.entity_id)
+        except FsmError:
+            return False
+        last = history[-1] if history else None
+        return last is not None and last.owner == held.lease.owner and last.lease_token == held.lease.token
 
     def _finished_by_holder(self, held: HeldLease) -> bool:
         """Whether the lease's own holder finished the entity (the engine's fencing rule)."""

@@ -304,3 +304,24 @@ def test_a_handler_error_whose_retry_meets_an_outage_is_retried_not_failed(
         runner.join(WAIT)
     events = [h.event for h in engine.history("j1")]
     assert events == ["start", "retry", "start", "exited", "complete"] and not outages
+
+
+@pytest.mark.parametrize("move", ["retry", "release"])
+def test_a_holders_own_retry_or_release_before_it_leaves_the_keeper_is_not_a_loss(any_store: Store, move: str) -> None:
+    """The keeper may read the row after the holder gave the lease back itself and before
+    the worker stopped keeping it: that is the holder's own move, not a loss to report."""
+    from fsm.work.keepers import LeaseKeepers
+
+    engine = Engine(JobLifecycle, any_store)
+    engine.create("j1")
+    [held] = engine.claim(1)
+    assert held.lease is not None
+    keepers = LeaseKeepers(engine, fence_check=timedelta(milliseconds=10))
+    kept = keepers.keep(held.lease)
+    if move == "retry":
+        engine.fire(held, "retry", lease=held.lease, run_after=timedelta(seconds=1))
+    else:
+        engine.release_lease(held.lease)
+    threading.Event().wait(0.05)
+    assert keepers.check_once() == {} and not kept.lost and len(keepers) == 0
+    keepers.stop()
