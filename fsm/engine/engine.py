@@ -490,9 +490,12 @@ class Engine(EngineWork):
         if recorded.event != event:
             raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=event)
         snap = self.get(entity_id)
-        if lease is not None:
+        own = lease is not None and recorded.owner == lease.owner and recorded.lease_token == lease.token
+        if lease is not None and not own:
             # a fenced holder retrying its own fire must learn it lost the work, not be
-            # told that the new owner's record was its success
+            # told that the new owner's record was its success; a record under its own
+            # owner and token is its own write (a commit whose answer was lost), whatever
+            # happened to the entity since
             self._check_holder(snap, lease)
         return FireResult(snap, recorded, replayed=True)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from fsm.errors import ConfigError, Fenced, FsmError, InvalidArgument, LeaseLost
+from fsm.errors import ConfigError, Fenced, FsmError, InvalidArgument, LeaseLost, StoreUnavailable
 from fsm.records import Lease
 from fsm.work.keeper import _NO_PROGRESS, RENEW_FRACTION, RETRY_FRACTION, HeldLease, KeepResult
 from fsm.work.planning import plan_for_work
@@ -59,6 +59,8 @@ class _Kept:
     """When the lease as last renewed lapses (this process's monotonic clock)."""
     check: float
     """When the keeper next reads the row to see whether the entity moved on."""
+    failing: bool = False
+    """Whether its last renewal failed (the store unreachable): no fence check meanwhile."""
 
 
 class LeaseKeepers:
@@ -149,6 +151,7 @@ class LeaseKeepers:
 
     def _answer(self, kept: _Kept, answer: Lease | FsmError, details: object, started: float) -> KeepResult:
         held = kept.held
+        kept.failing = not isinstance(answer, Lease | Fenced)
         if isinstance(answer, Lease):
             held._renewed(answer)
             kept.deadline = started + self.ttl
@@ -194,6 +197,8 @@ class LeaseKeepers:
         read is left to the next check or renewal."""
         now = time.monotonic()
         with self._changed:
+            if any(k.failing for k in self._kept.values()):
+                return {}  # the store is unreachable: the renewals' retries come first
             due = [k for k in self._kept.values() if k.check <= now and not k.held.lost]
             for kept in due:
                 kept.check = now + self.fence_check
@@ -203,6 +208,9 @@ class LeaseKeepers:
             try:
                 snap = self.engine.store.get(held.entity_id)
                 self.engine._check_holder(snap, held.lease)
+            except StoreUnavailable as err:  # never hold up the next renewal round on reads
+                log.debug("fence check stopped: %s", err)
+                break
             except Fenced as err:
                 if self._moved_by_holder(held):
                     self.release(held)  # its own retry, release or finish, not yet forgotten

@@ -79,6 +79,9 @@ OUTAGE_PAUSE = 0.05
 """The first wait before a handler error's record is written again after the store failed
 to take it (doubled each time, up to :data:`MAX_OUTAGE_PAUSE`, while the lease is held)."""
 MAX_OUTAGE_PAUSE = 2.0
+MAX_OUTAGE_RETRIES = 20
+"""How many store outages a job waits out in one state without spending attempts (with
+the default backoff, about an hour); past them an outage is an attempt like any error."""
 TRANSIENT_RETRY = RetryPolicy()
 """The backoff of a store outage met by a handler in a state without a RetryPolicy: the
 defaults (an outage is retried whatever the state's policy; it spends no attempt)."""
@@ -474,9 +477,9 @@ class WorkerCore:
         backoff while the lease is held; once the lease is lost, the reaper's rules take
         over (a requeue while attempts remain)."""
         state, token = job.state, job.snapshot.lease_token
-        transient = isinstance(err, StoreUnavailable)
+        outage = isinstance(err, StoreUnavailable)
         retry = self.policy.retry_for(state)
-        if transient and retry is None:
+        if outage and retry is None:
             retry = TRANSIENT_RETRY
         can_retry = retry is not None and self.may_fire(state, "retry")
         attempt, outages = 1, 0
@@ -491,6 +494,10 @@ class WorkerCore:
                             attempt += 1
             except FsmError as read_err:
                 log.warning("could not count the attempts of %s: %s", job.id, read_err)
+        # an outage longer than MAX_OUTAGE_RETRIES retries (about an hour of backoff) is
+        # no longer the infrastructure's: a store error that never heals (missing tables,
+        # a permission) counts as an attempt like any other, so the job ends
+        transient = outage and outages < MAX_OUTAGE_RETRIES
         error = error_record(err, attempt=attempt)
         if transient:
             error["transient"] = True
@@ -582,6 +589,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_HANDLER_CONNECTIONS",
     "DEFAULT_POLL_INTERVAL",
+    "MAX_OUTAGE_RETRIES",
     "MAX_WORKER_CONNECTIONS",
     "MIN_POLL_INTERVAL",
     "STOPPING",

@@ -325,3 +325,78 @@ def test_a_holders_own_retry_or_release_before_it_leaves_the_keeper_is_not_a_los
     threading.Event().wait(0.05)
     assert keepers.check_once() == {} and not kept.lost and len(keepers) == 0
     keepers.stop()
+
+
+def test_a_fire_replayed_after_its_answer_was_lost_is_the_holders_own_not_fenced(any_store: Store) -> None:
+    """The retry committed but its answer was lost (the connection broke): the worker
+    fires it again with the same key and is given its own record, not ``EntityMovedOn``."""
+    engine = Engine(JobLifecycle, any_store)
+    engine.create("j1")
+    [held] = engine.claim(1)
+    assert held.lease is not None
+    first = engine.fire(held, "retry", lease=held.lease, idempotency_key="worker-retry:1", run_after=timedelta(0))
+    again = engine.fire(held, "retry", lease=held.lease, idempotency_key="worker-retry:1", run_after=timedelta(0))
+    assert again.replayed and again.record.seq == first.record.seq
+    assert [h.event for h in engine.history("j1")] == ["start", "retry"]
+
+
+def test_a_store_error_that_never_heals_ends_in_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_OUTAGE_RETRIES outages in one state, the store's error is an attempt like
+    any other: a handler whose store call always fails does not retry forever."""
+    from fsm.work import loop
+    from stores import MemoryStore
+
+    monkeypatch.setattr(loop, "MAX_OUTAGE_RETRIES", 2)
+    quick = timedelta(milliseconds=1)
+    retry = RetryPolicy(initial_interval=quick, max_interval=quick, jitter=0.0, max_attempts=2)
+    engine = Engine(JobLifecycle, MemoryStore(), policy=JobLifecycle.policy.replace(default_retry=retry))
+    engine.create("j1")
+
+    def agent(job: Job) -> str:
+        raise StoreUnavailable("relation fsm_entities does not exist")
+
+    worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    runner.start()
+    try:
+        _until(lambda: engine.get("j1").state == "failed", "the job retried forever")
+    finally:
+        worker.stop()
+        runner.join(WAIT)
+    retries = [h for h in engine.history("j1") if h.event == "retry"]
+    assert [bool(h.error and h.error.get("transient")) for h in retries] == [True, True, False]
+    assert engine.history("j1")[-1].reason == "error"
+
+
+def test_the_fence_check_never_holds_up_the_renewals_during_an_outage() -> None:
+    """One unreachable read ends the check (the rest wait for the next one), and no check
+    runs while a renewal is failing: the keeper's next round tells holders in time."""
+    from fsm.work.keepers import LeaseKeepers
+    from stores import MemoryStore
+
+    store = MemoryStore()
+    engine = Engine(JobLifecycle, store)
+    for i in range(3):
+        engine.create(f"j{i}")
+    claimed = engine.claim(3)
+    keepers = LeaseKeepers(engine, fence_check=timedelta(hours=1))  # its own thread never checks here
+    for snap in claimed:
+        assert snap.lease is not None
+        keepers.keep(snap.lease)
+    reads: list[str] = []
+
+    def unreachable(entity_id: str, **kwargs: Any) -> Any:
+        reads.append(entity_id)
+        raise StoreUnavailable("connection timed out")
+
+    for kept in keepers._kept.values():
+        kept.check = 0.0  # every one due for a check now
+    engine.store.get = unreachable  # type: ignore[method-assign]
+    assert keepers.check_once() == {} and len(reads) == 1
+    engine.store.renew_leases = lambda *a, **k: (_ for _ in ()).throw(StoreUnavailable("down"))  # type: ignore[method-assign]
+    keepers.run_once(all_of_them=True)  # every renewal fails: the keeper retries them sooner
+    for kept in keepers._kept.values():
+        kept.check = 0.0
+    reads.clear()
+    assert keepers.check_once() == {} and reads == []
+    keepers.stop()
