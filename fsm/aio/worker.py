@@ -144,8 +144,12 @@ class AsyncJob(HeldEntity):
         return self.snapshot
 
     async def pause(self, seconds: float) -> None:
-        """Wait ``seconds`` (the worker waits out a store outage with it)."""
-        await asyncio.sleep(seconds)
+        """Wait ``seconds``, or less if the lease is lost first (the worker waits out a
+        store outage with it; the lease is looked at every 50 ms)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self.held.lost and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(left, 0.05))
 
     async def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""

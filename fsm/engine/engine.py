@@ -490,12 +490,17 @@ class Engine(EngineWork):
         if recorded.event != event:
             raise IdempotencyKeyReused(entity_id, key=key, recorded_event=recorded.event, event=event)
         snap = self.get(entity_id)
-        own = lease is not None and recorded.owner == lease.owner and recorded.lease_token == lease.token
+        # the caller's own write is the entity's last move (a commit whose answer was lost,
+        # a retry that gave the lease back): it is told so, not fenced by its own move
+        own = (
+            lease is not None
+            and recorded.owner == lease.owner
+            and recorded.lease_token == lease.token
+            and recorded.seq == snap.version
+        )
         if lease is not None and not own:
             # a fenced holder retrying its own fire must learn it lost the work, not be
-            # told that the new owner's record was its success; a record under its own
-            # owner and token is its own write (a commit whose answer was lost), whatever
-            # happened to the entity since
+            # told that the new owner's record was its success
             self._check_holder(snap, lease)
         return FireResult(snap, recorded, replayed=True)
 
