@@ -177,3 +177,13 @@ def test_the_migrations_command_reports_errors_and_creates_nothing_by_accident(
     assert "python -m stores.migrations: error: cannot downgrade to 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         migrations(["upgrade", ok, "--prefix", "x y;"])
+
+
+def test_python_dash_m_fsm_is_the_fsm_command() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fsm", "--version"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() and not done.stderr

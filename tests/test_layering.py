@@ -30,6 +30,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         6,
         (
             "fsm.cli",
+            "fsm.__main__",
             "fsm.commands",
             "fsm.demo",
             "fsm.testing",
