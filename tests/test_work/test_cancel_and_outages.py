@@ -45,6 +45,19 @@ def _until(predicate: Any, what: str) -> None:
     raise AssertionError(what)
 
 
+def _failing_once(error: Exception) -> Any:
+    """A running handler that raises ``error`` the first time and exits after."""
+    calls: list[int] = []
+
+    def agent(job: Job) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return "exited"
+
+    return agent
+
+
 # -- cancel ------------------------------------------------------------------------------------
 
 
@@ -247,14 +260,7 @@ def test_an_outage_is_retried_without_a_retry_policy_and_spends_no_attempt(any_s
     store does not: it is retried with the default backoff, its error marked transient."""
     engine = Engine(JobLifecycle, any_store, policy=JobLifecycle.policy.replace(default_retry=None))
     engine.create("j1")
-    calls: list[int] = []
-
-    def agent(job: Job) -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise StoreUnavailable("the database is restarting")
-        return "exited"
-
+    agent = _failing_once(StoreUnavailable("the database is restarting"))
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
     assert worker.run_once() == 1
     _until(lambda: worker.running == 0, "the handler never finished")
@@ -284,14 +290,7 @@ def test_a_handler_error_whose_retry_meets_an_outage_is_retried_not_failed(
         return real_fire(self, event, **kwargs)
 
     monkeypatch.setattr(Job, "fire", fire)
-    calls: list[int] = []
-
-    def agent(job: Job) -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("gate flaked")
-        return "exited"
-
+    agent = _failing_once(RuntimeError("gate flaked"))
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
     runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     runner.start()
