@@ -472,10 +472,12 @@ class WorkerCore:
         The store's own failure (``StoreUnavailable``: down, out of connections, SQLite's
         write lock held past the busy timeout) is the infrastructure's, not the job's: it
         is retried with backoff and spends no attempt (its error is recorded with
-        ``"transient": true``, which the attempt count skips), and it never fails the job.
-        When recording the outcome meets the same outage, the write is tried again with
-        backoff while the lease is held; once the lease is lost, the reaper's rules take
-        over (a requeue while attempts remain)."""
+        ``"transient": true``, which the attempt count skips), and it does not fail the
+        job, up to :data:`MAX_OUTAGE_RETRIES` outages in the state (then it is an attempt
+        like any error: a store error that never heals ends the job).  When recording the
+        outcome meets the same outage, the write is tried again with backoff while the
+        lease is held; once the lease is lost, the reaper's rules take over (a requeue
+        while attempts remain)."""
         state, token = job.state, job.snapshot.lease_token
         outage = isinstance(err, StoreUnavailable)
         retry = self.policy.retry_for(state)
