@@ -99,9 +99,10 @@ class EngineWork(EngineLeases):
             return None
         if isinstance(into, str | bytes) or not isinstance(into, Collection):
             raise InvalidArgument(f"into must be a collection of state names, not {type(into).__name__}")
-        unknown = sorted(repr(s)[:80] for s in into if not isinstance(s, str) or s not in self.table.leaves)
+        unknown = [repr(s)[:80] for s in into if not isinstance(s, str) or s not in self.table.leaves]
         if unknown:
-            raise InvalidArgument(f"into names no leaf state of {self.kind!r}: {', '.join(unknown)}")
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise InvalidArgument(f"into names no leaf state of {self.kind!r}: {', '.join(unknown[:5])}{more}")
         return frozenset(into)
 
     def claim(self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None) -> list[Snapshot]:

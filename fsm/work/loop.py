@@ -252,11 +252,11 @@ def check_worker(
         handlers = {}
     not_names = [repr(k)[:80] for k in handlers if not isinstance(k, str)]
     if not_names:
-        problems.append(f"handler keys must be state names (str), not {', '.join(not_names)}")
+        problems.append(f"handler keys must be state names (str), not {', '.join(not_names[:5])}")
     names = {k for k in handlers if isinstance(k, str)}
     unknown = sorted(names - set(table.leaves))
     if unknown:
-        problems.append(f"no such leaf state of {kind}: {', '.join(u[:80] for u in unknown)}")
+        problems.append(f"no such leaf state of {kind}: {', '.join(u[:80] for u in unknown[:5])}")
     finals = sorted(names & table.finals)
     if finals:
         problems.append(f"final states have no work to do: {', '.join(finals)}")

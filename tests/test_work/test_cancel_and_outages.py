@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,18 @@ def _until(predicate: Any, what: str) -> None:
             return
         threading.Event().wait(0.01)
     raise AssertionError(what)
+
+
+@contextlib.contextmanager
+def _running(worker: Worker) -> Iterator[None]:
+    """``worker.run()`` on a thread for the block; stopped and joined after it."""
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    runner.start()
+    try:
+        yield
+    finally:
+        worker.stop()
+        runner.join(WAIT)
 
 
 def _failing_once(error: Exception) -> Any:
@@ -77,17 +91,12 @@ def test_an_operators_cancel_reaches_the_running_handler_within_the_fence_check(
         return "exited"  # its late outcome
 
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
-    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     caplog.set_level(logging.INFO)
-    runner.start()
-    try:
+    with _running(worker):
         assert running.wait(WAIT)
         engine.fire(job_id, "cancel", reason="operator alice: wrong branch")
         _until(lambda: "lost" in told, "the handler was never told")
         _until(lambda: worker.running == 0, "the handler never finished")
-    finally:
-        worker.stop()
-        runner.join(WAIT)
     assert told["lost"] is True
     error = told["error"]
     assert isinstance(error, EntityMovedOn) and isinstance(error, Fenced)
@@ -235,13 +244,10 @@ def test_a_write_lock_held_by_another_process_through_a_handler_never_fails_the_
         return "exited"
 
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
-    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    runner.start()
     try:
-        _until(lambda: engine.get("j1").state == "completed", "the job never completed")
+        with _running(worker):
+            _until(lambda: engine.get("j1").state == "completed", "the job never completed")
     finally:
-        worker.stop()
-        runner.join(WAIT)
         for locker in lockers:
             if locker.poll() is None:
                 locker.kill()
@@ -292,15 +298,10 @@ def test_a_handler_error_whose_retry_meets_an_outage_is_retried_not_failed(
     monkeypatch.setattr(Job, "fire", fire)
     agent = _failing_once(RuntimeError("gate flaked"))
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
-    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    runner.start()
-    try:
+    with _running(worker):
         _until(lambda: engine.get("j1").state == "queued" and not outages, "the retry was never recorded")
         clock.advance(seconds=1)  # past the backoff
         _until(lambda: engine.get("j1").state == "completed", "the job never completed")
-    finally:
-        worker.stop()
-        runner.join(WAIT)
     events = [h.event for h in engine.history("j1")]
     assert events == ["start", "retry", "start", "exited", "complete"] and not outages
 
@@ -355,13 +356,8 @@ def test_a_store_error_that_never_heals_ends_in_attempts(monkeypatch: pytest.Mon
         raise StoreUnavailable("relation fsm_entities does not exist")
 
     worker = Worker(engine, {"running": agent, "finalizing": lambda job: "complete"}, **QUICK)
-    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    runner.start()
-    try:
+    with _running(worker):
         _until(lambda: engine.get("j1").state == "failed", "the job retried forever")
-    finally:
-        worker.stop()
-        runner.join(WAIT)
     retries = [h for h in engine.history("j1") if h.event == "retry"]
     assert [bool(h.error and h.error.get("transient")) for h in retries] == [True, True, False]
     assert engine.history("j1")[-1].reason == "error"

@@ -186,3 +186,13 @@ def _memory() -> Store:
     from stores import MemoryStore
 
     return MemoryStore()
+
+
+def test_claim_into_answers_hostile_collections_with_a_short_typed_error(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(JobLifecycle, any_store, clock=clock)
+    engine.create("j1")
+    for bad in (["\x00"], ["\ud800"], [f"s{i}" for i in range(100_000)], [None], [{"x": 1}]):
+        with pytest.raises(InvalidArgument) as caught:
+            engine.claim(1, into=bad)  # type: ignore[arg-type]
+        assert len(str(caught.value)) < 1000
+    assert engine.get("j1").state == "queued" and engine.get("j1").version == 0
