@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.clock import Clock
@@ -69,6 +69,8 @@ class Guard:
     check: GuardCheck
     description: str = ""
     condition: ConditionFactory | None = None
+    after: timedelta | None = None
+    """Set on a timed transition's generated guard (:mod:`fsm.timers`): its delay."""
 
 
 def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> Any:

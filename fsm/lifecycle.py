@@ -28,10 +28,12 @@ the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel
 from statemachine import State, StateChart
+from statemachine.callbacks import CallbackPriority
 from statemachine.event import Event
 from statemachine.exceptions import InvalidDefinition as SmInvalidDefinition
 from statemachine.factory import StateMachineMetaclass
@@ -45,7 +47,8 @@ from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
-from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table
+from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
+from fsm.timers import check_after, format_delay, timer_guard, timer_guard_name
 from fsm.unsupported import refuse_unsupported
 
 FINALIZING = "finalizing"
@@ -83,6 +86,7 @@ def reaper(
     lease: LeaseChange = LeaseChange.CLEAR,
     counts_reclaim: bool = False,
     changes: Iterable[DataChange] = (),
+    after: timedelta | float | None = None,
 ) -> TransitionList:
     """Mark transitions as fired by the reaper; ``reason`` is recorded in history.
 
@@ -90,9 +94,22 @@ def reaper(
     ``counts_reclaim`` is a reclaim: the lease passes to a new owner, token + 1.
     ``changes`` are applied to each moved entity's data in the same write, by the reaper's
     set-based batch as by the engine (``SetItems("steps", "status", ("running",), "failed")``).
+
+    ``after`` makes it a *timed* transition: it fires once the entity has stayed that long
+    in the source state (a ``timedelta``, or seconds), unless another transition left the
+    state first; a timer on a compound state counts from entering it, whatever moves
+    happen between its children (:mod:`fsm.timers`)::
+
+        timeout = reaper(waiting.to(failed), after=timedelta(hours=24), reason="timed out")
     """
-    meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes))
-    return _tag(transitions, meta, "reaper")
+    delay = check_after(after, "reaper(after=...)") if after is not None else None
+    meta = TransitionMeta(Actor.REAPER, reason, LeaseChange(lease), False, counts_reclaim, tuple(changes), after=delay)
+    found = _tag(transitions, meta, "reaper")
+    if delay is not None:
+        for t in found:
+            # the generated guard, in the chart itself: python-statemachine runs it too
+            t.cond.add(timer_guard_name(delay), priority=CallbackPriority.INLINE, expected_value=True)
+    return found
 
 
 # -- the durable-work declarations, in one line each -----------------------------------------
@@ -211,6 +228,7 @@ class LifecycleMeta(StateMachineMetaclass):
             raise InvalidDefinition(f"{name}: {err}") from err
         if not cls.states:
             return
+        _add_timer_guards(name, cls)
         refuse_unsupported(name, cls, cls.guards, Lifecycle)
         if "kind" not in attrs and getattr(cls, "kind", None) is None:
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
@@ -223,6 +241,23 @@ class LifecycleMeta(StateMachineMetaclass):
         }
         _check_finalizing_rules(name, cls)
         check_definition(name, cls)  # fsm.definition_rules: actors, fenced finalizers, policy states
+
+
+def _add_timer_guards(name: str, cls: Any) -> None:
+    """Register the generated guard of every timed transition (``after_24h``)."""
+    for state in cls.states_map.values():
+        for t in state.transitions:
+            delay = meta_of(t).after
+            if delay is None:
+                continue
+            g = timer_guard(delay)
+            existing = cls.guards.get(g.name)
+            if existing is not None and existing.after is None:
+                raise InvalidDefinition(
+                    f"{name}: guard {g.name!r} is the generated guard of a timer of {format_delay(delay)}; "
+                    "give your guard another name"
+                )
+            cls.guards[g.name] = g
 
 
 def _check_finalizing_rules(name: str, cls: Any) -> None:

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fsm.errors import EntityExists, InvalidArgument, InvalidData
-from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TransitionWrite
+from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TimerMode, TransitionWrite
 
 MAX_ID_LENGTH = 255
 """Longest id, idempotency key, owner, kind, state or event name (``VARCHAR(255)``)."""
@@ -277,7 +277,15 @@ def check_new_entity(entity: object) -> NewEntity:
             elif isinstance(value, datetime):
                 check_time(f"column {name!r}", value)
     check_run_after(entity.run_after)
+    if entity.arm_timer is not True and entity.arm_timer is not False:
+        raise InvalidArgument(f"NewEntity.arm_timer must be True or False, not {_shown(entity.arm_timer)}")
     return entity
+
+
+def check_timer_mode(value: object) -> None:
+    """A write's ``timer``: a :class:`~fsm.records.TimerMode`."""
+    if value.__class__ is not TimerMode:
+        raise InvalidArgument(f"a write's timer must be a TimerMode, not {_shown(value)}")
 
 
 def check_new_entities(entities: object) -> list[NewEntity]:
@@ -345,6 +353,8 @@ def check_transition_write(write: object) -> TransitionWrite:
         if not isinstance(write.error, dict):
             raise InvalidArgument(f"a transition's error is a JSON object, not {_shown(write.error)}")
         check_json(write.error, entity_id=write.entity_id)
+    if write.timer.__class__ is not TimerMode:
+        check_timer_mode(write.timer)
     return write
 
 
@@ -395,6 +405,7 @@ def check_batch_write(batch: object) -> BatchWrite:
     if batch.reason is not None:
         check_free_text("reason", batch.reason)
     check_optional_duration("lease_ttl", batch.lease_ttl)
+    check_timer_mode(batch.timer)
     return batch
 
 
@@ -462,12 +473,31 @@ def check_claim_request(request: object) -> ClaimRequest:
             raise InvalidArgument(f"claim starts must be ClaimStart, not {_shown(start)}")
         for name in ("source", "target", "event"):
             check_id(f"start {name}", getattr(start, name))
+        check_timer_mode(start.timer)
     for state in request.resumes:
         check_id("resume state", state)
     for state, budget in request.budgets:
         check_id("budget state", state)
         check_duration("budget", budget)
     return request
+
+
+MAX_TIMERS = 64
+"""The most ``(state, after)`` pairs one ``next_timer`` looks at."""
+
+
+def check_timers(kind: object, timers: object) -> list[tuple[str, timedelta]]:
+    """The arguments of a store's ``next_timer``: a kind and 1 to :data:`MAX_TIMERS`
+    ``(state, after)`` pairs, ``after`` a positive ``timedelta``."""
+    check_id("kind", kind)
+    if not isinstance(timers, list | tuple) or not 1 <= len(timers) <= MAX_TIMERS:
+        raise InvalidArgument(f"timers must be a list of 1 to {MAX_TIMERS} (state, after) pairs, not {_shown(timers)}")
+    found: list[tuple[str, timedelta]] = []
+    for pair in timers:
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[1], timedelta):
+            raise InvalidArgument(f"timers must be (state, timedelta) pairs, not {_shown(pair)}")
+        found.append((check_id("state", pair[0]), check_duration("after", pair[1])))
+    return found
 
 
 def check_listing(kind: object, state: object, limit: object, after_id: object) -> None:

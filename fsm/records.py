@@ -32,6 +32,21 @@ class LeaseChange(StrEnum):
     """Drop owner and expiry (the token stays, so the next acquire still increments it)."""
 
 
+class TimerMode(StrEnum):
+    """What a state-changing write does to the entity's timer clock (``timer_since``).
+
+    A lifecycle with timed transitions (``reaper(..., after=...)``) has at most one *timed
+    state* on each leaf's path; ``timer_since`` is when the entity entered it.  Each branch
+    knows at compile time whether it enters that state (``ARM``: now), stays inside it
+    (``KEEP``: a move between the children of a timed compound state does not restart its
+    timers) or leaves every timed state (``CLEAR``).  Lifecycles without timers always keep
+    (the column stays NULL and no statement writes it)."""
+
+    KEEP = "keep"
+    ARM = "arm"
+    CLEAR = "clear"
+
+
 class Lease(NamedTuple):
     """A lease held on an entity: the holder's proof, checked by every write it makes.
 
@@ -74,6 +89,10 @@ class Snapshot(NamedTuple):
     """When the entity is due: a claim takes it no earlier, and takes due entities in this
     order.  Set at create (now, or ``run_after=``) and by a retry (now + its backoff); a
     requeue or a release keeps it, so the entity keeps its place in the line."""
+    timer_since: datetime | None = None
+    """When the entity entered its timed state (the state whose ``after=`` transitions
+    count), or ``None`` when it is in none: a timer of ``after`` is due at
+    ``timer_since + after``."""
 
     @property
     def lease(self) -> Lease | None:
@@ -182,6 +201,8 @@ class ClaimStart:
     target: str
     event: str
     bump_attempt: bool = False
+    timer: TimerMode = TimerMode.KEEP
+    """What the start does to the timer clock (:class:`TimerMode`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +241,7 @@ class ClaimRequest:
             new_owner=self.owner,
             lease_ttl=self.ttl,
             bump_attempt=start.bump_attempt,
+            timer=start.timer,
         )
 
 
@@ -238,6 +260,8 @@ class NewEntity:
     run_after: datetime | timedelta | None = None
     """When the entity becomes due: an aware time, a delay from the store's now, or
     ``None`` (due at once)."""
+    arm_timer: bool = False
+    """The initial state is timed: ``timer_since`` starts at the creation time."""
 
 
 # -- data changes a transition declares ----------------------------------------------------
@@ -346,7 +370,16 @@ class Unclaimed:
     name: str = "unclaimed"
 
 
-Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed
+@dataclass(frozen=True, slots=True)
+class TimerDue:
+    """Holds when the entity has been in its timed state for ``after``: ``timer_since`` is
+    set and at most ``now - after`` (a timed transition's store-side re-check)."""
+
+    after: timedelta
+    name: str = "timer_due"
+
+
+Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed | TimerDue
 COUNTERS = ("attempt", "reclaims")
 
 
@@ -389,6 +422,8 @@ class TransitionWrite:
     keeps its due time."""
     error: dict[str, Any] | None = None
     """The handler error recorded in the history row (:attr:`HistoryRecord.error`)."""
+    timer: TimerMode = TimerMode.KEEP
+    """What the write does to the timer clock (:class:`TimerMode`)."""
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the holder."""
@@ -420,6 +455,8 @@ class BatchWrite:
     reason: str | None = None
     changes: tuple[DataChange, ...] = ()
     """Data changes applied to each moved row in the same commit (see :class:`SetItems`)."""
+    timer: TimerMode = TimerMode.KEEP
+    """What the move does to the timer clock (:class:`TimerMode`)."""
 
 
 def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_sibling: bool | None = None) -> bool:
@@ -437,6 +474,8 @@ def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_si
         return (row.lease_owner is not None) is condition.held
     if isinstance(condition, Unclaimed):
         return row.lease_owner is None and row.updated_at < now - condition.max_wait
+    if isinstance(condition, TimerDue):
+        return row.timer_since is not None and row.timer_since <= now - condition.after
     return int(getattr(row, condition.counter)) >= condition.limit
 
 
@@ -503,6 +542,8 @@ __all__ = [
     "Owned",
     "SetItems",
     "Snapshot",
+    "TimerDue",
+    "TimerMode",
     "TransitionWrite",
     "Unclaimed",
     "apply_changes",

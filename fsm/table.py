@@ -10,7 +10,8 @@ then document order).  A property test (I7) proves the two agree.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from statemachine import State
@@ -20,7 +21,18 @@ from fsm.errors import InvalidDefinition
 from fsm.guard_expr import guard_names
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
-from fsm.records import Actor, Condition, CounterAtLeast, CounterBelow, DataChange, LeaseChange, Owned, Unclaimed
+from fsm.records import (
+    Actor,
+    Condition,
+    CounterAtLeast,
+    CounterBelow,
+    DataChange,
+    LeaseChange,
+    Owned,
+    TimerMode,
+    Unclaimed,
+)
+from fsm.timers import timed_scopes, timer_mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,9 @@ class TransitionMeta:
     override: bool = False
     """An operator override (:func:`fsm.definition_rules.operator_override`): a worker
     transition allowed to leave ``finalizing`` without holding the lease."""
+    after: timedelta | None = None
+    """A timed transition (:mod:`fsm.timers`): it fires once the entity has stayed this
+    long in the source state."""
 
 
 META_ATTR = "_fsm_meta"
@@ -81,6 +96,10 @@ class Branch:
     """Declared with ``operator_override``: may fail a live finalizer on purpose."""
     changes: tuple[DataChange, ...] = ()
     """Data changes applied in the same write, by the engine and the reaper's batch."""
+    after: timedelta | None = None
+    """A timed transition's delay (:mod:`fsm.timers`), drawn as ``after 24h``."""
+    timer: TimerMode = TimerMode.KEEP
+    """What the write does to the entity's timer clock: computed here, once."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -105,6 +124,21 @@ class CompiledTable:
     branches: dict[tuple[str, str], tuple[Branch, ...]]
     declared: tuple[Branch, ...]
     """Every branch of every leaf, in declaration order (for diagrams and checks)."""
+    timed: dict[str, str | None] = field(default_factory=dict)
+    """Leaf -> the timed state on its path (``None``: no timer counts there).  Empty when
+    the lifecycle has no timed transitions."""
+
+    @property
+    def has_timers(self) -> bool:
+        return any(scope is not None for scope in self.timed.values())
+
+    def arms_on_create(self) -> bool:
+        """Whether a new entity (in the initial leaf) starts its timer clock."""
+        return self.timed.get(self.initial) is not None
+
+    def timers(self) -> tuple[Branch, ...]:
+        """The timed branches, one per leaf they apply to."""
+        return tuple(b for b in self.declared if b.after is not None)
 
     def branches_for(self, leaf: str, event: str) -> tuple[Branch, ...]:
         return self.branches.get((leaf, event), ())
@@ -235,6 +269,8 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         for t in s.transitions:
             order.setdefault(id(t), len(order))
 
+    timed = {s.id for s in all_states for t in s.transitions if meta_of(t).after is not None}
+    scopes = timed_scopes(name, all_states, timed) if timed else {}
     branches: dict[tuple[str, str], list[Branch]] = {}
     events: list[str] = []
     for leaf in leaves:
@@ -272,6 +308,8 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             actor_name=meta.actor.value,
                             override=meta.override,
                             changes=meta.changes,
+                            after=meta.after,
+                            timer=timer_mode(t, leaf.id, target_leaf, scopes) if scopes else TimerMode.KEEP,
                         )
                     )
     configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}
@@ -285,6 +323,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         configurations=configurations,
         branches={k: tuple(v) for k, v in branches.items()},
         declared=tuple(declared),
+        timed=scopes,
     )
 
 

@@ -37,6 +37,7 @@ class SnapshotModel(_Payload):
     reclaims: int
     data: dict[str, Any]
     run_after: datetime | None = None
+    timer_since: datetime | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> SnapshotModel:

@@ -373,6 +373,22 @@ class WorkNotices(Protocol):
 
 
 @runtime_checkable
+class TimerTimes(Protocol):
+    """An optional store capability: when the next timed transition falls due.
+
+    A reaper sleeps until the earliest timer rather than a whole interval.  The memory and
+    SQL stores and their async faces have it (SQL: one range of the timer index per
+    ``(state, after)``, its first row)."""
+
+    def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
+        """Seconds until the earliest timer of ``kind`` that is not due yet: over each
+        ``(state, after)`` pair, the live entities in ``state`` whose clock
+        (``timer_since``) has run less than ``after``; ``None`` when there is none.  Timers
+        already due are not counted (a guard may keep them from firing)."""
+        ...
+
+
+@runtime_checkable
 class DueTimes(Protocol):
     """An optional store capability: when the next row waiting out its due time is due.
 

@@ -39,6 +39,7 @@ from fsm.limits import (
     check_page,
     check_renewals,
     check_store_ttl,
+    check_timers,
     check_transition_write,
     check_transition_writes,
 )
@@ -58,6 +59,7 @@ from fsm.records import (
     NewEntity,
     NewerSibling,
     Snapshot,
+    TimerMode,
     TransitionWrite,
     apply_changes,
     condition_holds,
@@ -162,6 +164,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 concurrency_key=entity.concurrency_key,
                 data=copy.deepcopy(entity.data),
                 run_after=due_time(entity.run_after, now),
+                timer_since=now if entity.arm_timer else None,
             )
             self._rows[entity.id] = row
             self._history[entity.id] = []
@@ -214,6 +217,26 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     and r.state in wanted
                     and r.run_after is not None
                     and r.run_after > now
+                ),
+                default=None,
+            )
+        return None if first is None else (first - now).total_seconds()
+
+    def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
+        """See :meth:`stores.base.TimerTimes.next_timer`."""
+        pairs = check_timers(kind, timers)
+        with self._lock:
+            now = self.now()
+            first = min(
+                (
+                    r.timer_since + after
+                    for state, after in pairs
+                    for r in self._rows.values()
+                    if r.kind == kind
+                    and not r.deleted
+                    and r.state == state
+                    and r.timer_since is not None
+                    and r.timer_since + after > now
                 ),
                 default=None,
             )
@@ -317,10 +340,12 @@ class MemoryStore(LedgerRun, MemoryRetention):
         # positional construction: the hot path of every in-memory transition
         due = getattr(write, "run_after", None)  # a BatchWrite keeps every due time
         error = getattr(write, "error", None)
+        timer = getattr(write, "timer", TimerMode.KEEP)  # an IdWrite's moves all keep it
+        since = row.timer_since if timer is TimerMode.KEEP else now if timer is TimerMode.ARM else None
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
-            row.run_after if due is None else now + due,
+            row.run_after if due is None else now + due, since,
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, target, write.actor, token,

@@ -46,6 +46,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         3,
         (
             "fsm.guards",
+            "fsm.timers",
             "fsm.builders",
             "fsm.guard_expr",
             "fsm.table",

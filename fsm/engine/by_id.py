@@ -26,7 +26,7 @@ from typing import Any
 from fsm.guards import HOLDS_LEASE
 from fsm.id_write import IdWrite
 from fsm.policy import Policy
-from fsm.records import Actor, HistoryRecord, Lease, LeaseChange, Snapshot
+from fsm.records import Actor, HistoryRecord, Lease, LeaseChange, Snapshot, TimerMode
 from fsm.table import Branch, CompiledTable
 
 PlanKey = tuple[str, Actor, bool]
@@ -51,11 +51,15 @@ class IdPlan:
 def _judgeable(branch: Branch, with_lease: bool) -> bool:
     if branch.changes:  # a data change computed from the row's data needs the row
         return False
+    if branch.timer is not TimerMode.KEEP:  # the timer clock is set by the judged write
+        return False
     return not branch.guards or (with_lease and branch.guards == ((HOLDS_LEASE, True),))
 
 
 def id_plan(table: CompiledTable, event: str, actor: Actor, with_lease: bool) -> IdPlan | None:
     """The store-judged plan of ``event`` fired by ``actor``, or ``None`` (read first)."""
+    if table.has_timers:
+        return None  # the timer clock the write keeps or sets is read back with the row
     chosen: dict[str, Branch] = {}
     for leaf in table.leaves:
         mine = [b for b in table.branches_for(leaf, event) if b.actor is actor]

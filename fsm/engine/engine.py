@@ -200,6 +200,7 @@ class Engine(EngineWork):
                 data=clean,
                 columns=None if columns is None else _columns(columns),
                 run_after=check_run_after(run_after),
+                arm_timer=self.table.arms_on_create(),
             )
         )
 
@@ -226,6 +227,7 @@ class Engine(EngineWork):
             if values is not None and (not isinstance(values, list | tuple) or len(values) != n):
                 raise InvalidArgument(f"{name} must be a list with one value per item of data ({n})")
         batch = []
+        arms = self.table.arms_on_create()
         seen: set[str] = set()
         chosen = new_ids(n) if ids is None else [text("entity_id", given) for given in ids]
         for i, item in enumerate(data):
@@ -237,7 +239,14 @@ class Engine(EngineWork):
                 raise EntityExists(entity_id)
             seen.add(entity_id)
             batch.append(
-                NewEntity(id=entity_id, kind=self.kind, state=self.table.initial, concurrency_key=key, data=clean)
+                NewEntity(
+                    id=entity_id,
+                    kind=self.kind,
+                    state=self.table.initial,
+                    concurrency_key=key,
+                    data=clean,
+                    arm_timer=arms,
+                )
             )
         # every item was checked above with the store's own limits: the library's stores
         # need not check them again (stores.base.unchecked_create_many)

@@ -61,7 +61,9 @@ def claim_plan(
         if branch.actor is not Actor.WORKER:
             continue
         if branch.lease_effect is LeaseChange.ACQUIRE and not branch.guards and branch.source not in starts:
-            starts[branch.source] = ClaimStart(branch.source, branch.target, branch.event, branch.bump_attempt)
+            starts[branch.source] = ClaimStart(
+                branch.source, branch.target, branch.event, branch.bump_attempt, branch.timer
+            )
         if branch.holds_lease and branch.source not in resumes and branch.source not in table.finals:
             resumes.append(branch.source)
     chosen = tuple(s for s in starts.values() if into is None or s.target in into)

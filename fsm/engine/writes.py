@@ -56,6 +56,9 @@ def write_for(
         reason if reason is not None else branch.reason,
         idempotency_key,
         snap,
+        None,
+        None,
+        branch.timer,
     )
 
 

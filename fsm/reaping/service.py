@@ -319,6 +319,7 @@ class Reaper:
             bump_reclaims=branch.bump_reclaims,
             reason=branch.reason,
             changes=branch.changes,
+            timer=branch.timer,
         )
 
     def _move_page(self, rule: Rule, page: list[Snapshot], result: ReapResult) -> None:

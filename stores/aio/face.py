@@ -188,6 +188,11 @@ class AsyncFace:
         result: float | None = await self._invoke("next_due", kind, states)
         return result
 
+    async def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
+        """See :meth:`stores.base.TimerTimes.next_timer`."""
+        result: float | None = await self._invoke("next_timer", kind, timers)
+        return result
+
     async def prune(
         self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
     ) -> list[str]:
@@ -250,6 +255,10 @@ class BridgeStore(LedgerRun):
 
     def next_due(self, kind: str, states: Sequence[str]) -> float | None:
         result: float | None = self._call("next_due", (kind, states), {})
+        return result
+
+    def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
+        result: float | None = self._call("next_timer", (kind, timers), {})
         return result
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from fsm.errors import ConditionFailed, Fenced, FsmError, IdempotencyKeyReused, StaleVersion, UnknownEntity
 from fsm.limits import check_transition_writes
-from fsm.records import HistoryRecord, LeaseChange, Snapshot, TransitionWrite
+from fsm.records import HistoryRecord, LeaseChange, Snapshot, TimerMode, TransitionWrite
 from stores.sql.core import SqlCore, SqliteWrite
 from stores.sql.dialect import LEAN_COLUMNS
 from stores.sql.rows import dumps_data, snapshot_of
@@ -69,6 +69,7 @@ class Shape(NamedTuple):
     new_data: bool
     has_due: bool
     lean: bool
+    timer: TimerMode = TimerMode.KEEP
 
 
 class _Row(NamedTuple):
@@ -234,6 +235,7 @@ class BatchOps(SqlCore):
             write.data is not None,
             write.run_after is not None,
             before is not None,
+            write.timer,
         )
 
     # -- one group: one statement -------------------------------------------------------
@@ -259,6 +261,7 @@ class BatchOps(SqlCore):
         elif shape.change is LeaseChange.CLEAR:
             sets += [f"{c['lease_owner']} = NULL", f"{c['lease_expires_at']} = NULL"]
         sets += [f"{c['state_entered_at']} = {f.now}", f"{c['updated_at']} = {f.now}"]
+        sets += sql.timer_sets(shape.timer)
         if shape.bump_attempt:
             sets += [f"{c['attempt']} = {e}{c['attempt']} + 1", f"{c['reclaims']} = 0"]
         elif shape.bump_reclaims:
@@ -397,11 +400,12 @@ class BatchOps(SqlCore):
             return snap
         before, w = r.before, r.write
         assert before is not None
-        exp, due = row[4], row[7]
+        exp, due, timer = row[4], row[7], w.timer
+        since = before.timer_since if timer is TimerMode.KEEP else at if timer is TimerMode.ARM else None
         return Snapshot(
             w.entity_id, before.kind, w.target, row[1], row[2], row[3], None if exp is None else decode_time(exp),
             at, before.created_at, at, False, before.concurrency_key, row[5], row[6],
-            before.data if w.data is None else w.data, None if due is None else decode_time(due),
+            before.data if w.data is None else w.data, None if due is None else decode_time(due), since,
         )  # fmt: skip
 
     def _refused(self, write: TransitionWrite) -> Applied:

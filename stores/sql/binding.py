@@ -178,7 +178,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         effects=_table(q, f"{prefix}effects", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
-        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "claim", "siblings")},
+        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "claim", "siblings", "timer")},
     )
 
 

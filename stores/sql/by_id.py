@@ -436,6 +436,7 @@ class _Lean:
             return _new(Snapshot, (
                 write.entity_id, write.kind, row[8] if self.many else write.moves[0][1], row[0], owner, row[1],
                 exp, now, created, now, False, row[3], row[4], row[5], data, due,
+                None,  # timer_since: a lifecycle with timers is never fired by id (fsm.engine.by_id)
             ))  # fmt: skip
         except (ValueError, TypeError, AttributeError) as err:
             raise MalformedRow(write.entity_id, reason=str(err)) from None
@@ -456,11 +457,12 @@ def _written(row: Any, write: IdWrite, now: datetime, params: dict[str, Any]) ->
             exp = None
         else:
             exp = None if row[6] is None else decode_time(row[6])
-        due = row[15]
+        due, since = row[15], row[16]
         # positional: the hot path of every fire by id
         return Snapshot(
             row[0], row[1], row[2], row[3], row[4], row[5], exp, now, decode_time(row[8]), now, False, row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
+            None if since is None else decode_time(since),
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None

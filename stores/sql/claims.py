@@ -33,11 +33,12 @@ from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, StaleVersion
 from fsm.limits import check_claim_request, check_id, check_listing
-from fsm.records import ClaimRequest, ClaimStart, Snapshot
+from fsm.records import ClaimRequest, ClaimStart, Snapshot, TimerMode
 from stores.ledger import renewal_entry
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore, SqliteWrite
 from stores.sql.rows import snapshot_of
+from stores.sql.schema import AFTER_ENTITY
 
 log = logging.getLogger("fsm.store")
 
@@ -45,8 +46,8 @@ log = logging.getLogger("fsm.store")
 class ClaimOps(SqlCore):
     """``claim``, ``entities`` and ``count_states`` of :class:`stores.sql.SqlStore`."""
 
-    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[bool, ...]], str]
-    _claim_sqlite_statements: dict[tuple[str, bool], str]
+    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...]], str]
+    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode], str]
 
     def _claim_sql(self) -> dict[str, str]:
         found: dict[str, str] | None = getattr(self, "_claim_statements", None)
@@ -101,9 +102,11 @@ class ClaimOps(SqlCore):
         """The whole claim of ``request``'s shape as one statement (see the module doc)."""
         key = (
             tuple(request.budget_for(s) is not None for s in request.resumes),
-            tuple(s.bump_attempt for s in request.starts),
+            tuple((s.bump_attempt, s.timer) for s in request.starts),
         )
-        cache: dict[tuple[tuple[bool, ...], tuple[bool, ...]], str] | None = getattr(self, "_claim_pg_statements", None)
+        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...]], str] | None = getattr(
+            self, "_claim_pg_statements", None
+        )
         if cache is None:
             cache = self._claim_pg_statements = {}
         found = cache.get(key)
@@ -151,13 +154,14 @@ class ClaimOps(SqlCore):
             taken += f" + (SELECT count(*) FROM u{n})"
             n += 1
         hist = f"INSERT INTO {sql.H} ({sql.hist_cols})"
-        for bump in key[1]:
+        for bump, timer in key[1]:
             parts.append(pick(n, ""))
             sets = (
                 f"{c['state']} = %(tg{n})s, {c['version']} = e.{c['version']} + 1, {c['lease_owner']} = %(owner)s, "
                 f"{c['lease_token']} = e.{c['lease_token']} + 1, {c['lease_expires_at']} = {f.now_plus('ttl')}, "
                 f"{c['state_entered_at']} = {f.now}, {c['updated_at']} = {f.now}"
             )
+            sets += "".join(f", {s}" for s in sql.timer_sets(timer))
             if bump:
                 sets += f", {c['attempt']} = e.{c['attempt']} + 1, {c['reclaims']} = 0"
             parts.append(
@@ -198,7 +202,7 @@ class ClaimOps(SqlCore):
         taken: list[tuple[int, Snapshot]] = []
         for row in rows:
             try:
-                taken.append((row[16], snapshot_of(row)))
+                taken.append((row[AFTER_ENTITY], snapshot_of(row)))
             except MalformedRow as err:  # taken, but unreadable: its lease lapses, the reaper sees it
                 log.warning("claim took a row it cannot decode: %s", err)
         return self._attach(_in_order(taken))
@@ -237,7 +241,7 @@ class ClaimOps(SqlCore):
                     left = request.limit - len(taken)
                     if left <= 0:
                         break
-                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt))
+                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt, start.timer))
                     cur.execute(sql, values({**params, "state": start.source, "target": start.target, "left": left}))
                     got = [snapshot_of(r) for r in cur.fetchall()]
                     if got:
@@ -291,13 +295,13 @@ class ClaimOps(SqlCore):
             found = cache[what] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
         return found
 
-    def _claim_sqlite_sql(self, what: str, flag: bool) -> str:
+    def _claim_sqlite_sql(self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP) -> str:
         """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;
-        ``start``: ``flag`` bumps ``attempt``)."""
-        cache: dict[tuple[str, bool], str] | None = getattr(self, "_claim_sqlite_statements", None)
+        ``start``: ``flag`` bumps ``attempt``, ``timer`` is what it does to the timer clock)."""
+        cache: dict[tuple[str, bool, TimerMode], str] | None = getattr(self, "_claim_sqlite_statements", None)
         if cache is None:
             cache = self._claim_sqlite_statements = {}
-        found = cache.get((what, flag))
+        found = cache.get((what, flag, timer))
         if found is not None:
             return found
         lay, f, sql = self._sql.L, self._f, self._sql
@@ -325,7 +329,8 @@ class ClaimOps(SqlCore):
             )
             if flag:
                 sets += f", {c['attempt']} = {c['attempt']} + 1, {c['reclaims']} = 0"
-        found = cache[(what, flag)] = (
+            sets += "".join(f", {s}" for s in sql.timer_sets(timer))
+        found = cache[(what, flag, timer)] = (
             f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN (SELECT {lay.ref('id', 'e')} FROM {sql._indexed('claim')} "
             f"WHERE {where} ORDER BY {due} LIMIT :left) AND {outer} RETURNING {sql.ret}"
         )

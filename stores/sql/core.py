@@ -21,7 +21,7 @@ from stores.sql.children import ChildIO, attach
 from stores.sql.connections import Connections, is_undecodable, tolerant_text, unavailable, undecodable_row
 from stores.sql.dialect import Flavor, Statements
 from stores.sql.rows import snapshot_of
-from stores.sql.schema import decode_time
+from stores.sql.schema import AFTER_ENTITY, decode_time
 
 ATTEMPTS = 3
 """Tries of a write whose refusal the re-read could not explain (the row moved in between)."""
@@ -169,7 +169,7 @@ class SqlCore:
         rows = self._run(self._sql.diagnose, {"id": entity_id, "now": None if now is None else self._f.time(now)})
         if not rows:
             return None, now or datetime.now(UTC)
-        return snapshot_of(rows[0]), now if now is not None else decode_time(rows[0][16])
+        return snapshot_of(rows[0]), now if now is not None else decode_time(rows[0][AFTER_ENTITY])
 
     def _time_params(self, params: dict[str, Any], now: datetime | None, ttl: timedelta | None) -> None:
         """``now`` (when bound) and ``now + ttl`` as the dialect takes them."""

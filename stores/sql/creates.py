@@ -40,6 +40,13 @@ def _dumps(data: Any) -> str:
     return text
 
 
+def _created_columns(arm: bool) -> list[str]:
+    """The columns a batch insert writes, in its ``VALUES`` order."""
+    names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
+    names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
+    return [*names, "timer_since"] if arm else names
+
+
 class _Short(Exception):
     """Fewer rows landed than the batch holds: undo the transaction."""
 
@@ -47,27 +54,27 @@ class _Short(Exception):
 class CreateOps(WakeOps):
     """``create_many`` of :class:`stores.sql.SqlStore`."""
 
-    _create_many_statements: dict[tuple[bool, bool], str]
+    _create_many_statements: dict[tuple[bool, bool, bool], str]
 
-    def _create_many_sql(self) -> str:
-        """SQLite: the batch from one JSON document, ``[[id, kind, state, key, data], ..]``."""
-        found: str | None = getattr(self, "_create_many_statement", None)
+    def _create_many_sql(self, arm: bool) -> str:
+        """SQLite: the batch from one JSON document, ``[[id, kind, state, key, data], ..]``;
+        ``arm``: every row starts its timer clock."""
+        cache: dict[bool, str] = self.__dict__.setdefault("_create_many_sqlite", {})
+        found = cache.get(arm)
         if found is not None:
             return found
         c, f, sql = self._sql.L.col, self._f, self._sql
-        names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
-        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
-        cols = ", ".join(c[n] for n in names)
+        cols = ", ".join(c[n] for n in _created_columns(arm))
         item = "json_extract(j.value, '$[{}]')".format
         values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4), f.now]
-        found = (
+        values += [f.now] if arm else []
+        found = cache[arm] = (
             f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
             f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
         )
-        self._create_many_statement = found
         return found
 
-    def _create_many_pg(self, cols: str, *, uniform: bool, shared: bool) -> str:
+    def _create_many_pg(self, cols: str, *, uniform: bool, shared: bool, arm: bool) -> str:
         """PostgreSQL: the batch from one array per column (``unnest``: a few parameters for
         any number of rows, sent in binary, the statement text the same for every size).
         ``uniform``: one kind and state for the whole batch, bound once.  ``shared``: the
@@ -76,9 +83,9 @@ class CreateOps(WakeOps):
         NULL stored as ``{}``).  A plain ``INSERT``: an id that exists fails the statement,
         so nothing of the batch lands.  The snapshots are built from the batch, so it
         returns only how many rows landed and their (shared) timestamp; the wake-up is
-        sent in the same statement."""
-        key = (uniform, shared)
-        cache: dict[tuple[bool, bool], str] | None = getattr(self, "_create_many_statements", None)
+        sent in the same statement.  ``arm``: every row starts its timer clock."""
+        key = (uniform, shared, arm)
+        cache: dict[tuple[bool, bool, bool], str] | None = getattr(self, "_create_many_statements", None)
         if cache is None:
             cache = self._create_many_statements = {}
         found = cache.get(key)
@@ -104,6 +111,7 @@ class CreateOps(WakeOps):
             names += ["kind", "state"]
         kind, state = ("%(kind)s", "%(state)s") if uniform else ("v.kind", "v.state")
         values = ["v.id", kind, state, "0", "0", f.now, f.now, f.now, "FALSE", "v.ck", "0", "0", data, f.now]
+        values += [f.now] if arm else []
         # due at once (a batch with due times goes row by row)
         found = cache[key] = (
             f"{head}i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
@@ -124,6 +132,7 @@ class CreateOps(WakeOps):
             self.binding is not None  # type: ignore[attr-defined]
             or self._children
             or any(e.columns or e.run_after is not None for e in batch)
+            or len({e.arm_timer for e in batch}) > 1
         ):
             return self._create_each(list(batch))
         now = self._now()
@@ -133,7 +142,7 @@ class CreateOps(WakeOps):
             return self._create_many_pg_run(batch, params)
         rows_json = [[e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id)] for e in batch]
         params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        sql = self._create_many_sql()
+        sql = self._create_many_sql(batch[0].arm_timer)
         slot = self._conns.slot()
         try:
             with SqliteWrite(slot, "fsm_create_many") as cur:
@@ -176,9 +185,10 @@ class CreateOps(WakeOps):
             params["state"] = [e.state for e in batch]
         params["ntf"] = self._channel(first.kind)
         c = self._sql.L.col
-        names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
-        names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
-        sql = self._create_many_pg(", ".join(c[n] for n in names), uniform=uniform, shared=shared)
+        arm = first.arm_timer
+        sql = self._create_many_pg(
+            ", ".join(c[n] for n in _created_columns(arm)), uniform=uniform, shared=shared, arm=arm
+        )
         slot = self._conns.slot()
         try:
             cur = slot.cursor  # one statement: its own transaction (joined: the cursor's savepoint)
@@ -200,7 +210,23 @@ class CreateOps(WakeOps):
         """The snapshots of a batch that landed at ``when``."""
         return [
             Snapshot(
-                e.id, e.kind, e.state, 0, None, 0, None, when, when, when, False, e.concurrency_key, 0, 0, e.data, when
+                e.id,
+                e.kind,
+                e.state,
+                0,
+                None,
+                0,
+                None,
+                when,
+                when,
+                when,
+                False,
+                e.concurrency_key,
+                0,
+                0,
+                e.data,
+                when,
+                when if e.arm_timer else None,
             )
             for e in batch
         ]
@@ -253,7 +279,8 @@ class CreateOps(WakeOps):
                 extra: tuple[str, ...] = ()
                 if entity.columns:
                     extra = self._column_params(entity.columns, params)  # type: ignore[attr-defined]
-                rows = self._write_children(cur, self._sql.create(extra, due), params, entity.id, children)  # type: ignore[attr-defined]
+                sql = self._sql.create(extra, due, entity.arm_timer)
+                rows = self._write_children(cur, sql, params, entity.id, children)  # type: ignore[attr-defined]
                 if not rows:
                     raise EntityExists(entity.id)
                 made.append(snapshot_of(rows[0]))

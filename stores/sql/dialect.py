@@ -30,6 +30,8 @@ from fsm.records import (
     LeaseStale,
     NewerSibling,
     Owned,
+    TimerDue,
+    TimerMode,
     Unclaimed,
 )
 from stores.sql.binding import Layout
@@ -273,6 +275,8 @@ class Statements:
             return f"{lay.ref('lease_owner', a)} IS {'NOT NULL' if cond.held else 'NULL'}"
         if isinstance(cond, Unclaimed):
             return f"({lay.ref('lease_owner', a)} IS NULL AND {lay.ref('updated_at', a)} < {f.now_minus(f'wait{i}')})"
+        if isinstance(cond, TimerDue):
+            return f"{lay.ref('timer_since', a)} <= {f.now_minus(f'tmr{i}')}"
         if isinstance(cond, CounterBelow | CounterAtLeast):
             if cond.counter not in COUNTERS:
                 raise ValueError(f"unknown counter {cond.counter!r}; counters are {', '.join(COUNTERS)}")
@@ -290,6 +294,8 @@ class Statements:
                 params[f"stale{i}"] = f.offset(now, -c.stale_after) if f.name == "sqlite" else c.stale_after
             elif isinstance(c, Unclaimed):
                 params[f"wait{i}"] = f.offset(now, -c.max_wait) if f.name == "sqlite" else c.max_wait
+            elif isinstance(c, TimerDue):
+                params[f"tmr{i}"] = f.offset(now, -c.after) if f.name == "sqlite" else c.after
             elif isinstance(c, CounterBelow | CounterAtLeast):
                 params[f"lim{i}"] = c.limit
 
@@ -301,8 +307,10 @@ class Statements:
         bump_reclaims: bool,
         new_data: bool,
         has_due: bool = False,
+        timer: TimerMode = TimerMode.KEEP,
     ) -> str:
-        """SET clause of a transition: new state, version + 1, lease change, counters, times."""
+        """SET clause of a transition: new state, version + 1, lease change, counters, times,
+        and the timer clock when the branch starts or stops it."""
         c, f = self.L.col, self.f
         sets = [f"{c['state']} = {f.p('target')}", f"{c['version']} = e.{c['version']} + 1"]
         if change is LeaseChange.ACQUIRE:
@@ -314,6 +322,7 @@ class Statements:
         elif change is LeaseChange.CLEAR:
             sets += [f"{c['lease_owner']} = NULL", f"{c['lease_expires_at']} = NULL"]
         sets += [f"{c['state_entered_at']} = {f.now}", f"{c['updated_at']} = {f.now}"]
+        sets += self.timer_sets(timer)
         if bump_attempt:
             sets += [f"{c['attempt']} = e.{c['attempt']} + 1", f"{c['reclaims']} = 0"]
         elif bump_reclaims:
@@ -325,6 +334,13 @@ class Statements:
         if self.L.status_col is not None:
             sets.append(f"{self.L.status_col} = {f.p('status')}")
         return ", ".join(sets)
+
+    def timer_sets(self, timer: TimerMode) -> list[str]:
+        """The SET item of the timer clock: none when the write keeps it."""
+        if timer is TimerMode.KEEP:
+            return []
+        col = self.L.col["timer_since"]
+        return [f"{col} = {self.f.now if timer is TimerMode.ARM else 'NULL'}"]
 
     # -- shaped statements -----------------------------------------------------------------------
 
@@ -341,6 +357,7 @@ class Statements:
         lean: bool = False,
         blind: bool = False,
         has_due: bool = False,
+        timer: TimerMode = TimerMode.KEEP,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -365,6 +382,7 @@ class Statements:
             lean,
             blind,
             has_due,
+            timer,
         )
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -382,7 +400,7 @@ class Statements:
         if blind:
             guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
-        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due)
+        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer)
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
         common = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)
@@ -403,12 +421,12 @@ class Statements:
         self._shapes[key] = found
         return found
 
-    def create(self, extra: Sequence[str], due: str | None = None) -> str:
+    def create(self, extra: Sequence[str], due: str | None = None, arm: bool = False) -> str:
         """Insert at version 0, or nothing when the id exists (``ON CONFLICT DO NOTHING``).
 
         ``due``: how the due time is given: ``None`` (now), ``"at"`` (the ``due``
         parameter, a time) or ``"in"`` (now plus the ``due`` parameter)."""
-        key = ("create", tuple(extra), due)
+        key = ("create", tuple(extra), due, arm)
         found: str | None = self._shapes.get(key)
         if found is not None:
             return found
@@ -417,6 +435,9 @@ class Statements:
         names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
         values = [f.p("id"), f.p("kind"), f.p("state"), "0", "0", f.now, f.now, f.now, "FALSE", f.p("ck")]
         values += ["0", "0", f.json("data"), {None: f.now, "at": f.p("due"), "in": f.now_plus("due")}[due]]
+        if arm:
+            names.append("timer_since")
+            values.append(f.now)
         cols = [c[n] for n in names]
         if self.L.status_col is not None:
             cols.append(self.L.status_col)
@@ -495,7 +516,11 @@ class Statements:
         stale = next((i for i, c in enumerate(require) if isinstance(c, LeaseStale)), None)
         rest = "".join(f" AND {self.condition(c, 'e', i)}" for i, c in enumerate(require) if i != stale)
         order = f"ORDER BY id LIMIT {f.p('limit')}"
-        if stale is None and any(isinstance(c, NewerSibling) for c in require):
+        if stale is None and any(isinstance(c, TimerDue) for c in require):
+            # a due timer is a range of the timer index, up to now - after: the cost follows
+            # the due rows, not every row waiting in the state
+            found = f"SELECT {self.cols_e} FROM {self._indexed('timer')} WHERE {base}{rest} {order}"
+        elif stale is None and any(isinstance(c, NewerSibling) for c in require):
             # only rows with a concurrency key can have a newer sibling: the siblings index
             # finds them, so the cost follows the keyed rows, not every running row
             source = self._indexed("siblings")
@@ -531,6 +556,8 @@ class Statements:
         )
         stale = next((i for i, c in enumerate(require) if isinstance(c, LeaseStale)), None)
         rest = "".join(f" AND {self.condition(c, 'e', i)}" for i, c in enumerate(require) if i != stale)
+        if stale is None and any(isinstance(c, TimerDue) for c in require):
+            return [f"SELECT {what} FROM {self._indexed('timer')} WHERE {base}{rest}{tail}"]
         if stale is None and any(isinstance(c, NewerSibling) for c in require):
             keyed = f" AND {lay.ref('concurrency_key', 'e')} IS NOT NULL"
             return [f"SELECT {what} FROM {self._indexed('siblings')} WHERE {base}{keyed}{rest}{tail}"]
@@ -554,6 +581,7 @@ class Statements:
         brief: bool = False,
         set_data: int = 0,
         hits: int | None = None,
+        timer: TimerMode = TimerMode.KEEP,
     ) -> tuple[str, ...]:
         """The reaper's claim-and-move: up to ``limit`` candidates found *and* moved by one
         statement, so concurrent reapers divide the stale rows instead of each reading
@@ -579,13 +607,13 @@ class Statements:
         changes may apply (:meth:`items_hit`; ``hits=0``: every row), so only those rows'
         data is decoded.  PostgreSQL with ``hits=0`` (changes it cannot apply itself)
         returns every row's data."""
-        key = ("claim", change, has_ttl, shape, bumps, brief, set_data, hits)
+        key = ("claim", change, has_ttl, shape, bumps, brief, set_data, hits, timer)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
         f, c = self.f, self.L.col
         readable = f" AND {f.is_object('e.' + c['data'])}"
-        sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False)
+        sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False, timer=timer)
         if set_data:
             assert self.pg, "SQLite applies declared data changes in Python"
             data = f"e.{c['data']}"
@@ -691,12 +719,13 @@ class Statements:
         shape: ConditionShape,
         require: Sequence[Condition],
         bumps: tuple[bool, bool],
+        timer: TimerMode = TimerMode.KEEP,
     ) -> tuple[str, ...]:
         """The reaper's set-based move.  PostgreSQL: one statement that claims the rows
         (``FOR UPDATE SKIP LOCKED``), re-checks every condition in the ``UPDATE`` and
         inserts the history rows from its ``RETURNING``.  SQLite (one writer at a time):
         the ``UPDATE ... RETURNING``, then the history rows of the moved ids."""
-        key = ("batch", change, has_ttl, shape, bumps)
+        key = ("batch", change, has_ttl, shape, bumps, timer)
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
             return found
@@ -706,7 +735,7 @@ class Statements:
             f"AND {lay.ref('state', 'e')} = {f.p('source')} AND NOT {lay.ref('deleted', 'e')} "
             f"AND {f.is_object('e.' + c['data'])}" + self.conditions(require, "e")
         )
-        sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False)
+        sets = self._move_sets(change, has_ttl, bumps[0], bumps[1], False, timer=timer)
         hist = f"INSERT INTO {self.H} ({self.hist_move_cols})"
         values = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         if self.pg:

@@ -23,7 +23,7 @@ from stores.sql.connections import is_undecodable, unavailable
 from stores.sql.core import SqlCore
 from stores.sql.dialect import condition_shape
 from stores.sql.rows import dumps_data, snapshot_of
-from stores.sql.schema import decode_time
+from stores.sql.schema import AFTER_ENTITY, decode_time
 
 log = logging.getLogger("stores.sql")
 
@@ -99,6 +99,7 @@ class ReaperOps(SqlCore):
             condition_shape(batch.require),
             batch.require,
             (batch.bump_attempt, batch.bump_reclaims),
+            batch.timer,
         )
         ids = list(dict.fromkeys(batch.ids))
         params: dict[str, Any] = {
@@ -189,6 +190,7 @@ class ReaperOps(SqlCore):
             brief=brief,
             set_data=len(own) if in_sql else 0,
             hits=hits,
+            timer=batch.timer,
         )
         params: dict[str, Any] = {
             "kind": batch.kind,
@@ -361,7 +363,7 @@ class ReaperOps(SqlCore):
         moved = []
         for row in rows:
             try:
-                moved.append((snapshot_of(row), decode_time(row[16])))
+                moved.append((snapshot_of(row), decode_time(row[AFTER_ENTITY])))
             except MalformedRow as err:  # committed already; cannot happen for jsonb objects
                 log.error("moved a malformed row %r: %s", err.entity_id, err.reason)
         return moved

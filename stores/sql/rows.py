@@ -48,7 +48,7 @@ def loads_object(text: str) -> Any:
 def snapshot_of(row: Sequence[Any]) -> Snapshot:
     """A row (entity columns in Snapshot order) as a Snapshot, or ``MalformedRow``."""
     try:
-        state, data, exp, due = row[2], row[14], row[6], row[15]
+        state, data, exp, due, since = row[2], row[14], row[6], row[15], row[16]
         if state is None:
             raise ValueError("no state (leaf state column is NULL)")
         if data.__class__ is str:
@@ -60,6 +60,7 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
             row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
             decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
+            None if since is None else decode_time(since),
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None

@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
 
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -48,8 +48,11 @@ ENTITY_COLUMNS = (
     "reclaims",
     "data",
     "run_after",
+    "timer_since",
 )
 """Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
+AFTER_ENTITY = len(ENTITY_COLUMNS)
+"""Where a statement's first column after the entity's columns is (its ``now``, a part number)."""
 
 HISTORY_COLUMNS = (
     "entity_id",
@@ -70,7 +73,9 @@ HISTORY_COLUMNS = (
 HISTORY_MOVE_COLUMNS = HISTORY_COLUMNS[:11]
 """What a reaper's batch writes of a history row: no owner, no error (both stay NULL)."""
 
-TIME_COLUMNS = frozenset({"lease_expires_at", "state_entered_at", "created_at", "updated_at", "run_after"})
+TIME_COLUMNS = frozenset(
+    {"lease_expires_at", "state_entered_at", "created_at", "updated_at", "run_after", "timer_since"}
+)
 
 ID_LENGTH = 255
 NAME_LENGTH = 64
@@ -175,6 +180,8 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         # nullable: a row written before revision 0004 (or by the application into a bound
         # table) has none; the store reads a missing due time as the row's creation time
         "run_after": sa.Column(names["run_after"], UtcDateTime(), nullable=True),
+        # revision 0008: when the entity entered its timed state (NULL: in none)
+        "timer_since": sa.Column(names["timer_since"], UtcDateTime(), nullable=True),
     }
     return [cols[name] for name in ENTITY_COLUMNS]
 
@@ -212,13 +219,18 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
       the update is never HOT and every index gets the new row version);
     - ``siblings``: ``(kind, concurrency_key, state, created_at)`` for the ``NewerSibling``
       probe, partial (``WHERE concurrency_key IS NOT NULL``): most rows have no key, and a
-      row without one can never have a sibling.
+      row without one can never have a sibling;
+    - ``timer``: ``(kind, state, timer_since)`` (revision 0008), partial (``WHERE
+      timer_since IS NOT NULL``): the reaper fires a timer of ``after`` by a range up to
+      ``now - after`` and finds the earliest due timer at the start of the range.  Only
+      rows in a timed state are in it, so lifecycles without timers pay nothing.
 
     A bound application table gets the same indexes from ``add_missing_columns`` (which
     adds only those it lacks) or ``add_binding_columns`` (:mod:`stores.sql.binding`).
     """
     c = table.c
     keyed = c[names["concurrency_key"]].isnot(None)
+    timed = c[names["timer_since"]].isnot(None)
     return [
         sa.Index(
             f"ix_{stem}_lease",
@@ -237,6 +249,14 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
             c[names["created_at"]],
             sqlite_where=keyed,
             postgresql_where=keyed,
+        ),
+        sa.Index(
+            f"ix_{stem}_timer",
+            c[names["kind"]],
+            c[names["state"]],
+            c[names["timer_since"]],
+            sqlite_where=timed,
+            postgresql_where=timed,
         ),
     ]
 

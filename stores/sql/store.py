@@ -62,6 +62,7 @@ from fsm.records import (
     NewEntity,
     NewerSibling,
     Snapshot,
+    TimerMode,
     TransitionWrite,
     condition_holds,
 )
@@ -430,7 +431,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
-        sql = self._sql.create(extra, due)
+        sql = self._sql.create(extra, due, entity.arm_timer)
         if not self._sqlite:  # the wake-up rides in the insert: sent only if it commits
             sql = self._with_notify(sql)
             params["ntf"] = self._channel(entity.kind)
@@ -540,7 +541,8 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
             write.data is not None,
             before is not None,
         )
-        sql = self._sql.apply(*shape, blind, due is not None)
+        timer = write.timer
+        sql = self._sql.apply(*shape, blind, due is not None, timer)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -593,11 +595,12 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
                     snap = row
                 else:  # positional: the hot path
                     exp, ra = row[3], row[6] if len(row) > 6 else before.run_after
+                    since = before.timer_since if timer is TimerMode.KEEP else at if timer is TimerMode.ARM else None
                     snap = Snapshot(
                         entity_id, before.kind, write.target, row[0], row[1], row[2],
                         None if exp is None else decode_time(exp), at, before.created_at, at, False,
                         before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
-                        None if ra is None else decode_time(ra),
+                        None if ra is None else decode_time(ra), since,
                     )  # fmt: skip
                 record = HistoryRecord(
                     entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
@@ -608,7 +611,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, By
             except _Refused:
                 if blind:  # the lease moved since the caller's snapshot: write as a lean write
                     blind = False
-                    sql = self._sql.apply(*shape)
+                    sql = self._sql.apply(*shape, False, due is not None, timer)
                     continue
             except self._integrity:
                 integrity = True

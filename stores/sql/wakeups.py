@@ -15,11 +15,11 @@ the backlog.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.errors import InvalidArgument
-from fsm.limits import check_id
+from fsm.limits import check_id, check_timers
 from stores.notices import Callback, LocalNotices, channel, local_notices
 from stores.sql.core import SqlCore
 from stores.sql.notify import listener_for
@@ -86,6 +86,35 @@ class WakeOps(SqlCore):
         now = self._now()
         if now is not None:
             params["now"] = f.time(now)
+        rows = self._run(f"SELECT MIN(d.due), {f.now} FROM ({firsts}) AS d", params)
+        if not rows or rows[0][0] is None:
+            return None
+        first: datetime = decode_time(rows[0][0])
+        at: datetime = now if now is not None else decode_time(rows[0][1])
+        return max(0.0, (first - at).total_seconds())
+
+    def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
+        """See :meth:`stores.base.TimerTimes.next_timer`."""
+        pairs = check_timers(kind, timers)
+        lay, f, sql = self._sql.L, self._f, self._sql
+        since = lay.ref("timer_since", "e")
+        live = f"{lay.ref('kind', 'e')} = {f.p('kind')} AND NOT {lay.ref('deleted', 'e')}"
+        # per timer: the first clock in its state that has not run out yet (one range of the
+        # timer index), plus the delay; due timers are the reaper's rules' business
+        firsts = " UNION ALL ".join(
+            f"SELECT * FROM (SELECT {f.col_plus(since, f'a{i}')} AS due FROM {sql._indexed('timer')} WHERE {live} "
+            f"AND {lay.ref('state', 'e')} = {f.p(f's{i}')} AND {since} > {f.now_minus(f'c{i}')} "
+            f"ORDER BY {since} LIMIT 1) AS s{i}"
+            for i in range(len(pairs))
+        )
+        params: dict[str, Any] = {"kind": kind}
+        now = self._now()
+        if now is not None:
+            params["now"] = f.time(now)
+        for i, (state, after) in enumerate(pairs):
+            params[f"s{i}"] = state
+            params[f"a{i}"] = f.interval(after)
+            params[f"c{i}"] = f.offset(now, -after) if self._sqlite else after
         rows = self._run(f"SELECT MIN(d.due), {f.now} FROM ({firsts}) AS d", params)
         if not rows or rows[0][0] is None:
             return None

@@ -1,0 +1,53 @@
+"""Timed lifecycles the timer tests share."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from statemachine import State
+
+from fsm import Lifecycle, reaper, starts, worker
+from fsm.records import LeaseChange
+
+
+class Approval(Lifecycle):
+    """A request waits a day for approval, then times out; once approved, the whole active
+    phase (running and finalizing together) has a 90-minute deadline."""
+
+    kind = "approval"
+    waiting = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = starts(waiting.to(active))
+    finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    cancel = worker(waiting.to(failed), reason="cancelled")
+    timeout = reaper(waiting.to(failed), after=timedelta(hours=24), reason="timed out")
+    deadline = reaper(active.to(failed, cond="lease_stale"), after=timedelta(minutes=90), reason="deadline")
+
+
+class Reminder(Lifecycle):
+    """Two timers on one state: a nudge after 10 minutes (an external self-transition,
+    which restarts the state's timers) and an expiry after an hour."""
+
+    kind = "reminder"
+    open = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    closed = State(final=True)
+    expired = State(final=True)
+
+    start = worker(open.to(active), lease=LeaseChange.ACQUIRE)
+    finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    close = worker(active.finalizing.to(closed, cond="holds_lease"))
+    expire = reaper(open.to(expired), after=timedelta(hours=1), reason="expired")
+    reap = reaper(active.finalizing.to(expired, cond="lease_stale"), reason="dead")

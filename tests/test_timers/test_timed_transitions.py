@@ -1,0 +1,117 @@
+"""Timed transitions (``reaper(..., after=...)``) on every store: when they fire, and never after."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fsm import Engine, ManualClock
+from fsm.reaping import Reaper
+from fsm.records import Lease, TimerMode
+from stores import Store
+
+from .charts import Approval
+
+
+def test_the_chart_knows_where_each_clock_starts() -> None:
+    table = Approval.table
+    assert table.timed == {
+        "waiting": "waiting",
+        "running": "active",
+        "finalizing": "active",
+        "done": None,
+        "failed": None,
+    }
+    modes = {(b.event, b.source): b.timer for b in table.declared}
+    assert modes[("start", "waiting")] is TimerMode.ARM  # enters the timed compound state
+    assert modes[("finish", "running")] is TimerMode.KEEP  # a move between its children
+    assert modes[("succeed", "finalizing")] is TimerMode.CLEAR
+    assert table.arms_on_create()
+
+
+def test_a_timer_fires_once_at_its_due_time(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Approval, any_store, clock=clock)
+    created = engine.create("a1")
+    assert created.timer_since == any_store.get("a1").timer_since is not None
+    reaper_ = Reaper(any_store, [Approval], clock=clock)
+    clock.advance(timedelta(hours=23, minutes=59))
+    assert reaper_.run_once().moved == {}
+    assert any_store.get("a1").state == "waiting"
+    clock.advance(timedelta(minutes=1))
+    assert reaper_.run_once().moved == {"approval.timeout": 1}
+    row = any_store.get("a1")
+    assert row.state == "failed" and row.timer_since is None
+    assert [(h.event, h.reason, h.actor) for h in any_store.history("a1")] == [("timeout", "timed out", "reaper")]
+    assert reaper_.run_once().moved == {}  # fired once
+
+
+def test_a_timer_never_fires_after_the_entity_left_the_state(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Approval, any_store, clock=clock)
+    engine.create("a1")
+    clock.advance(timedelta(hours=23))
+    engine.fire("a1", "cancel")
+    clock.advance(timedelta(hours=2))
+    reaper_ = Reaper(any_store, [Approval], clock=clock)
+    assert reaper_.run_once().moved == {}
+    assert [h.event for h in any_store.history("a1")] == ["cancel"]
+
+
+def _hold(engine: Engine, lease: Lease, clock: ManualClock, minutes: int) -> Lease:
+    """Keep ``lease`` alive for ``minutes``, renewing it every minute, as a live holder does."""
+    for _ in range(minutes):
+        clock.advance(timedelta(minutes=1))
+        lease = engine.renew_lease(lease)
+    return lease
+
+
+def test_a_compound_timer_counts_from_entering_it_not_from_each_child(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Approval, any_store, clock=clock, owner="w1")
+    engine.create("a1")
+    clock.advance(timedelta(hours=1))
+    started = engine.claim(1)[0]
+    entered = started.timer_since
+    assert entered is not None and entered == started.state_entered_at  # the start entered ``active``
+    assert started.lease is not None
+    lease = _hold(engine, started.lease, clock, 80)
+    moved = engine.fire("a1", "finish", lease=lease)
+    assert moved.state == "finalizing" and moved.snapshot.timer_since == entered  # not restarted by the child move
+    assert any_store.get("a1").timer_since == entered
+    assert moved.lease is not None
+    lease = _hold(engine, moved.lease, clock, 15)  # 95 minutes in ``active``, the finalizer alive
+    reaper_ = Reaper(any_store, [Approval], clock=clock)
+    assert reaper_.run_once().moved == {}  # never expire a live finalizer, timer or not
+    clock.advance(timedelta(minutes=10))  # the lease lapses: the deadline (due long ago) fires
+    assert reaper_.run_once().moved == {"approval.deadline": 1}
+    assert any_store.get("a1").state == "failed"
+
+
+def test_a_timed_state_entered_by_claim_on_every_store(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Approval, any_store, clock=clock, owner="w1")
+    engine.create_many([{}, {}, {}], ids=["b1", "b2", "b3"])
+    for entity_id in ("b1", "b2", "b3"):
+        assert any_store.get(entity_id).timer_since is not None
+    clock.advance(timedelta(minutes=5))
+    claimed = engine.claim(3)
+    assert {s.state for s in claimed} == {"running"}
+    assert all(s.timer_since == s.state_entered_at for s in claimed)
+    assert all(any_store.get(s.id).timer_since == s.timer_since for s in claimed)
+
+
+@pytest.mark.parametrize("after", [0, -1, float("nan"), float("inf"), "1h", True, timedelta(microseconds=1)])
+def test_a_bad_delay_is_refused_at_declaration(after: object) -> None:
+    from statemachine import State
+
+    from fsm import InvalidDefinition, Lifecycle, reaper
+
+    with pytest.raises(InvalidDefinition):
+
+        class Bad(Lifecycle):
+            a = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            b = State(final=True)
+            go = reaper(a.to(b), after=after)  # type: ignore[arg-type]
