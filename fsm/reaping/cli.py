@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             if tick_log is not None:
                 tick_log.record(result, reaper.owner)
             _print_tick(ticks, result, args.list_limit)
-            stop.wait(min(config.interval.total_seconds(), threading.TIMEOUT_MAX))
+            stop.wait(reaper.sleep_for())  # the interval, or sooner when a timer falls due
         print("reaper stopped", flush=True)
         return 0
     finally:

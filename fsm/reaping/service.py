@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 
 from pydantic import ValidationError
 
@@ -48,6 +49,13 @@ from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
 log = logging.getLogger("fsm.reaper")
+
+TIMER_SLACK = 0.005
+"""Seconds the loop adds to the earliest timer's wait: a tick that starts a few
+milliseconds early would find nothing due and sleep again."""
+MIN_SLEEP = 0.01
+"""The loop's shortest sleep between ticks (a timer the store reports due at once, but a
+guard keeps from firing, must not spin the loop)."""
 
 MOVE_LINE = "%s %s: %s -> %s (%s) [reason=%s, version=%d, token=%d]"
 """The INFO line logged for each entity the reaper moves."""
@@ -141,6 +149,14 @@ class Reaper:
         # called as the store's own attribute, so a shared in-memory SQLite store's lock wraps it
         offered = callable(getattr(type(store), "move_candidates_brief", None))
         self._brief: Callable[..., list[HistoryRecord]] | None = store.move_candidates_brief if offered else None  # type: ignore[attr-defined]
+        self.timers: dict[str, tuple[tuple[str, timedelta], ...]] = {
+            engine.kind: pairs
+            for engine in self.engines
+            if (pairs := tuple(dict.fromkeys((b.source, b.after) for b in engine.table.timers() if b.after)))
+        }
+        """Kind -> its timed transitions as ``(leaf state, after)`` pairs: what
+        :meth:`next_timer` probes so the loop sleeps until the earliest timer."""
+        self._led: set[str] | None = None  # the kinds the last tick led (None: no leadership)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -155,6 +171,8 @@ class Reaper:
         if self.config.enabled:
             try:
                 led = self._lead() if self.leaders and not dry_run else None
+                if not dry_run:
+                    self._led = led
                 if led is not None:
                     result.standby = sorted(set(self.leaders) - led)
                     if not led:
@@ -181,6 +199,43 @@ class Reaper:
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
         return self._finish(result, started, dry_run)
+
+    def next_timer(self) -> float | None:
+        """Seconds until the earliest pending timer this reaper fires (of the kinds it
+        leads, with leadership), or ``None`` when none is pending or the store cannot tell
+        (:class:`stores.base.TimerTimes`).  Timers already due are the next tick's."""
+        probe = getattr(self.store, "next_timer", None)
+        if probe is None or not self.config.enabled:
+            return None
+        found: float | None = None
+        for kind, pairs in self.timers.items():
+            if self._led is not None and kind not in self._led:
+                continue  # another reaper leads it, and fires its timers
+            try:
+                wait = probe(kind, pairs)
+            except FsmError as err:  # the loop falls back to its interval; the next probe retries
+                log.warning("could not read the next timer of %s: %s", kind, err)
+                continue
+            if wait is not None and (found is None or wait < found):
+                found = wait
+        return found
+
+    def sleep_for(self) -> float:
+        """How long :meth:`start`'s loop sleeps after a tick: ``config.interval``, or less
+        when a timer falls due sooner (plus :data:`TIMER_SLACK`, so the tick finds it due).
+
+        It also never sleeps longer than the shortest delay of a timer it fires: an entity
+        entering a timed state during the sleep is due no sooner than that, so the loop
+        needs no wake-up to fire it on time."""
+        wait = self.config.interval.total_seconds()
+        led = self._led
+        delays = [a for kind, pairs in self.timers.items() if led is None or kind in led for _, a in pairs]
+        if delays:
+            wait = min(wait, min(delays).total_seconds())
+            pending = self.next_timer()
+            if pending is not None:
+                wait = min(wait, pending + TIMER_SLACK)
+        return max(MIN_SLEEP, min(wait, threading.TIMEOUT_MAX))
 
     def _lead(self) -> set[str]:
         """Renew or take the leadership of each kind; the kinds this reaper leads now."""
@@ -458,7 +513,6 @@ class Reaper:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self, stop: threading.Event) -> None:
-        interval = min(self.config.interval.total_seconds(), threading.TIMEOUT_MAX)
         while not stop.is_set():
             result = self.run_once()
             # a tick that did something is INFO; an idle or standby one is DEBUG (every
@@ -467,7 +521,7 @@ class Reaper:
             log.log(logging.DEBUG if idle else logging.INFO, "reaper tick: %s", result.summary())
             if self.tick_log is not None and (result.leading or result.errors):
                 self.tick_log.record(result, self.owner)  # never raises: logged instead
-            stop.wait(interval)
+            stop.wait(self.sleep_for())
 
 
 def _move_fields(kind: str, entity_id: str, record: HistoryRecord, token: int | None) -> dict[str, object]:

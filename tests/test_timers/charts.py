@@ -51,3 +51,22 @@ class Reminder(Lifecycle):
     close = worker(active.finalizing.to(closed, cond="holds_lease"))
     expire = reaper(open.to(expired), after=timedelta(hours=1), reason="expired")
     reap = reaper(active.finalizing.to(expired, cond="lease_stale"), reason="dead")
+
+
+class Quick(Lifecycle):
+    """A request that times out after 300 ms (real-time tests)."""
+
+    kind = "quick"
+    waiting = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = starts(waiting.to(active))
+    finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    timeout = reaper(waiting.to(failed), after=timedelta(milliseconds=300), reason="timed out")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
+from conftest import SqlTarget
 
 from fsm import Engine, ManualClock
 from fsm.reaping import Reaper
 from fsm.records import Lease, TimerMode
 from stores import Store
 
-from .charts import Approval
+from .charts import Approval, Quick
 
 
 def test_the_chart_knows_where_each_clock_starts() -> None:
@@ -115,3 +117,43 @@ def test_a_bad_delay_is_refused_at_declaration(after: object) -> None:
 
             b = State(final=True)
             go = reaper(a.to(b), after=after)  # type: ignore[arg-type]
+
+
+def test_the_reaper_sleeps_until_the_earliest_pending_timer(any_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Approval, any_store, clock=clock)
+    reaper_ = Reaper(any_store, [Approval], clock=clock)  # the default interval: five minutes
+    assert reaper_.timers == {
+        "approval": (
+            ("waiting", timedelta(hours=24)),
+            ("running", timedelta(minutes=90)),
+            ("finalizing", timedelta(minutes=90)),
+        )
+    }
+    assert reaper_.next_timer() is None  # nothing is waiting
+    assert reaper_.sleep_for() == 300.0
+    engine.create("a1")
+    clock.advance(timedelta(hours=23, minutes=58))
+    engine.create("a2")
+    assert reaper_.next_timer() == pytest.approx(120.0)
+    assert reaper_.sleep_for() == pytest.approx(120.005)
+    clock.advance(timedelta(minutes=2))
+    assert reaper_.next_timer() == pytest.approx(86_280.0)  # a1 is due: the next one is a2's
+    assert reaper_.run_once().moved == {"approval.timeout": 1}
+
+
+def test_a_timer_fires_on_time_with_the_default_interval(sql_target: SqlTarget) -> None:
+    """A started reaper with the default five-minute interval fires a 300 ms timer at once,
+    not at its next interval: its loop sleeps until the timer is due."""
+    store = sql_target.store()
+    engine = Engine(Quick, store)
+    reaper_ = Reaper(store, [Quick])
+    reaper_.start()
+    try:
+        engine.create("q1")
+        deadline = time.monotonic() + 60  # far below the interval: a sleeping loop would miss it
+        while store.get("q1").state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.get("q1").state == "failed"
+        assert [h.event for h in store.history("q1")] == ["timeout"]
+    finally:
+        reaper_.stop()
