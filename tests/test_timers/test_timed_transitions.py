@@ -157,3 +157,58 @@ def test_a_timer_fires_on_time_with_the_default_interval(sql_target: SqlTarget) 
         assert [h.event for h in store.history("q1")] == ["timeout"]
     finally:
         reaper_.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "timers"),
+    [
+        (None, [("waiting", timedelta(hours=1))]),
+        ("approval", []),
+        ("approval", "waiting"),
+        ("approval", [("waiting",)]),
+        ("approval", [("wait\x00ing", timedelta(hours=1))]),
+        ("approval", [("\ud800", timedelta(hours=1))]),
+        ("approval", [("w" * 10_000, timedelta(hours=1))]),
+        ("approval", [("waiting", 3600)]),
+        ("approval", [("waiting", float("nan"))]),
+        ("approval", [("waiting", timedelta(days=-1))]),
+        ("approval", [("waiting", timedelta.max)]),
+        ("approval", [("waiting", timedelta(hours=1))] * 65),
+        ("ap\x00proval", [("waiting", timedelta(hours=1))]),
+    ],
+)
+def test_next_timer_refuses_hostile_arguments_on_every_store(
+    any_store: Store, clock: ManualClock, kind: object, timers: object
+) -> None:
+    from fsm import InvalidArgument
+
+    Engine(Approval, any_store, clock=clock).create("a1")
+    before = any_store.get("a1")
+    with pytest.raises(InvalidArgument):
+        any_store.next_timer(kind, timers)  # type: ignore[attr-defined]
+    assert any_store.get("a1") == before
+
+
+@pytest.mark.parametrize("timer", ["arm", None, 1, object()])
+def test_a_write_with_a_bad_timer_mode_is_refused_and_changes_nothing(
+    any_store: Store, clock: ManualClock, timer: object
+) -> None:
+    from fsm import InvalidArgument
+    from fsm.records import BatchWrite, ClaimRequest, ClaimStart, NewEntity, TransitionWrite
+
+    engine = Engine(Approval, any_store, clock=clock)
+    engine.create("a1")
+    before = any_store.get("a1")
+    write = TransitionWrite("a1", "cancel", "waiting", "failed", "worker", 0, timer=timer)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        any_store.apply(write)
+    batch = BatchWrite(("a1",), "approval", "timeout", "waiting", "failed", "reaper", timer=timer)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        any_store.apply_batch(batch)
+    start = ClaimStart("waiting", "running", "start", True, timer)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        any_store.claim(ClaimRequest("approval", "w1", 1, timedelta(minutes=1), starts=(start,)))
+    with pytest.raises(InvalidArgument):
+        any_store.create(NewEntity("a2", "approval", "waiting", arm_timer=timer))  # type: ignore[arg-type]
+    assert any_store.get("a1") == before
+    assert [e.id for e in any_store.entities("approval")] == ["a1"]
