@@ -51,6 +51,7 @@ RUNS = {
     "import sqlalchemy as sa": "test_the_webhook_recipe_commits_both_rows_or_neither",
     "import threading": "test_the_readme_watch_example_runs_as_written (tests/test_engine/test_watch.py)",
     "import urllib.request": "test_the_readme_observability_example_runs_as_written (tests/test_observe)",
+    "# approvals.py": "test_the_timer_block_runs",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
@@ -231,3 +232,13 @@ def test_the_webhook_recipe_commits_both_rows_or_neither(tmp_path: Path) -> None
     events = [r[0] for r in db.execute("SELECT event FROM fsm_history WHERE entity_id = 'p-1' ORDER BY seq")]
     assert events == ["start", "finish", "succeed"]
     db.close()
+
+
+def test_the_timer_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "approvals.py"
+    script.write_text(block_starting("# approvals.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary, history = done.stdout.splitlines()[-2:]
+    assert summary.startswith("moved approval.timeout=1")
+    assert history == "[('timeout', 'timed out')]"
