@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from async_support import every_face  # noqa: F401 - any_store: every store, sync and async faces
 from conftest import SqlTarget
 
 from fsm import Engine, ManualClock
