@@ -148,7 +148,8 @@ def refuse_events(name: str, cls: Any, guards: Mapping[str, Guard], framework: f
         if event.delay:
             raise InvalidDefinition(
                 f"{name}: event {event_id!r} has delay={event.delay!r}, which is not supported: the engine "
-                "fires an event when it is called; schedule the call yourself"
+                "fires an event when it is called.  For a transition that fires once the entity has stayed "
+                "in a state that long, declare it with reaper(..., after=timedelta(...))"
             )
         if event_id in framework:
             raise InvalidDefinition(
