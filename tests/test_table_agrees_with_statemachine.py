@@ -5,7 +5,7 @@ through both; after each step they must agree on whether the event was accepted 
 active configuration, and a StateChart restored from the persisted leaf alone must be in
 that configuration too (:func:`fsm.testing.agreement.check_agreement`).
 
-The lifecycles are the four written by hand and, above all, random ones
+The lifecycles are the ones written by hand (timed ones among them) and, above all, random ones
 (:mod:`fsm.testing.lifecycles`): nested compounds, one event on a leaf and on its parents,
 guarded fallbacks, self-loops, internal transitions, every accepted event and guard form,
 custom state values.  The generator is shown strong enough by mutating the table: with the
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 from statemachine.exceptions import TransitionNotAllowed as SmNotAllowed
 from test_definitions import Deploy
+from test_timers.charts import Approval, Nested, Reminder
 from tests_support import Untyped
 
 import fsm.table
@@ -29,7 +30,7 @@ from fsm import JobLifecycle, Lifecycle, PipelineLifecycle
 from fsm.testing.agreement import Disagreement, check_agreement
 from fsm.testing.lifecycles import LifecycleSpec, build, lifecycle_specs, steps
 
-LIFECYCLES: list[type[Lifecycle]] = [PipelineLifecycle, JobLifecycle, Deploy, Untyped]
+LIFECYCLES: list[type[Lifecycle]] = [PipelineLifecycle, JobLifecycle, Deploy, Untyped, Approval, Reminder, Nested]
 
 
 def _steps(lifecycle: type[Lifecycle]) -> Any:

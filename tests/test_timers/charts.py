@@ -70,3 +70,30 @@ class Quick(Lifecycle):
     finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
     succeed = worker(active.finalizing.to(done, cond="holds_lease"))
     timeout = reaper(waiting.to(failed), after=timedelta(milliseconds=300), reason="timed out")
+
+
+class Nested(Lifecycle):
+    """A timer on a compound state with a nested compound inside, internal and external
+    self-transitions, and a transition from the timed state into its own child."""
+
+    kind = "nested"
+    idle = State(initial=True)
+
+    class active(State.Compound):
+        class running(State.Compound):
+            fetch = State(initial=True)
+            build = State()
+
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = starts(idle.to(active))
+    step = worker(active.running.fetch.to(active.running.build))
+    again = worker(active.running.to.itself(internal=True))  # type: ignore[no-untyped-call]
+    restart = worker(active.running.to.itself())  # type: ignore[no-untyped-call]
+    reset = worker(active.to(active.running.build, cond="holds_lease"))  # external: leaves and re-enters ``active``
+    finish = worker(active.running.build.to(active.finalizing, cond="holds_lease"))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    deadline = reaper(active.to(failed, cond="lease_stale"), after=timedelta(minutes=30))
