@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
+    from fsm.scheduling import Schedule, Schedules
     from fsm.table import Branch, CompiledTable
     from fsm.work import AsyncLeaseKeeper, HeldLease, Job, LeaseKeeper, Worker
 
@@ -79,6 +80,8 @@ _LAZY = {
     "ReaperConfig": "fsm.reaping",
     "ReapPolicy": "fsm.reaping",
     "ReapResult": "fsm.reaping",
+    "Schedule": "fsm.scheduling",
+    "Schedules": "fsm.scheduling",
     "Branch": "fsm.table",
     "CompiledTable": "fsm.table",
     "AsyncLeaseKeeper": "fsm.work",
@@ -151,6 +154,8 @@ __all__ = [
     "Reaper",
     "ReaperConfig",
     "RetryPolicy",
+    "Schedule",
+    "Schedules",
     "Snapshot",
     "StaleVersion",
     "State",

@@ -35,6 +35,7 @@ SUBCOMMANDS = (
     "fsm.diagram.cli",
     "fsm.reaping.cli",
     "fsm.reaping.prune_cli",
+    "fsm.scheduling.cli",
     "fsm.commands",
     "fsm.inspect.cli",
 )

@@ -36,11 +36,12 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.testing",
             "fsm.reaping.cli",
             "fsm.reaping.prune_cli",
+            "fsm.scheduling.cli",
             "fsm.diagram.cli",
             "fsm.inspect",
         ),
     ),
-    (5, ("fsm.reaping", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
+    (5, ("fsm.reaping", "fsm.scheduling", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
     (4, ("fsm.engine",)),
     (
         3,

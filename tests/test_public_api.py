@@ -57,6 +57,8 @@ FSM_API = {
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "Schedule",
+    "Schedules",
     "RetryPolicy",
     "Snapshot",
     "StaleVersion",

@@ -188,6 +188,8 @@ class ReapResult:
     reaper leads them); the other kinds it reaped."""
     would_move: list[tuple[str, str, str, str]] = field(default_factory=list)
     """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
+    scheduled: Counter[str] = field(default_factory=Counter)
+    """Kind -> how many runs its schedules created this tick."""
 
     @property
     def total_moved(self) -> int:
@@ -201,6 +203,7 @@ class ReapResult:
             "bad_rows": self.bad_rows,
             "errors": self.errors,
             "would_move": len(self.would_move),
+            **{f"scheduled.{k}": v for k, v in sorted(self.scheduled.items())},
         }
 
     def summary(self) -> str:
@@ -213,6 +216,8 @@ class ReapResult:
         if not self.leading:
             return f"standby: another reaper leads {', '.join(self.standby) or 'every kind'}"
         standby = f"; standby for {', '.join(self.standby)}" if self.standby else ""
+        if self.scheduled:
+            moved += "; scheduled " + ", ".join(f"{k}={v}" for k, v in sorted(self.scheduled.items()))
         return (
             f"{head} {moved}; lost races {self.lost_races}; refused {self.refused}; bad rows {self.bad_rows}; "
             f"errors {self.errors}; {self.duration_s * 1000:.1f} ms{standby}"

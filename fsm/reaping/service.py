@@ -45,6 +45,7 @@ from fsm.records import (
     LeaseChange,
     Snapshot,
 )
+from fsm.scheduling import Schedules
 from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
@@ -156,6 +157,8 @@ class Reaper:
         }
         """Kind -> its timed transitions as ``(leaf state, after)`` pairs: what
         :meth:`next_timer` probes so the loop sleeps until the earliest timer."""
+        self.schedules = {engine.kind: Schedules(engine) for engine in self.engines}
+        """Kind -> its stored schedules: each tick creates the due runs of the kinds it leads."""
         self._led: set[str] | None = None  # the kinds the last tick led (None: no leadership)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -187,6 +190,8 @@ class Reaper:
                         self._run_rule(rule, result, dry_run)
                         if i in self._waking and result.total_moved > before:
                             woken.add(rule.engine.kind)
+                    if not dry_run:
+                        self._run_schedules(led, result)
                 finally:  # what committed before a failure is claimable too
                     if not dry_run:
                         notify_moved(self.store, woken)
@@ -199,6 +204,16 @@ class Reaper:
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
         return self._finish(result, started, dry_run)
+
+    def _run_schedules(self, led: set[str] | None, result: ReapResult) -> None:
+        """Create the due runs of the schedules of the kinds this tick leads."""
+        for kind, schedules in self.schedules.items():
+            if led is not None and kind not in led:
+                continue
+            step = schedules.run_due()
+            if step.created:
+                result.scheduled[kind] += len(step.created)
+            result.errors += step.errors
 
     def next_timer(self) -> float | None:
         """Seconds until the earliest pending timer this reaper fires (of the kinds it
@@ -235,6 +250,14 @@ class Reaper:
             pending = self.next_timer()
             if pending is not None:
                 wait = min(wait, pending + TIMER_SLACK)
+        if self.config.enabled and self.schedules:
+            try:
+                run = next(iter(self.schedules.values())).next_due()  # one probe: every kind's schedules
+            except FsmError as err:
+                log.warning("could not read the next schedule run: %s", err)
+                run = None
+            if run is not None:
+                wait = min(wait, run + TIMER_SLACK)
         return max(MIN_SLEEP, min(wait, threading.TIMEOUT_MAX))
 
     def _lead(self) -> set[str]:
