@@ -1,6 +1,7 @@
 """Run the benchmarks.
 
-    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio,inspect,work] [--pg-url URL] [--big] [--json FILE]
+    python tests/benchmarks/run.py [--only fire,sql,reaper,scale,aio,inspect,work,timers] [--pg-url URL]
+                                   [--big] [--json FILE]
 
 - ``fire``: in-memory ``fire`` vs python-statemachine and ``transitions`` (fast: the CI smoke run);
 - ``sql``: ``fire`` through SqlStore vs the fastest honest raw driver code on the same tables,
@@ -14,7 +15,10 @@
   SQLite and PostgreSQL, against the 100 ms target;
 - ``work``: the work path against pgqueuer on the same server: enqueue (one call per job
   and the list form), drain 5,000 no-op jobs with 1 and 4 worker processes, idle pickup
-  p50/p90 (PostgreSQL only; needs the ``bench`` extra: pgqueuer and asyncpg).
+  p50/p90 (PostgreSQL only; needs the ``bench`` extra: pgqueuer and asyncpg);
+- ``timers``: 10,000 timers due together, fired by a started reaper (lateness p50/p99/max,
+  target p99 < 1 s), and the cost of firing 1,000 vs one raw set-based ``UPDATE``, SQLite
+  and PostgreSQL.
 
 The PostgreSQL parts run only on the database named by ``--pg-url`` (or the
 ``FSM_BENCH_POSTGRES_URL`` environment variable), never on a default: use a database of
@@ -46,6 +50,7 @@ SUITES = {
     "aio": "bench_aio",
     "inspect": "bench_inspect",
     "work": "bench_work",
+    "timers": "bench_timers",
 }
 
 
