@@ -432,6 +432,7 @@ class Engine(EngineWork):
         owner: str | None,
         held: Snapshot | None = None,
         extra: Attempt | None = None,
+        reread: bool = True,
     ) -> FireResult:
         if held is None and idempotency_key is None and data is None and self._by_id is not None:
             plan = self._id_plans.get((event, actor, lease is not None))
@@ -449,10 +450,14 @@ class Engine(EngineWork):
         try:
             new, record = self._apply(write)
         except StaleVersion:
-            if held is None:
+            if not reread:
                 raise
-            # the caller's snapshot was stale: read the row once and judge the event on it
-            return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
+            # the snapshot (the caller's, or the one read here) went stale before the write: read
+            # the row once more and judge the event on it, so a fire that loses a race gets the
+            # judgement of the row that won (TransitionNotAllowed), as a store-judged fire does
+            return self._fire(
+                entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra, reread=False
+            )
         except IdempotencyKeyReused:
             assert idempotency_key is not None
             replay = self._replay(entity_id, event, idempotency_key, lease)

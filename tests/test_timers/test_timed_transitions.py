@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from async_support import every_face  # noqa: F401 - any_store: every store, sync and async faces
@@ -213,3 +214,30 @@ def test_a_write_with_a_bad_timer_mode_is_refused_and_changes_nothing(
         any_store.create(NewEntity("a2", "approval", "waiting", arm_timer=timer))  # type: ignore[arg-type]
     assert any_store.get("a1") == before
     assert [e.id for e in any_store.entities("approval")] == ["a1"]
+
+
+def test_a_read_first_fire_that_loses_a_race_is_judged_on_the_winner(clock: ManualClock) -> None:
+    """A timed chart's fires read the row first; one whose row moves between its read and its
+    write reads it again and is refused as the store-judged fire of an untimed chart is."""
+    from fsm import TransitionNotAllowed
+    from stores import MemoryStore
+
+    store = MemoryStore(clock=clock)
+    Engine(Approval, store, clock=clock).create("a1")
+    raced: list[str] = []
+
+    def racing(original: Any) -> Any:
+        def read_then_race(entity_id: str, **kwargs: bool) -> object:
+            snap = original(entity_id, **kwargs)
+            if not raced:
+                raced.append(entity_id)
+                Engine(Approval, store, clock=clock).fire("a1", "cancel")  # another process wins
+            return snap
+
+        return read_then_race
+
+    for name in ("_live", "get"):  # the engine reads through either: race right after the read
+        setattr(store, name, racing(getattr(store, name)))
+    with pytest.raises(TransitionNotAllowed):
+        Engine(Approval, store, clock=clock).fire("a1", "cancel")
+    assert raced == ["a1"] and [h.event for h in store.history("a1")] == ["cancel"]
