@@ -5,6 +5,7 @@
     fsm migrate upgrade sqlite:///fsm.db                 # create or upgrade the library's tables
     fsm migrate current postgresql+psycopg://app@db/app  # the revision they are at
     fsm show job-42 --db sqlite:///fsm.db                # the entity, its lease, history, effects
+    fsm show req-7 --lifecycle myapp.flows:Approval      # ... and when its timers are due
 
 A command that opens an existing store (``fsm show``, ``fsm diagram --db`` and ``fsm
 inspect`` read it, ``fsm reaper`` moves its entities) opens it with ``create=False``: a
@@ -18,11 +19,16 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from fsm.errors import ConfigError, FsmError, UnknownEntity
 from fsm.records import Snapshot
 from stores.base import Store
+
+if TYPE_CHECKING:
+    from fsm.diagram.pending import PendingTimer
+    from fsm.lifecycle import Lifecycle
 
 DEFAULT_DB = "sqlite:///fsm.db"
 DEFAULT_PREFIX = "fsm_"
@@ -175,6 +181,13 @@ def register(sub: Any) -> None:
     show.add_argument("--db", default=DEFAULT_DB, help="store URL (default: %(default)s); only read")
     show.add_argument("--prefix", default=DEFAULT_PREFIX, help="table prefix of a SQL store (default: %(default)s)")
     show.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    show.add_argument(
+        "--lifecycle",
+        action="append",
+        default=[],
+        metavar="MODULE:Class",
+        help="the entity's lifecycle, to say when its timers are due (repeatable; the built-ins always)",
+    )
     show.set_defaults(func=run_show)
 
 
@@ -205,6 +218,7 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
         "created_at": _when(snap.created_at),
         "updated_at": _when(snap.updated_at),
         "run_after": None if snap.run_after is None else _when(snap.run_after),
+        "timer_since": None if snap.timer_since is None else _when(snap.timer_since),
         "lease": None
         if snap.lease_owner is None
         else {"owner": snap.lease_owner, "token": snap.lease_token, "expires_at": _when(snap.lease_expires_at)},
@@ -213,8 +227,57 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
     }
 
 
+SHOWN_LIFECYCLES = ("fsm.lifecycles:PipelineLifecycle", "fsm.lifecycles:JobLifecycle")
+"""The lifecycles ``fsm show`` always knows (``--lifecycle`` adds more)."""
+
+
+def _lifecycles(refs: list[str]) -> dict[str, type[Lifecycle]]:
+    """Kind -> lifecycle: the built-ins and each ``--lifecycle`` (a later one wins its kind)."""
+    from fsm.diagram.refs import load_lifecycle_here
+
+    found = [load_lifecycle_here(ref) for ref in (*SHOWN_LIFECYCLES, *refs)]
+    return {lc.kind: lc for lc in found}
+
+
+def _timer(timer: PendingTimer, now: datetime) -> dict[str, Any]:
+    from fsm.diagram.pending import timestamp
+
+    return {
+        "event": timer.event,
+        "after": timer.delay,
+        "after_seconds": timer.after.total_seconds(),
+        "state": timer.state,
+        "target": timer.target,
+        "due": timestamp(timer.due),
+        "overdue": timer.is_due(now),
+        "guards": list(timer.guards),
+    }
+
+
+def timer_lines(snap: Snapshot, timers: list[PendingTimer] | None, now: datetime) -> list[str]:
+    """``fsm show``'s lines on the timers the entity is waiting out, one each:
+    ``timer: timeout due 2026-12-06T10:00:00+00:00 (in 23h 59m)``; ``timers`` is ``None``
+    when its lifecycle is not known here (then its clock, if it runs, and how to know more)."""
+    if timers is None:
+        if snap.timer_since is None or snap.deleted:
+            return []
+        return [
+            f"  timer clock: running since {_when(snap.timer_since)} (lifecycle {snap.kind!r} is not known here: "
+            "pass --lifecycle MODULE:Class to see when its timers are due)"
+        ]
+    return [f"  timer: {t.describe(now)}" for t in timers]
+
+
 def run_show(args: argparse.Namespace) -> int:
-    """Exit codes: 0 shown; 2 a store that cannot be opened, or no such entity."""
+    """Exit codes: 0 shown; 2 a store that cannot be opened, a lifecycle that cannot be
+    loaded, or no such entity."""
+    from fsm.diagram.pending import pending_timers
+
+    try:
+        lifecycles = _lifecycles(getattr(args, "lifecycle", []))
+    except FsmError as err:
+        print(f"fsm show: error: {err}", file=sys.stderr)
+        return 2
     try:
         store = open_readonly(args.db, args.prefix, "fsm show")
     except ReadOnlyStoreError as err:
@@ -228,6 +291,7 @@ def run_show(args: argparse.Namespace) -> int:
             return 2
         history = store.history(snap.id)
         effects = store.effects(snap.id)
+        now = store.now()
     except FsmError as err:
         print(f"fsm show: error: {err}", file=sys.stderr)
         return 2
@@ -235,9 +299,12 @@ def run_show(args: argparse.Namespace) -> int:
         close = getattr(store, "close", None)
         if callable(close):
             close()
+    lifecycle = lifecycles.get(snap.kind)
+    timers = None if lifecycle is None else pending_timers(lifecycle.table, snap)
     if args.json:
         doc = {
             **_entity(snap),
+            "timers": None if timers is None else [_timer(t, now) for t in timers],
             "history": [{**r._asdict(), "at": _when(r.at)} for r in history],
             "effects": [{**e._asdict(), "recorded_at": _when(e.recorded_at)} for e in effects],
         }
@@ -254,6 +321,7 @@ def run_show(args: argparse.Namespace) -> int:
             if snap.lease_owner is not None
             else f"  lease: none (token {snap.lease_token})"
         ),
+        *timer_lines(snap, timers, now),
         f"  data: {json.dumps(snap.data, sort_keys=True)}",
         f"history ({len(history)}):",
     ]
@@ -289,4 +357,4 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["ReadOnlyStoreError", "open_readonly", "register", "run_migrate", "run_show"]
+__all__ = ["ReadOnlyStoreError", "open_readonly", "register", "run_migrate", "run_show", "timer_lines"]

@@ -119,6 +119,24 @@ BAD_ARGUMENTS: dict[str, list[list[str]]] = {
         ["--once", "--prefix", DEMO, "--metrics-port", "abc"],
         ["--bogus"],
     ],
+    "schedules": [
+        [],  # an action is required
+        ["bogus"],
+        ["pause", "--prefix", DEMO],  # no schedule id
+        ["pause", "nope", "--prefix", DEMO],
+        ["add", "x", "--every", "nan", "--prefix", DEMO],
+        ["add", "x", "--every", "abc", "--prefix", DEMO],
+        ["add", "x", "--cron", "61 * * * *", "--prefix", DEMO],
+        ["add", "x", "--every", "5", "--data", "{", "--prefix", DEMO],
+        ["add", "x", "--every", "5", "--data", '{"a": "\ud800"}', "--prefix", DEMO],
+        ["add", "x\u0000", "--every", "5", "--prefix", DEMO],
+        ["add", "x", "--every", "5", "--timezone", "\udcff", "--prefix", DEMO],
+        ["list", "--lifecycle", "nope:Thing", "--prefix", DEMO],
+        ["list", "--db", "notaurl"],
+        ["list", "--db", DOWN],
+        ["list"],  # the default prefix fsm_: the tables are fsm_demo_*
+        ["--bogus"],
+    ],
     "migrate": [
         [],
         ["current"],

@@ -10,8 +10,11 @@
   replace the characters XML refuses (Graphviz copies them into SVG as they are).
 - Worker edges are solid and dark blue; reaper edges are dashed and red, labels included;
   a legend (the two edge styles, the notations and every guard's meaning) sits below.
+- A timed transition is a reaper edge labelled ``after 24h`` after its event (its generated
+  guard ``after_24h`` is not listed as a guard); the legend then says what a timer is.
 - Final states have a double border; the initial state is entered from a black dot.
-- An overlaid entity's state is filled yellow, and a box lists its last transitions.
+- An overlaid entity's state is filled yellow, and a box lists its last transitions and
+  the timers it is waiting out; each such timer's edge also says when it is due.
 
 Every node, cluster and edge has a stable ``id`` (kept in the SVG), and the order of the
 text follows the lifecycle's declaration, so the same lifecycle gives the same text.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import re
 
 from fsm.diagram.model import Diagram, Edge, Node
+from fsm.diagram.pending import PendingTimer, timer_line, timer_needs
 from fsm.diagram.provenance import Header
 from fsm.diagram.text import xml_chars
 
@@ -82,12 +86,17 @@ def keep_spaces(label: str) -> str:
     return _SPACE_AFTER_TAG.sub("&#160;", _SPACE_BEFORE_TAG.sub("&#160;", label))
 
 
-def edge_label(edge: Edge) -> str:
-    """The HTML-like label: ``<b>event</b> [guards] (actor)``, then the effects in italics."""
+def edge_label(edge: Edge, timer: PendingTimer | None = None) -> str:
+    """The HTML-like label: ``<b>event</b> [guards] (actor)``, then the effects in italics;
+    a timed transition reads ``<b>timeout</b> after 24h (reaper)``, and, when the
+    overlaid entity is waiting it out (``timer``), ends with the time it is due."""
     guards = f" [{', '.join(html(g) for g in edge.guards)}]" if edge.guards else ""
-    lines = [f"<b>{html(edge.event)}</b>{guards} ({html(edge.who)})"]
+    after = f" {html(edge.timer)}" if edge.timer else ""  # one run with the guards: SVG spaces runs apart
+    lines = [f"<b>{html(edge.event)}</b>{after}{guards} ({html(edge.who)})"]
     if edge.effects:
         lines.append(f"<i>{html(', '.join(edge.effects))}</i>")
+    if timer is not None:
+        lines.append(f"<b>due {html(timer.due_text)}</b>")
     return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
@@ -212,7 +221,7 @@ class _Writer:
             style.append(("penwidth", "1.6"))
         ltail = [("ltail", quote(cluster_id(edge.source)))] if d.node(edge.source).compound else []
         lhead = [("lhead", quote(cluster_id(edge.target)))] if d.node(edge.target).compound else []
-        label = [("label", edge_label(edge))]
+        label = [("label", edge_label(edge, d.waited(edge)))]
         ident = f"edge_{edge.order}_{edge.event}"
         if self.loop_compound(edge) is None:
             pairs = [("id", quote(ident)), *ltail, *lhead, *style, *label]
@@ -251,6 +260,17 @@ class _Writer:
                 else []
             ),
             _row("label", "<b>event</b> [guards] (actor), then <i>effects</i>"),
+            *(
+                [
+                    _row(
+                        "after <i>t</i>",
+                        "a timer: the reaper fires it once the entity has been in the state it leaves for <i>t</i> "
+                        "(and the [guards] hold)",
+                    )
+                ]
+                if self.d.timed
+                else []
+            ),
             _row("states", "double border: final (clears the lease); black dot: initial"),
         ]
         if self.d.guards:
@@ -276,6 +296,11 @@ class _Writer:
             return
         rows = [
             f'<tr><td align="left" colspan="6" bgcolor="{CURRENT_FILL}"><b>{html(overlay.title)}</b></td></tr>',
+            *(
+                f'<tr><td align="left" colspan="6"><font color="{REAPER_COLOR}">'
+                f"{html(timer_line(t) + timer_needs(t))}: <b>due {html(t.due_text)}</b></font></td></tr>"
+                for t in overlay.timers
+            ),
             f'<tr><td align="left" colspan="6"><i>{html(overlay.history_title)}</i></td></tr>',
         ]
         if overlay.history:

@@ -7,6 +7,10 @@ have, or miss a guarded branch the engine would try.
 
 A transition declared on a compound state is compiled into one branch per leaf inside it;
 the diagram folds those back into the one edge that was declared, drawn from the compound.
+
+A timed transition (``reaper(..., after=timedelta(hours=24))``) is drawn ``after 24h``
+(:attr:`~fsm.diagram.model.Edge.after`); its generated guard (``after_24h``) is not listed
+among the edge's guards nor in the legend's, which keep the guards a reader declared.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterable
 from statemachine import State
 
 from fsm.diagram.model import Diagram, Edge, HistoryRow, Node, Overlay
+from fsm.diagram.pending import other_guards, pending_timers
 from fsm.diagram.refs import ref_of
 from fsm.engine import Engine
 from fsm.lifecycle import Lifecycle
@@ -57,7 +62,7 @@ def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
                 source=b.declared_on,
                 target=b.declared_target,
                 actor=b.actor,
-                guards=tuple(b.guard_names),
+                guards=other_guards(b),
                 reason=b.reason,
                 lease=b.lease_effect,
                 bump_attempt=b.bump_attempt,
@@ -67,6 +72,7 @@ def _edges(branches: Iterable[Branch]) -> tuple[Edge, ...]:
                 order=len(edges),
                 override=b.override,
                 changes=tuple(f"{c.key}.{c.field} {'/'.join(map(str, c.when))}->{c.value}" for c in b.changes),
+                after=b.after,
             )
         )
     return tuple(edges)
@@ -88,7 +94,7 @@ def extract(
     used: list[str] = []
     for branch in table.declared:
         for g, _expected in branch.guards:
-            if g.name not in used:
+            if g.after is None and g.name not in used:  # a timer's own guard is drawn "after 24h"
                 used.append(g.name)
     guards = tuple((name, lifecycle.guards[name].description) for name in used)
     diagram = Diagram(
@@ -107,7 +113,8 @@ def extract(
 
 
 def entity_overlay(lifecycle: type[Lifecycle], store: Store, entity_id: str, *, last: int = DEFAULT_LAST) -> Overlay:
-    """The entity's current leaf state and its ``last`` transitions (oldest first).
+    """The entity's current leaf state, its ``last`` transitions (oldest first) and the
+    timers its leaf is waiting out.
 
     Raises ``UnknownEntity`` when there is no such live entity, or it belongs to another
     lifecycle; ``MalformedRow`` when its stored state is not one of the lifecycle's.
@@ -119,7 +126,10 @@ def entity_overlay(lifecycle: type[Lifecycle], store: Store, entity_id: str, *, 
     records = engine.history(entity_id)
     shown = records[-last:] if last else []
     rows = tuple(HistoryRow(r.seq, r.event, r.source, r.target, r.actor, r.reason, r.at) for r in shown)
-    return Overlay(entity_id=snap.id, state=snap.state, version=snap.version, history=rows, total=len(records))
+    timers = tuple(pending_timers(lifecycle.table, snap))
+    return Overlay(
+        entity_id=snap.id, state=snap.state, version=snap.version, history=rows, total=len(records), timers=timers
+    )
 
 
 __all__ = ["DEFAULT_LAST", "entity_overlay", "extract"]

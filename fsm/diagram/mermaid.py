@@ -3,10 +3,13 @@
 Mermaid cannot style a transition (``classDef`` applies to states only), so the actor is
 in every label: ``expire [lease_stale] (reaper)``, and a legend note says so.  Labels
 have two lines (``<br/>``): ``event [guards] (actor)`` then what the branch records and
-does to the lease.  A transition declared on the compound ``active`` leaves ``active``
-itself, once.  Final states are marked the Mermaid way (``failed --> [*]``) and styled
-with ``classDef final``; an overlaid entity's state gets ``classDef current`` and a note
-listing its last transitions.
+does to the lease.  A timed transition says its delay after its event (``timeout after
+24h (reaper)``; its generated guard ``after_24h`` is not listed), and the legend note what
+a timer is.  A transition declared on the compound ``active`` leaves ``active`` itself,
+once.  Final states are marked the Mermaid way (``failed --> [*]``) and styled with
+``classDef final``; an overlaid entity's state gets ``classDef current`` and a note
+listing the timers it is waiting out and its last transitions (a timer's edge also says
+when it is due).
 
 A state is its own Mermaid id when it reads as one (``queued``); a Mermaid keyword
 (``end``, ``scale``, ``default``...), a non-ASCII name or a name starting with ``state_``
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 
 from fsm.diagram.model import Diagram, Edge, Node
+from fsm.diagram.pending import PendingTimer, timer_line, timer_needs
 from fsm.diagram.provenance import Header
 from fsm.diagram.text import xml_chars
 
@@ -53,6 +57,10 @@ LEGEND = (
 )
 
 OVERRIDE_LEGEND = "(operator override) fired on purpose; may fail a live finalizer"
+TIMER_LEGEND = (
+    "event after t: a timer, the reaper fires it once the entity has been in the state it leaves for t "
+    "(and the [guards] hold)"
+)
 
 
 def aliases(diagram: Diagram) -> dict[str, str]:
@@ -109,13 +117,17 @@ def _comment(value: str) -> str:
     return _SPECIAL.sub(lambda m: m.group() if m.group() in _CODES else "#32;", _one_line(value))
 
 
-def edge_label(edge: Edge) -> str:
-    """The edge's label; a self-loop gets only ``event (actor)``: Mermaid sets a loop's label
-    beside its state, over the labels of the state's other edges, so its guards and
-    effects are spelled out in the legend note instead (:func:`loop_line`)."""
+def edge_label(edge: Edge, timer: PendingTimer | None = None) -> str:
+    """The edge's label; a self-loop gets only ``event (actor)`` (``event after 10m (actor)``
+    when timed): Mermaid sets a loop's label beside its state, over the labels of the
+    state's other edges, so its guards and effects are spelled out in the legend note
+    instead (:func:`loop_line`).  ``timer``: the overlaid entity is waiting this edge's timer
+    out, and its label ends with when it is due."""
+    due = (f"due {timer.due_text}",) if timer is not None else ()
     if edge.source == edge.target:
-        return _text(f"{edge.event} ({edge.who}), see note")
-    return "<br/>".join(_text(line) for line in edge.label_lines())
+        after = f" {edge.timer}" if edge.timer else ""
+        return "<br/>".join(_text(line) for line in (f"{edge.event}{after} ({edge.who}), see note", *due))
+    return "<br/>".join(_text(line) for line in (*edge.label_lines(), *due))
 
 
 def loop_line(edge: Edge) -> str:
@@ -155,7 +167,7 @@ class _Writer:
         return sid if sid == node.id else f'state "{node.id}" as {sid}'
 
     def edge_line(self, edge: Edge) -> str:
-        return f"{self.ids[edge.source]} --> {self.ids[edge.target]} : {edge_label(edge)}"
+        return f"{self.ids[edge.source]} --> {self.ids[edge.target]} : {edge_label(edge, self.d.waited(edge))}"
 
     def note(self, node: Node, depth: int) -> list[str]:
         overlay = self.d.overlay
@@ -163,7 +175,9 @@ class _Writer:
             return []
         pad = INDENT * depth
         lines = [f"{pad}note right of {self.ids[node.id]}"]
-        lines += [f"{pad}{INDENT}{_text(t)}" for t in (overlay.title, overlay.history_title)]
+        timers = (f"{timer_line(t)}{timer_needs(t)}: due {t.due_text}" for t in overlay.timers)
+        said = (overlay.title, *timers, overlay.history_title)
+        lines += [f"{pad}{INDENT}{_text(t)}" for t in said]
         lines += [f"{pad}{INDENT}{_text(row.short)}" for row in overlay.history]
         lines.append(f"{pad}end note")
         return lines
@@ -203,6 +217,8 @@ class _Writer:
             legend: tuple[str, ...] = (
                 LEGEND if not any(e.override for e in d.edges) else (*LEGEND[:3], OVERRIDE_LEGEND, *LEGEND[3:])
             )
+            if d.timed:
+                legend = (*legend[:-2], TIMER_LEGEND, *legend[-2:])
             legend += tuple(loop_line(e) for e in d.edges if e.source == e.target)
             if d.guards:
                 legend += ("Guards:", *(f"{name}: {desc or '(no description)'}" for name, desc in d.guards))

@@ -13,9 +13,11 @@ the compound ``active`` state is one edge leaving ``active``, not one per leaf i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from fsm.diagram.pending import PendingTimer
 from fsm.records import Actor, LeaseChange
+from fsm.timers import format_delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,9 @@ class Edge:
     """The declared target (a compound target is entered at its initial leaf)."""
     actor: Actor
     guards: tuple[str, ...] = ()
-    """Guard names in declaration order; a negated guard (``unless=``) reads ``not name``."""
+    """Guard names in declaration order; a negated guard (``unless=``) reads ``not name``.
+    A timed transition's generated guard (``after_24h``) is not one of them: :attr:`after`
+    draws it."""
     reason: str | None = None
     """What history records for this branch: ``expired``, ``duplicate``, ``reclaimed``..."""
     lease: LeaseChange = LeaseChange.KEEP
@@ -60,6 +64,14 @@ class Edge:
     """Declared with ``operator_override``: may fail a live finalizer; drawn apart."""
     changes: tuple[str, ...] = ()
     """The data changes the write applies, as read: ``steps.status running->failed``."""
+    after: timedelta | None = None
+    """A timed transition's delay (:mod:`fsm.timers`): the reaper fires it once the entity
+    has stayed that long in :attr:`source`; labelled ``after 24h``."""
+
+    @property
+    def timer(self) -> str | None:
+        """``after 24h`` on a timed transition, else ``None``."""
+        return None if self.after is None else f"after {format_delay(self.after)}"
 
     @property
     def is_reaper(self) -> bool:
@@ -72,9 +84,11 @@ class Edge:
 
     @property
     def title(self) -> str:
-        """``event [guard, guard] (actor)``: the first line of every label."""
+        """``event [guard, guard] (actor)``: the first line of every label; a timed transition
+        says its delay after the event: ``timeout after 24h (reaper)``."""
+        timer = f" {self.timer}" if self.timer else ""
         guards = f" [{', '.join(self.guards)}]" if self.guards else ""
-        return f"{self.event}{guards} ({self.who})"
+        return f"{self.event}{timer}{guards} ({self.who})"
 
     @property
     def effects(self) -> tuple[str, ...]:
@@ -138,6 +152,8 @@ class Overlay:
     """The last transitions, oldest first."""
     total: int = 0
     """How many transitions the entity has in all (``history`` may show only the last few)."""
+    timers: tuple[PendingTimer, ...] = ()
+    """The timers its current leaf is waiting out, soonest first (:mod:`fsm.diagram.pending`)."""
 
     @property
     def title(self) -> str:
@@ -192,6 +208,18 @@ class Diagram:
 
     def parent_of(self, node_id: str) -> str | None:
         return self._index[node_id].parent
+
+    @property
+    def timed(self) -> tuple[Edge, ...]:
+        """The timed transitions (``after 24h``), in declaration order."""
+        return tuple(e for e in self.edges if e.after is not None)
+
+    def waited(self, edge: Edge) -> PendingTimer | None:
+        """The overlaid entity's pending timer that ``edge`` draws, if it is waiting one out."""
+        if self.overlay is None or edge.after is None:
+            return None
+        key = (edge.event, edge.source, edge.target, edge.after)
+        return next((t for t in self.overlay.timers if (t.event, t.state, t.target, t.after) == key), None)
 
     def with_overlay(self, overlay: Overlay) -> Diagram:
         """The same diagram with ``overlay``'s (leaf) state highlighted."""

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from fsm.diagram.pending import PendingTimer, pending_timers
 from fsm.engine.watch import PAGE
 from fsm.errors import ConfigError, FsmError, InvalidArgument, UnknownEntity
 from fsm.inspect import actions, assets, pages, retry, views
@@ -153,8 +155,12 @@ def create_app(
         effects, progress = data.effects(entity_id)
         renewals = data.renewals(entity_id)
         starts = attempt_starts.get(snap.kind, frozenset())
-        body = pages.entity_page(data.now(), snap, history, effects, progress, renewals, diagram_of(snap), starts)
         lifecycle = by_kind.get(snap.kind)
+        timers = None if lifecycle is None else pending_timers(lifecycle.table, snap)
+        now = data.now()
+        body = pages.entity_page(
+            now, snap, history, effects, progress, renewals, diagram_of(snap, timers or [], now), starts, timers
+        )
         body = pages.with_retry_links(body, *retry.links(snap, history, lifecycle, data.history))  # ops: retries
         if allow_actions and lifecycle is not None:
             marker = "<section><h2>Timeline"
@@ -162,7 +168,7 @@ def create_app(
             body = body.replace(marker, forms + marker, 1)
         return body, 200
 
-    def diagram_of(snap: Snapshot) -> str:
+    def diagram_of(snap: Snapshot, timers: list[PendingTimer], now: datetime) -> str:
         from fsm.diagram.graphviz_render import INSTALL_HINT, GraphvizNotFound, find_dot
 
         lifecycle = by_kind.get(snap.kind)
@@ -171,7 +177,7 @@ def create_app(
         try:
             find_dot()
         except GraphvizNotFound as err:
-            return views.transition_table(lifecycle, snap.state, f"{err.wanted}. {INSTALL_HINT}")
+            return views.transition_table(lifecycle, snap.state, f"{err.wanted}. {INSTALL_HINT}", timers, now)
         return pages.diagram_image(snap)
 
     def entity(request: Request) -> Response:

@@ -149,7 +149,14 @@ details summary { cursor: pointer; color: #4a5366; }
 .timeline li.renewal { border-color: #27ae60; }
 .timeline li.acquired { border-color: #16a085; }
 .timeline li.progress { border-color: #8e44ad; }
-.timeline .when { display: inline-block; min-width: 90px; color: #4a5366; }
+.timeline li.timer { border-left-style: dashed; border-color: #c0392b; background: #fff8f6; }
+.timeline li.timer.overdue { background: #fde0dc; }
+.timeline .when { display: inline-block; min-width: 90px; margin-right: 6px; color: #4a5366; }
+.when.due { color: #c0392b; font-weight: 600; }
+.when.due.overdue { color: #a11d0b; }
+.facts div.timer + div.timer { margin-top: 2px; }
+span.timer { color: #c0392b; white-space: nowrap; }
+span.timer-due { color: #c0392b; font-size: 12px; white-space: nowrap; }
 .tag { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #4a5366; margin-right: 6px; }
 td.bad { color: #a11d0b; font-weight: 600; }
 td.succeeded { color: #0b5d1e; } td.failed { color: #a11d0b; }

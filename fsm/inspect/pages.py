@@ -8,10 +8,11 @@ attribute values, and URLs carry them percent-encoded.  The pages load one scrip
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from urllib.parse import urlencode
 
+from fsm.diagram.pending import PendingTimer
 from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
 from fsm.inspect.data import FLAG_CAP, Filters, Flags, ReaperTick, RenewalLog
@@ -19,6 +20,7 @@ from fsm.inspect.listing import Listed
 from fsm.inspect.timeline import (
     ATTEMPT_HELP,
     RUNS_HELP,
+    TIMER_HELP,
     age,
     attempt_numbers,
     esc,
@@ -28,6 +30,7 @@ from fsm.inspect.timeline import (
     span,
     stamp,
     timeline,
+    timer_when,
 )
 from fsm.inspect.views import (
     activity_section,
@@ -272,9 +275,12 @@ def entity_page(
     renewals: RenewalLog,
     diagram: str,
     starts: frozenset[str] = frozenset(),
+    timers: Sequence[PendingTimer] | None = (),
 ) -> str:
     """One entity; ``diagram`` is the markup of its diagram section (image, fallback, or why
-    none); ``starts`` the events that begin an attempt."""
+    none); ``starts`` the events that begin an attempt; ``timers`` the ones it is waiting out
+    (:func:`fsm.diagram.pending.pending_timers`), ``None`` when its lifecycle is not known
+    here (then only its clock, if it runs, is said)."""
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
     entered = snap.state_entered_at
     waiting = ""
@@ -284,6 +290,7 @@ def entity_page(
         ("lifecycle", esc(snap.kind)),
         ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}{waiting}"),
         ("in state for", f"<span title='{esc(stamp(entered))}'>{esc(span(now - entered))}</span>"),
+        *timer_facts(now, snap, timers),
         ("version", str(snap.version)),
         ("attempt", attempt_fact(snap, history)),
         ("reclaims", str(snap.reclaims)),
@@ -292,7 +299,7 @@ def entity_page(
         ("concurrency key", esc(snap.concurrency_key or "")),
         ("last renewal", last_renewal(now, renewals)),
     ]
-    titles = {"attempt": f" title='{esc(ATTEMPT_HELP)}'"}
+    titles = {"attempt": f" title='{esc(ATTEMPT_HELP)}'", "timers": f" title='{esc(TIMER_HELP)}'"}
     lease = "<table class=facts>" + "".join(f"<tr><th{titles.get(k, '')}>{k}</th><td>{v}</td></tr>" for k, v in facts)
     lease += f"<tr><th>lease</th>{lease_cells(now, snap)}</tr></table>"
     effect_rows = "".join(
@@ -301,6 +308,7 @@ def entity_page(
         f"<td><pre>{esc(pretty_json(e.result))}</pre></td></tr>"
         for e in effects
     )
+    numbers = attempt_numbers(history, starts, snap.attempt)
     effect_table = (
         f"<table><tr><th>key</th><th>status</th><th>token</th><th class=n title='{esc(RUNS_HELP)}'>runs</th>"
         "<th>recorded</th><th>result</th></tr>" + effect_rows + "</table>"
@@ -314,11 +322,39 @@ def entity_page(
         f"<pre class=data>{esc(pretty_json(snap.data))}</pre></section></div>"
         f"{attempts_section(now, history, starts, snap.attempt)}"
         f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
-        f"{timeline(now, history, effects, progress, renewals.entries, attempt_numbers(history, starts, snap.attempt))}"
+        f"{timeline(now, history, effects, progress, renewals.entries, numbers, timers or ())}"
         "</section>"
         f"<section class=diagram-box><h2>Diagram</h2>{diagram}</section>"
         f"<section><h2>Recorded effects</h2>{effect_table}</section>"
     )
+
+
+def timer_facts(now: datetime, snap: Snapshot, timers: Sequence[PendingTimer] | None) -> list[tuple[str, str]]:
+    """The facts table's ``timers`` row: each pending timer and when it is due; nothing when
+    there is none; when the lifecycle is not known here, since when its clock runs."""
+    if timers is None:
+        if snap.timer_since is None or snap.deleted:
+            return []
+        since = snap.timer_since
+        return [
+            (
+                "timers",
+                f"<span class=muted>clock running for <span title='{esc(stamp(since))}'>{esc(span(now - since))}"
+                "</span> (the lifecycle was not given to fsm inspect: --lifecycle MODULE:Class)</span>",
+            )
+        ]
+    if not timers:
+        return []
+    said = []
+    for t in timers:
+        detail = f"after {t.delay} in {t.state}" + (f", also needs {', '.join(t.guards)}" if t.guards else "")
+        overdue = " overdue" if t.is_due(now) else ""
+        said.append(
+            f"<div class='timer{overdue}' data-timer='{esc(t.event)}'><b>{esc(t.event)}</b> "
+            f"{'' if overdue else 'due '}{timer_when(now, t)} · {esc(stamp(t.due))} "
+            f"<span class=muted>({esc(detail)})</span></div>"
+        )
+    return [("timers", "".join(said))]
 
 
 def attempt_fact(snap: Snapshot, history: list[HistoryRecord]) -> str:
@@ -377,5 +413,6 @@ __all__ = [
     "not_found",
     "overview",
     "page",
+    "timer_facts",
     "with_retry_links",
 ]

@@ -1,5 +1,6 @@
 """One entity's timeline, newest first: transitions, the reaper's moves, recorded effects, the
-holder's progress, and its lease renewals.
+holder's progress, and its lease renewals; above them, the timers it is waiting out, at
+their due time (:mod:`fsm.diagram.pending`), the one part of the timeline still to come.
 
 A long job renews every third of its TTL, so the renewals are folded: consecutive renewals of
 one lease (same owner and token, nothing else in between) are one line, "renewed 14 times by
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from fsm.diagram.pending import PendingTimer
 from fsm.records import EffectRecord, HistoryRecord, LeaseRenewal
 
 
@@ -244,6 +247,34 @@ def _line(now: datetime, event: Event, after: Event | None = None, numbers: dict
     )
 
 
+TIMER_HELP = (
+    "a timed transition: the reaper fires it once the entity has been in the timed state this long "
+    "(and the transition's other guards hold), unless another transition leaves that state first"
+)
+
+
+def timer_when(now: datetime, timer: PendingTimer) -> str:
+    """ "in 23h 59m" (or "overdue by 5m 02s", marked), the due time as its tooltip."""
+    overdue = " overdue" if timer.is_due(now) else ""
+    return f"<span class='when due{overdue}' title='{esc(stamp(timer.due))}'>{esc(timer.until(now))}</span>"
+
+
+def timer_line(now: datetime, timer: PendingTimer) -> str:
+    """A pending timer's line, at the top of the timeline: what fires, when, and what else it needs."""
+    facts = [f"after {timer.delay} in {timer.state}", "by reaper"]
+    if timer.reason:
+        facts.append(f"reason: {timer.reason}")
+    if timer.guards:
+        facts.append(f"also needs {', '.join(timer.guards)}")
+    overdue = " overdue" if timer.is_due(now) else ""
+    return (
+        f"<li class='ev timer{overdue}' data-timer='{esc(timer.event)}' data-due='{esc(timer.due.isoformat())}' "
+        f"title='{esc(TIMER_HELP)}'>{timer_when(now, timer)}<span class=tag>timer{overdue or ' due'}</span> "
+        f"<b>{esc(f'{timer.event}: {timer.state} → {timer.target}')}</b> "
+        f"<span class=muted>{esc(', '.join(facts))} · due {esc(stamp(timer.due))}</span></li>"
+    )
+
+
 def timeline(
     now: datetime,
     history: list[HistoryRecord],
@@ -251,14 +282,17 @@ def timeline(
     progress: EffectRecord | None,
     renewals: list[LeaseRenewal],
     numbers: dict[int, int] | None = None,
+    timers: Sequence[PendingTimer] = (),
 ) -> str:
     """The timeline as an ordered list, newest first; ``numbers``: the entity's attempt at
-    each history row (:func:`attempt_numbers`), said beside a handler error."""
+    each history row (:func:`attempt_numbers`), said beside a handler error; ``timers``:
+    the ones it is waiting out, on top (the latest due first: the list runs back in time)."""
     lines = events(history, effects, progress, renewals)
     later: list[Event | None] = [*lines[1:], None] if lines else []  # an entity never fired has no line
     body = "".join(_line(now, e, after, numbers) for e, after in reversed(list(zip(lines, later, strict=True))))
     body = body or "<li class=empty>Nothing recorded yet.</li>"
-    return f"<ol class=timeline>{body}</ol>"
+    ahead = "".join(timer_line(now, t) for t in sorted(timers, key=lambda t: t.due, reverse=True))
+    return f"<ol class=timeline>{ahead}{body}</ol>"
 
 
 __all__ = [
@@ -266,6 +300,7 @@ __all__ = [
     "ERROR_HELP",
     "RETRY_EVENT",
     "RUNS_HELP",
+    "TIMER_HELP",
     "RenewalRun",
     "age",
     "attempt_numbers",
@@ -278,4 +313,6 @@ __all__ = [
     "span",
     "stamp",
     "timeline",
+    "timer_line",
+    "timer_when",
 ]

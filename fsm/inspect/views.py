@@ -4,10 +4,12 @@ through :func:`esc`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from fsm.diagram.pending import PendingTimer, other_guards
 from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
 from fsm.inspect.charts import bars
@@ -23,8 +25,10 @@ from fsm.inspect.timeline import (
     esc,
     span,
     stamp,
+    timer_when,
 )
 from fsm.records import HistoryRecord
+from fsm.timers import format_delay
 
 ROWS_OF_TICKS = 8
 """Rows the ticks table shows (idle ticks folded first)."""
@@ -289,17 +293,32 @@ def attempts_section(
     )
 
 
-def transition_table(lifecycle: Any, state: str, problem: str) -> str:
+def transition_table(
+    lifecycle: Any,
+    state: str,
+    problem: str,
+    timers: Sequence[PendingTimer] = (),
+    now: datetime | None = None,
+) -> str:
     """The diagram's fallback without Graphviz: the lifecycle's transitions as a table, the
-    rows out of the current state (or one of its parents) marked, and how to get the picture."""
+    rows out of the current state (or one of its parents) marked, and how to get the picture.
+    A timed transition reads ``timeout after 24h`` (its generated guard is not listed); the
+    row of a timer the entity is waiting out (``timers``) says when it is due."""
     table = lifecycle.table
     active = set(table.configurations.get(state, (state,)))
+    waiting = {(t.event, t.state, t.target, t.after): t for t in timers}
     rows = []
     for b in table.declared:
         here = b.source in active or b.declared_on in active
-        guards = ", ".join(b.guard_names)
+        guards = ", ".join(other_guards(b))
+        event = esc(b.event)
+        if b.after is not None:
+            event += f" <span class=timer>after {esc(format_delay(b.after))}</span>"
+            timer = waiting.get((b.event, b.declared_on, b.declared_target, b.after)) if b.source == state else None
+            if timer is not None and now is not None:
+                event += f" <span class=timer-due>due {timer_when(now, timer)}</span>"
         rows.append(
-            f"<tr class='{'current' if here else ''}' data-from='{esc(b.source)}'><td>{esc(b.event)}</td>"
+            f"<tr class='{'current' if here else ''}' data-from='{esc(b.source)}'><td>{event}</td>"
             f"<td>{esc(b.source)}</td><td>{esc(b.target)}</td><td>{esc(b.actor_name)}</td><td>{esc(guards)}</td></tr>"
         )
     return (

@@ -33,8 +33,7 @@ class Approval(Lifecycle):
 
 
 class Reminder(Lifecycle):
-    """Two timers on one state: a nudge after 10 minutes (an external self-transition,
-    which restarts the state's timers) and an expiry after an hour."""
+    """An expiry after an hour on the initial state, and a finalizer reaped only when dead."""
 
     kind = "reminder"
     open = State(initial=True)
