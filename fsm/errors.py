@@ -280,7 +280,19 @@ __all__ = [
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
+    "WaitTimedOut",
 ]
+
+
+class WaitTimedOut(FsmError):
+    """``job.wait_for(name, timeout=...)`` saw no message ``name`` before its timeout.  A
+    replay of the handler raises it again at the same step (the timeout is recorded)."""
+
+    def __init__(self, entity_id: str, *, name: str, step: str) -> None:
+        self.entity_id = entity_id
+        self.name = name
+        self.step = step
+        super().__init__(f"entity {entity_id!r} waited for message {name!r} and timed out ({step})")
 
 
 class StoreCorrupt(StoreUnavailable):

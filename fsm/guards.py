@@ -165,7 +165,7 @@ OWNED = Guard(
 )
 UNCLAIMED = Guard(
     "unclaimed",
-    lambda ctx: ctx.snapshot.lease_owner is None and ctx.snapshot.updated_at < ctx.now - ctx.policy.max_wait,
+    lambda ctx: ctx.snapshot.lease_owner is None and ctx.snapshot.idle_before(ctx.now - ctx.policy.max_wait),
     "no holder, and waiting for a worker longer than max_wait (the backstop)",
     condition=lambda policy: Unclaimed(policy.max_wait),
 )

@@ -482,6 +482,36 @@ def check_claim_request(request: object) -> ClaimRequest:
     return request
 
 
+MAX_MESSAGE_NAME = 64
+MAX_MESSAGE_KEY = 160
+"""A message's name and idempotency key: its ledger key ``fsm:msg:{name}:{key}`` fits 255."""
+
+
+def check_park_args(entity_id: object, owner: object, token: object, until: object) -> datetime:
+    """The arguments of a store's ``park``: an entity, the holder's lease, an aware time."""
+    check_lease_args(entity_id, owner, token=token)
+    when = check_time("until", until)
+    try:
+        return when.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidArgument(f"until {until!r} is out of range") from None
+
+
+def check_message_args(entity_id: object, name: object, key: object) -> None:
+    """The arguments of a store's ``send_message`` (the payload is checked as JSON apart):
+    a message name without ``:`` of at most 64 characters, a key of at most 160."""
+    check_id("entity id", entity_id)
+    check_id("message name", name)
+    check_id("message idempotency key", key)
+    assert isinstance(name, str) and isinstance(key, str)
+    if len(name) > MAX_MESSAGE_NAME or ":" in name:
+        raise InvalidArgument(
+            f"a message name has at most {MAX_MESSAGE_NAME} characters and no ':', not {_shown(name)}"
+        )
+    if len(key) > MAX_MESSAGE_KEY:
+        raise InvalidArgument(f"a message idempotency key has at most {MAX_MESSAGE_KEY} characters")
+
+
 MAX_TIMERS = 64
 """The most ``(state, after)`` pairs one ``next_timer`` looks at."""
 

@@ -103,10 +103,23 @@ class Snapshot(NamedTuple):
 
     def lease_is_stale(self, now: datetime, stale_after: timedelta) -> bool:
         """The reaper's predicate: the lease expired, or there is none and the entity has
-        not been updated for ``stale_after`` (a NULL lease never makes a row unreapable)."""
+        not been updated for ``stale_after`` (a NULL lease never makes a row unreapable)
+        nor been due for that long (a parked entity is not idle before it is due)."""
         if self.lease_expires_at is not None:
             return self.lease_expires_at < now
-        return self.updated_at < now - stale_after
+        return self.idle_before(now - stale_after)
+
+    def idle_before(self, cut: datetime) -> bool:
+        """Last moved before ``cut``, and not due since then: an entity parked by a durable
+        sleep or wait (due later, no owner) is neither dead nor waiting for a worker."""
+        return self.updated_at < cut and (self.run_after is None or self.run_after < cut)
+
+    @property
+    def budget_since(self) -> datetime:
+        """When the renewal budget of the entity's state counts from: entering the state,
+        or, once parked in it, the due time it wakes at."""
+        due = self.run_after
+        return due if due is not None and due > self.state_entered_at else self.state_entered_at
 
 
 class HistoryRecord(NamedTuple):
@@ -166,6 +179,13 @@ EFFECT_FAILED = "failed"
 EFFECT_PROGRESS = "progress"
 RESERVED_KEY_PREFIX = "fsm:"
 """Ledger keys starting with this are the framework's own rows, never a user's effect."""
+STEP_KEY_PREFIX = "fsm:step:"
+"""Ledger rows of a handler's durable steps (a sleep's wake time, a wait's outcome): the
+framework records them under the holder's lease, as any effect."""
+MESSAGE_KEY_PREFIX = "fsm:msg:"
+"""Ledger rows of messages sent to an entity (``fsm:msg:{name}:{idempotency key}``), status
+:data:`EFFECT_MESSAGE`: written without a lease, one per key."""
+EFFECT_MESSAGE = "message"
 PROGRESS_KEY = "fsm:progress"
 """The ledger row that carries a keeper's progress details (its status is ``progress``);
 user effect keys may not start with ``fsm:``."""
@@ -473,7 +493,7 @@ def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_si
     if isinstance(condition, Owned):
         return (row.lease_owner is not None) is condition.held
     if isinstance(condition, Unclaimed):
-        return row.lease_owner is None and row.updated_at < now - condition.max_wait
+        return row.lease_owner is None and row.idle_before(now - condition.max_wait)
     if isinstance(condition, TimerDue):
         return row.timer_since is not None and row.timer_since <= now - condition.after
     return int(getattr(row, condition.counter)) >= condition.limit
@@ -513,15 +533,18 @@ def _storable(text: str) -> str:
 __all__ = [
     "COUNTERS",
     "EFFECT_FAILED",
+    "EFFECT_MESSAGE",
     "EFFECT_PROGRESS",
     "EFFECT_RENEWALS",
     "EFFECT_SUCCEEDED",
     "MAX_ERROR_MESSAGE",
     "MAX_TRACEBACK",
+    "MESSAGE_KEY_PREFIX",
     "PROGRESS_KEY",
     "RENEWALS_KEPT",
     "RENEWALS_KEY",
     "RESERVED_KEY_PREFIX",
+    "STEP_KEY_PREFIX",
     "Actor",
     "BatchWrite",
     "ClaimRequest",

@@ -373,6 +373,30 @@ class WorkNotices(Protocol):
 
 
 @runtime_checkable
+class Waits(Protocol):
+    """An optional store capability: durable waits (``job.sleep``, ``job.wait_for``,
+    ``Engine.send``).  The memory and SQL stores and their async faces have it."""
+
+    def park(self, entity_id: str, *, owner: str, token: int, until: datetime) -> Snapshot:
+        """Give the holder's lease back and make the entity due at ``until``, in one write
+        guarded by owner and token (``LeaseLost`` otherwise).  The entity keeps its state
+        and version; a claim resumes it when due (a state a claim resumes: one whose worker
+        transitions need the lease)."""
+        ...
+
+    def send_message(self, entity_id: str, name: str, key: str, payload: Any) -> tuple[EffectRecord, bool]:
+        """Record message ``name`` for the entity once per ``key`` (its ledger row
+        ``fsm:msg:{name}:{key}``, no lease needed), then :meth:`wake` it; returns the row
+        and whether this call recorded it (``False``: that key was sent before)."""
+        ...
+
+    def wake(self, entity_id: str) -> bool:
+        """Make a parked entity (no owner, due later) due now and wake its lifecycle's
+        workers; ``False`` when it was not parked."""
+        ...
+
+
+@runtime_checkable
 class TimerTimes(Protocol):
     """An optional store capability: when the next timed transition falls due.
 

@@ -17,9 +17,11 @@ from fsm.limits import check_id, check_lease, json_copy
 from fsm.records import (
     EFFECT_FAILED,
     EFFECT_SUCCEEDED,
+    MESSAGE_KEY_PREFIX,
     PROGRESS_KEY,
     RENEWALS_KEPT,
     RESERVED_KEY_PREFIX,
+    STEP_KEY_PREFIX,
     EffectRecord,
     Lease,
     LeaseRenewal,
@@ -27,12 +29,25 @@ from fsm.records import (
 )
 
 
-def check_effect_key(key: object) -> str:
-    """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own."""
+def check_effect_key(key: object, *, steps: bool = False) -> str:
+    """``key`` if it is a usable effect key; ``fsm:`` keys are the framework's own (``steps``:
+    a handler's durable step rows, ``fsm:step:...``, which ``record_effect`` takes)."""
     key = check_id("effect key", key)
+    if steps and key.startswith(STEP_KEY_PREFIX):
+        return key
     if key.startswith(RESERVED_KEY_PREFIX) and key != PROGRESS_KEY:
         raise InvalidArgument(f"effect keys starting with {RESERVED_KEY_PREFIX!r} are reserved, not {key!r}")
     return key
+
+
+def message_key(name: str, key: str) -> str:
+    """The ledger key of message ``name`` sent with idempotency key ``key``."""
+    return f"{MESSAGE_KEY_PREFIX}{name}:{key}"
+
+
+def message_result(name: str, key: str, payload: Any) -> dict[str, Any]:
+    """What a message's ledger row holds."""
+    return {"name": name, "key": key, "payload": payload}
 
 
 def json_result(result: Any, what: str) -> Any:
@@ -194,6 +209,8 @@ __all__ = [
     "error_of",
     "idempotency_key",
     "json_result",
+    "message_key",
+    "message_result",
     "renewal_entry",
     "renewal_time",
     "renewals_of",

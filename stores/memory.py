@@ -34,9 +34,11 @@ from fsm.limits import (
     check_int,
     check_lease_args,
     check_listing,
+    check_message_args,
     check_new_entities,
     check_new_entity,
     check_page,
+    check_park_args,
     check_renewals,
     check_store_ttl,
     check_timers,
@@ -44,6 +46,7 @@ from fsm.limits import (
     check_transition_writes,
 )
 from fsm.records import (
+    EFFECT_MESSAGE,
     EFFECT_RENEWALS,
     RENEWALS_KEY,
     BatchWrite,
@@ -65,7 +68,16 @@ from fsm.records import (
     condition_holds,
 )
 from stores.feed import counter, feed_args
-from stores.ledger import LedgerRun, appended_log, check_effect_key, json_result, renewal_entry, renewals_of
+from stores.ledger import (
+    LedgerRun,
+    appended_log,
+    check_effect_key,
+    json_result,
+    message_key,
+    message_result,
+    renewal_entry,
+    renewals_of,
+)
 from stores.notices import LocalNotices, channel
 from stores.retention import MemoryRetention
 
@@ -429,7 +441,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         """``min(now + ttl, state_entered_at + budget)``, or ``None`` when the budget is spent."""
         expires = now + ttl
         if budget is not None:
-            deadline = row.state_entered_at + budget
+            deadline = row.budget_since + budget
             if now >= deadline:
                 return None
             expires = min(expires, deadline)
@@ -532,6 +544,48 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     results.append(err)
         return results
 
+    def park(self, entity_id: str, *, owner: str, token: int, until: datetime) -> Snapshot:
+        """See :meth:`stores.base.Waits.park`."""
+        when = check_park_args(entity_id, owner, token, until)
+        with self._lock:
+            row = self._live(entity_id)
+            if row.lease_owner != owner or row.lease_token != token:
+                raise LeaseLost(entity_id, expected_token=token, found_token=row.lease_token, owner=owner)
+            new = _with_lease(row, None, token, None)._replace(run_after=when)
+            self._rows[entity_id] = new
+        self._notices.notify(channel("", new.kind))  # idle workers learn the new due time
+        return new
+
+    def send_message(self, entity_id: str, name: str, key: str, payload: Any) -> tuple[EffectRecord, bool]:
+        """See :meth:`stores.base.Waits.send_message`."""
+        check_message_args(entity_id, name, key)
+        stored = json_result(payload, "a message payload")
+        ledger_key = message_key(name, key)
+        with self._lock:
+            row = self._live(entity_id)
+            effects = self._effects.setdefault(entity_id, {})
+            existing = effects.get(ledger_key)
+            if existing is not None:
+                return existing, False
+            record = EffectRecord(
+                entity_id, ledger_key, EFFECT_MESSAGE, row.lease_token, 1, message_result(name, key, stored), self.now()
+            )
+            effects[ledger_key] = record
+        self.wake(entity_id)
+        return record, True
+
+    def wake(self, entity_id: str) -> bool:
+        """See :meth:`stores.base.Waits.wake`."""
+        check_id("entity id", entity_id)
+        with self._lock:
+            row = self._live(entity_id)
+            now = self.now()
+            if row.lease_owner is not None or row.run_after is None or row.run_after <= now:
+                return False
+            self._rows[entity_id] = row._replace(run_after=now)
+        self._notices.notify(channel("", row.kind))
+        return True
+
     def release_lease(self, entity_id: str, *, owner: str, token: int) -> Snapshot:
         check_lease_args(entity_id, owner, token=token)
         with self._lock:
@@ -574,7 +628,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         replace: tuple[str, ...] = (),
     ) -> tuple[EffectRecord, bool]:
         check_effect_args(entity_id, key, owner, token, status)
-        check_effect_key(key)
+        check_effect_key(key, steps=True)
         stored = json_result(result, "an effect result")
         with self._lock:
             row = self._live(entity_id)

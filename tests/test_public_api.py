@@ -139,6 +139,7 @@ def test_the_work_package_exports_exactly_its_pinned_names() -> None:
         "KeepResult",
         "LeaseKeeper",
         "LeaseKeepers",
+        "Parked",
         "Worker",
         "WorkerStats",
     }

@@ -244,6 +244,10 @@ class AsyncEngine:
 
         return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
 
+    async def send(self, entity_id: str, name: str, payload: Any = None, *, idempotency_key: str) -> bool:
+        """See :meth:`fsm.Engine.send`."""
+        return await self._call(self.sync.send, entity_id, name, payload, idempotency_key=idempotency_key)
+
     async def effects(self, entity_id: str) -> list[EffectRecord]:
         """See :meth:`fsm.Engine.effects`."""
         return await self._call(self.sync.effects, entity_id)

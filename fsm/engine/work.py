@@ -20,7 +20,7 @@ import signals
 from fsm.engine.arguments import lease_arg, text
 from fsm.engine.leases import EngineLeases
 from fsm.errors import EffectFailed, Fenced, InvalidArgument, InvalidData, LeaseLost
-from fsm.limits import check_id
+from fsm.limits import check_id, check_message_args
 from fsm.records import (
     EFFECT_FAILED,
     EFFECT_PROGRESS,
@@ -227,6 +227,22 @@ class EngineWork(EngineLeases):
             self.kind,
             lambda: EffectPayload(entity_id=entity_id, key=key, lease_token=lease.token, result=recorded.result),
         )
+
+    def send(self, entity_id: str, name: str, payload: Any = None, *, idempotency_key: str) -> bool:
+        """Send message ``name`` (with a JSON ``payload``) to the entity, once per
+        ``idempotency_key``: a handler's ``job.wait_for(name)`` receives it, whether it was
+        sent before the wait or during it, and a parked entity is woken at once (its
+        workers are told: ``NOTIFY`` on PostgreSQL).  Returns ``True`` when this call
+        recorded it, ``False`` when that key was sent before (nothing changes).  Messages
+        are kept in the entity's ledger; one sent after a wait timed out is there for the
+        next wait on that name."""
+        check_message_args(text("entity_id", entity_id), name, idempotency_key)
+        self.get(entity_id)  # of this lifecycle: UnknownEntity otherwise
+        send = getattr(self.store, "send_message", None)
+        if send is None:
+            raise InvalidArgument(f"store {type(self.store).__name__} has no durable waits (send_message)")
+        _, created = send(entity_id, name, idempotency_key, payload)
+        return bool(created)
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
         """The entity's recorded effects (the framework's own rows, its keeper's progress

@@ -46,6 +46,7 @@ from fsm.records import (
     Snapshot,
 )
 from fsm.scheduling import Schedules
+from fsm.scheduling.service import active_schedules
 from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
@@ -157,7 +158,8 @@ class Reaper:
         }
         """Kind -> its timed transitions as ``(leaf state, after)`` pairs: what
         :meth:`next_timer` probes so the loop sleeps until the earliest timer."""
-        self.schedules = {engine.kind: Schedules(engine) for engine in self.engines}
+        bound = getattr(store, "binding", None) is not None  # an application's table holds no schedules
+        self.schedules = {} if bound else {engine.kind: Schedules(engine) for engine in self.engines}
         """Kind -> its stored schedules: each tick creates the due runs of the kinds it leads."""
         self._led: set[str] | None = None  # the kinds the last tick led (None: no leadership)
         self._thread: threading.Thread | None = None
@@ -206,11 +208,14 @@ class Reaper:
         return self._finish(result, started, dry_run)
 
     def _run_schedules(self, led: set[str] | None, result: ReapResult) -> None:
-        """Create the due runs of the schedules of the kinds this tick leads."""
-        for kind, schedules in self.schedules.items():
-            if led is not None and kind not in led:
-                continue
-            step = schedules.run_due()
+        """Create the due runs of the schedules of the kinds this tick leads (one indexed
+        read of every lifecycle's schedule rows, then a write per due schedule)."""
+        kinds = [kind for kind in self.schedules if led is None or kind in led]
+        if not kinds:
+            return
+        rows = active_schedules(self.store)
+        for kind in kinds:
+            step = self.schedules[kind].run_due(rows)
             if step.created:
                 result.scheduled[kind] += len(step.created)
             result.errors += step.errors

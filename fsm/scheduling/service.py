@@ -45,6 +45,19 @@ MAX_WALK = 1_000_000
 eleven days); older ones are skipped, as ``catch_up`` would skip them anyway."""
 
 
+def active_schedules(store: Any, state: str = ACTIVE) -> list[Snapshot]:
+    """Every stored schedule row in ``state``, of every lifecycle: an index range on the
+    schedule kind and state (``Store.candidates``), a page of 500 at a time."""
+    found: list[Snapshot] = []
+    after: str | None = None
+    while True:
+        page: list[Snapshot] = store.candidates(SCHEDULE_KIND, state, (), limit=500, after_id=after)
+        found += page
+        if len(page) < 500:
+            return found
+        after = page[-1].id
+
+
 def schedule_row_id(kind: str, schedule_id: str) -> str:
     """The id of the reserved row that stores schedule ``schedule_id`` of lifecycle ``kind``."""
     return f"fsm-schedule:{kind}:{schedule_id}"
@@ -105,6 +118,11 @@ class Schedules:
     """
 
     def __init__(self, engine: Engine) -> None:
+        if getattr(engine.store, "binding", None) is not None:
+            raise ConfigError(
+                "schedules need a store with the library's own tables: on a store bound to an application "
+                "table their rows would land in that table; keep the schedules in a SqlStore of their own"
+            )
         self.engine = engine
         self.store = engine.store
         self.kind = engine.kind
@@ -190,13 +208,17 @@ class Schedules:
 
     # -- running -----------------------------------------------------------------------------
 
-    def run_due(self) -> ScheduleStep:
+    def run_due(self, rows: builtins.list[Snapshot] | None = None) -> ScheduleStep:
         """Create the runs of every active schedule that is due, by its overlap and catch-up
         policies, and move each schedule's cursor on.  Never raises for one schedule: a
-        failure is logged and counted, the others still run (a store outage propagates)."""
+        failure is logged and counted, the others still run (a store outage propagates).
+        ``rows``: the active schedule rows, when the caller read them already (the reaper
+        reads every lifecycle's at once: :func:`active_schedules`)."""
         step = ScheduleStep()
         now = self.engine.clock.now()
-        for row in self._rows(ACTIVE):
+        for row in self._rows(ACTIVE) if rows is None else rows:
+            if row.concurrency_key != self.kind:
+                continue
             if row.run_after is not None and row.run_after > now:
                 continue
             try:
@@ -268,14 +290,9 @@ class Schedules:
     # -- rows --------------------------------------------------------------------------------
 
     def _rows(self, state: str | None) -> builtins.list[Snapshot]:
-        found: builtins.list[Snapshot] = []
-        after: str | None = None
-        while True:
-            page = self.store.entities(SCHEDULE_KIND, state=state, limit=500, after_id=after)
-            found += [r for r in page if r.concurrency_key == self.kind]
-            if len(page) < 500:
-                return found
-            after = page[-1].id
+        states = (ACTIVE, PAUSED) if state is None else (state,)
+        found = [r for s in states for r in active_schedules(self.store, s) if r.concurrency_key == self.kind]
+        return sorted(found, key=lambda r: r.id)
 
     def _row(self, schedule_id: str) -> Snapshot:
         row_id = schedule_row_id(self.kind, check_id("schedule id", schedule_id))
@@ -329,4 +346,12 @@ class Schedules:
         return self.store.apply(write)[0]
 
 
-__all__ = ["SCHEDULE_KIND", "ScheduleState", "ScheduleStep", "Schedules", "UnknownSchedule", "schedule_row_id"]
+__all__ = [
+    "SCHEDULE_KIND",
+    "ScheduleState",
+    "ScheduleStep",
+    "Schedules",
+    "UnknownSchedule",
+    "active_schedules",
+    "schedule_row_id",
+]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import AsyncLeaseKeeper, HeldLease, KeepResult, LeaseKeeper
 from fsm.work.keepers import LeaseKeepers
+from fsm.work.waits import Parked
 from fsm.work.worker import Job, Worker, WorkerStats
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "KeepResult",
     "LeaseKeeper",
     "LeaseKeepers",
+    "Parked",
     "Worker",
     "WorkerStats",
 ]

@@ -37,7 +37,8 @@ from fsm.errors import ConfigError, Fenced, FsmError, StoreUnavailable
 from fsm.policy import Policy, RetryPolicy
 from fsm.records import Actor, Snapshot, error_record
 from fsm.table import CompiledTable
-from fsm.work.report import COMPLETED, FAILED, FENCED, RELEASED, RETRY, report
+from fsm.work.report import COMPLETED, FAILED, FENCED, PARKED, RELEASED, RETRY, report
+from fsm.work.waits import Parked
 
 log = logging.getLogger("fsm.worker")
 
@@ -229,6 +230,8 @@ class WorkerStats:
     """Handlers stopped because their lease was lost."""
     released: int = 0
     """Leases given back at stop (or after a handler error)."""
+    parked: int = 0
+    """Handlers that parked their entity (a durable sleep or wait): resumed by a later claim."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -452,6 +455,10 @@ class WorkerCore:
                         yield from self.release(job)
                         return
                 report(self.kind, job, state, COMPLETED, started, event=event)
+            except Parked as parked:  # the lease is back in the store; a claim resumes it when due
+                report(self.kind, job, state, PARKED, started, error=parked)
+                self.count("parked")
+                return
             except Fenced as err:
                 report(self.kind, job, state, FENCED, started, error=err)
                 self.count("fenced")

@@ -28,8 +28,15 @@ FAILED = "failed"
 RETRY = "retry"
 FENCED = "fenced"
 RELEASED = "released"
+PARKED = "parked"
 
-_LEVELS = {COMPLETED: logging.INFO, RETRY: logging.INFO, FENCED: logging.WARNING, RELEASED: logging.WARNING}
+_LEVELS = {
+    COMPLETED: logging.INFO,
+    RETRY: logging.INFO,
+    FENCED: logging.WARNING,
+    RELEASED: logging.WARNING,
+    PARKED: logging.INFO,
+}
 
 
 def report(
@@ -74,6 +81,8 @@ def report(
             log.info("handler for %s of %s raised, will retry: %s", state, lease.entity_id, error, extra=extra)
         elif outcome == FENCED:
             log.warning("lease of %s lost in %s, the handler stops: %s", lease.entity_id, state, error, extra=extra)
+        elif outcome == PARKED:
+            log.info("parked %s %s in %s: %s", kind, lease.entity_id, state, error, extra=extra)
         elif outcome == RELEASED:
             log.warning("handler for %s of %s returned no outcome; releasing it", state, lease.entity_id, extra=extra)
         else:

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from fsm.engine.many import Fired
-from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
+from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable, WaitTimedOut
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.completer import BatchCompleter
@@ -87,6 +87,7 @@ from fsm.work.loop import (
 )
 from fsm.work.planning import plan_for_work
 from fsm.work.pool import HandlerPool
+from fsm.work.waits import MISSING, Steps, check_duration_arg, check_message_name
 from fsm.work.wakeups import due_in, subscribe_wakeups
 
 if TYPE_CHECKING:
@@ -290,6 +291,43 @@ class Job(HeldEntity):
         """Wait ``seconds``, or less if the lease is lost first (the worker waits out a
         store outage with it)."""
         self.held.wait_lost(seconds)
+
+    def sleep(self, duration: timedelta | float) -> None:
+        """A durable sleep: return once ``duration`` (a timedelta or seconds) has passed since
+        the handler first reached this step.  Until then the entity is parked (state kept,
+        lease given back, due at the wake time) and :class:`~fsm.errors.Parked` stops the
+        handler, freeing its slot; a claim resumes it when due and the handler replays
+        (see :mod:`fsm.work.waits`: code between recorded steps must be deterministic)."""
+        delay = check_duration_arg("duration", duration)
+        assert delay is not None
+        try:
+            self._durable().sleep(delay)
+        finally:
+            self._given_back()
+
+    def wait_for(self, name: str, *, timeout: timedelta | float | None = None, default: Any = MISSING) -> Any:
+        """A durable wait for message ``name`` (sent with :meth:`Engine.send`): its payload,
+        whether it was sent before this step or during it.  Until one comes the entity is
+        parked as by :meth:`sleep`, and a message wakes it at once.  After ``timeout``:
+        ``default`` if given, else :class:`~fsm.errors.WaitTimedOut` (the same at every
+        replay: the outcome is recorded)."""
+        message = check_message_name(name)
+        limit = check_duration_arg("timeout", timeout, optional=True)
+        try:
+            found, payload = self._durable().wait_for(message, limit)
+        finally:
+            self._given_back()
+        if found:
+            return payload
+        if default is not MISSING:
+            return default
+        raise WaitTimedOut(self.id, name=message, step=f"wait {self._durable().counts['wait']}")
+
+    def _durable(self) -> Steps:
+        steps: Steps | None = getattr(self, "_steps", None)
+        if steps is None:
+            steps = self._steps = Steps(self.engine, self.id, self.held.check)
+        return steps
 
     def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""

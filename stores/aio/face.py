@@ -188,6 +188,21 @@ class AsyncFace:
         result: float | None = await self._invoke("next_due", kind, states)
         return result
 
+    async def park(self, entity_id: str, *, owner: str, token: int, until: datetime) -> Snapshot:
+        """See :meth:`stores.base.Waits.park`."""
+        result: Snapshot = await self._invoke("park", entity_id, owner=owner, token=token, until=until)
+        return result
+
+    async def send_message(self, entity_id: str, name: str, key: str, payload: Any) -> tuple[EffectRecord, bool]:
+        """See :meth:`stores.base.Waits.send_message`."""
+        result: tuple[EffectRecord, bool] = await self._invoke("send_message", entity_id, name, key, payload)
+        return result
+
+    async def wake(self, entity_id: str) -> bool:
+        """See :meth:`stores.base.Waits.wake`."""
+        result: bool = await self._invoke("wake", entity_id)
+        return result
+
     async def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
         """See :meth:`stores.base.TimerTimes.next_timer`."""
         result: float | None = await self._invoke("next_timer", kind, timers)
@@ -259,6 +274,18 @@ class BridgeStore(LedgerRun):
 
     def next_timer(self, kind: str, timers: Sequence[tuple[str, timedelta]]) -> float | None:
         result: float | None = self._call("next_timer", (kind, timers), {})
+        return result
+
+    def park(self, entity_id: str, *, owner: str, token: int, until: datetime) -> Snapshot:
+        result: Snapshot = self._call("park", (entity_id,), {"owner": owner, "token": token, "until": until})
+        return result
+
+    def send_message(self, entity_id: str, name: str, key: str, payload: Any) -> tuple[EffectRecord, bool]:
+        result: tuple[EffectRecord, bool] = self._call("send_message", (entity_id, name, key, payload), {})
+        return result
+
+    def wake(self, entity_id: str) -> bool:
+        result: bool = self._call("wake", (entity_id,), {})
         return result
 
     def get(self, entity_id: str, *, include_deleted: bool = False) -> Snapshot:

@@ -137,7 +137,7 @@ class ClaimOps(SqlCore):
         # over, as the row-by-row claim steps over it
         readable = f" AND {f.is_object('e.' + c['data'])}"
         for budget in key[0]:
-            deadline = f"e.{c['state_entered_at']} + %(bud{n})s"
+            deadline = f"{sql.budget_since('e.' + c['state_entered_at'], 'e.' + c['run_after'])} + %(bud{n})s"
             expiry = f"LEAST({f.now_plus('ttl')}, {deadline})" if budget else f.now_plus("ttl")
             parts.append(pick(n, f" AND {lay.ref('lease_owner', 'e')} IS NULL"))
             sets = (
@@ -317,7 +317,7 @@ class ClaimOps(SqlCore):
             where += f" AND {lay.ref('lease_owner', 'e')} IS NULL"
             sets = f"{c['lease_owner']} = :owner, {c['lease_token']} = {c['lease_token']} + 1"
             if flag:
-                deadline = f.col_plus(c["state_entered_at"], "bud")
+                deadline = f.col_plus(sql.budget_since(c["state_entered_at"], c["run_after"]), "bud")
                 outer += f" AND {deadline} > :now"
                 expiry = f"min(:ttl, {deadline})"
             sets += f", {c['lease_expires_at']} = {expiry}"

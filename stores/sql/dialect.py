@@ -261,7 +261,7 @@ class Statements:
         lay, f = self.L, self.f
         if isinstance(cond, LeaseStale):
             exp = lay.ref("lease_expires_at", a)
-            return f"({exp} < {f.now} OR ({exp} IS NULL AND {lay.ref('updated_at', a)} < {f.now_minus(f'stale{i}')}))"
+            return f"({exp} < {f.now} OR ({exp} IS NULL AND {self.idle_since(a, i, 'stale')}))"
         if isinstance(cond, NewerSibling):
             s = f"s{i}"
             ca, cs = lay.ref("created_at", a), lay.ref("created_at", s)
@@ -274,7 +274,7 @@ class Statements:
         if isinstance(cond, Owned):
             return f"{lay.ref('lease_owner', a)} IS {'NOT NULL' if cond.held else 'NULL'}"
         if isinstance(cond, Unclaimed):
-            return f"({lay.ref('lease_owner', a)} IS NULL AND {lay.ref('updated_at', a)} < {f.now_minus(f'wait{i}')})"
+            return f"({lay.ref('lease_owner', a)} IS NULL AND {self.idle_since(a, i, 'wait')})"
         if isinstance(cond, TimerDue):
             return f"{lay.ref('timer_since', a)} <= {f.now_minus(f'tmr{i}')}"
         if isinstance(cond, CounterBelow | CounterAtLeast):
@@ -334,6 +334,22 @@ class Statements:
         if self.L.status_col is not None:
             sets.append(f"{self.L.status_col} = {f.p('status')}")
         return ", ".join(sets)
+
+    def budget_since(self, entered: str, due: str) -> str:
+        """When a state's renewal budget starts counting: entering the state, or, for an
+        entity parked in it (a durable sleep or wait), the due time it wakes at (SQL of the
+        two column expressions; a NULL due time counts as the entry)."""
+        return f"{self.f.greatest}({entered}, COALESCE({due}, {entered}))"
+
+    def idle_since(self, a: str, i: int, name: str) -> str:
+        """``updated_at`` and, for a parked entity, its due time both before ``now -
+        {name}{i}``: a parked entity is neither dead nor waiting for a worker until due."""
+        lay, f = self.L, self.f
+        # the column itself, not its fallback: a row an application inserted into a bound
+        # table (no due time of ours) is idle by its own updated_at alone
+        due = f"{a}.{lay.col['run_after']}" if a else lay.col["run_after"]
+        cut = f.now_minus(f"{name}{i}")
+        return f"{lay.ref('updated_at', a)} < {cut} AND ({due} IS NULL OR {due} < {cut})"
 
     def timer_sets(self, timer: TimerMode) -> list[str]:
         """The SET item of the timer clock: none when the write keeps it."""
@@ -465,7 +481,8 @@ class Statements:
                 f"(e.{c['lease_owner']} IS NULL OR {exp} IS NULL OR {exp} < {f.now})"
             )
             if budget:
-                deadline = f.col_plus(lay.ref("state_entered_at", "e"), "budget")
+                since = self.budget_since(lay.ref("state_entered_at", "e"), lay.ref("run_after", "e"))
+                deadline = f.col_plus(since, "budget")
                 expiry = f"{f.least}({expiry}, {deadline})"
                 where += f" AND {deadline} > {f.now}"
             sets = (
@@ -488,7 +505,8 @@ class Statements:
                 f"AND {exp} >= {f.now}"
             )
             if budget:
-                deadline = f.col_plus(lay.ref("state_entered_at", "e"), "budget")
+                since = self.budget_since(lay.ref("state_entered_at", "e"), lay.ref("run_after", "e"))
+                deadline = f.col_plus(since, "budget")
                 expiry = f"{f.least}({expiry}, {deadline})"
                 where += f" AND {deadline} > {f.now}"
             sets = f"{c['lease_expires_at']} = {f.greatest}({expiry}, {exp})"
@@ -535,7 +553,7 @@ class Statements:
             exp = lay.ref("lease_expires_at", "e")
             branches = [
                 f"{exp} < {f.now}",
-                f"{exp} IS NULL AND {lay.ref('updated_at', 'e')} < {f.now_minus(f'stale{stale}')}",
+                f"{exp} IS NULL AND {self.idle_since('e', stale, 'stale')}",
             ]
             found = (
                 "SELECT * FROM ("
@@ -566,7 +584,7 @@ class Statements:
         exp = lay.ref("lease_expires_at", "e")
         branches = [
             f"{exp} < {f.now}",
-            f"{exp} IS NULL AND {lay.ref('updated_at', 'e')} < {f.now_minus(f'stale{stale}')}",
+            f"{exp} IS NULL AND {self.idle_since('e', stale, 'stale')}",
         ]
         return [f"SELECT {what} FROM {self._indexed('lease')} WHERE {base} AND {b}{rest}{tail}" for b in branches]
 

@@ -101,7 +101,7 @@ class EffectOps(SqlCore, LedgerRun):
     ) -> tuple[EffectRecord, bool]:
         """See :meth:`stores.Store.record_effect`."""
         check_effect_args(entity_id, key, owner, token, status)
-        check_effect_key(key)
+        check_effect_key(key, steps=True)
         params: dict[str, Any] = {
             "id": entity_id,
             "key": key,

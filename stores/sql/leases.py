@@ -193,7 +193,7 @@ class LeaseOps(WakeOps):
             if row.lease_owner is not None and exp is not None and exp >= now:
                 detail = f"held by {row.lease_owner} until {exp.isoformat()}"
                 raise LeaseLost(entity_id, expected_token=None, found_token=row.lease_token, owner=owner, detail=detail)
-            if budget is not None and now >= row.state_entered_at + budget:
+            if budget is not None and now >= row.budget_since + budget:
                 detail = f"renewal budget of state {row.state!r} is spent"
                 raise LeaseLost(entity_id, expected_token=None, found_token=row.lease_token, owner=owner, detail=detail)
         raise LeaseLost(entity_id, expected_token=None, found_token=None, owner=owner, detail="contended")
@@ -221,7 +221,7 @@ class LeaseOps(WakeOps):
                 raise lost()
             if row.lease_expires_at is None or row.lease_expires_at < now:
                 raise lost(detail="the lease expired before the renewal")
-            if budget is not None and now >= row.state_entered_at + budget:
+            if budget is not None and now >= row.budget_since + budget:
                 raise lost(detail=f"renewal budget of state {row.state!r} is spent")
         raise LeaseLost(entity_id, expected_token=token, found_token=None, owner=owner, detail="contended")
 
@@ -308,7 +308,8 @@ class LeaseOps(WakeOps):
         exp = f"e.{c['lease_expires_at']}"
         if self._sqlite:
             budget = f"(SELECT b.value FROM json_each(:budgets) AS b WHERE b.key = e.{c['state']})"
-            deadline = f"fsm_ts_add(e.{c['state_entered_at']}, {budget})"
+            since = sql.budget_since(f"e.{c['state_entered_at']}", f"e.{c['run_after']}")
+            deadline = f"fsm_ts_add({since}, {budget})"
             expiry = f"CASE WHEN {deadline} IS NULL THEN :ttl ELSE min(:ttl, {deadline}) END"
             picks = ", ".join(
                 f"json_extract(j.value, '$[{n}]') AS {name}" for n, name in enumerate(("id", "owner", "token"))
@@ -321,7 +322,8 @@ class LeaseOps(WakeOps):
                 f"(SELECT b.budget FROM unnest(CAST(%(bstate)s AS text[]), CAST(%(bvalue)s AS interval[])) "
                 f"AS b(state, budget) WHERE b.state = e.{c['state']})"
             )
-            deadline = f"(e.{c['state_entered_at']} + {budget})"
+            since = sql.budget_since(f"e.{c['state_entered_at']}", f"e.{c['run_after']}")
+            deadline = f"({since} + {budget})"
             expiry = f"LEAST({f.now_plus('ttl')}, {deadline})"  # LEAST ignores a NULL (no budget)
             source = (
                 "unnest(CAST(%(id)s AS text[]), CAST(%(owner)s AS text[]), CAST(%(token)s AS bigint[])) "

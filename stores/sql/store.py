@@ -97,6 +97,7 @@ from stores.sql.reaper_batches import ReaperOps
 from stores.sql.retention import RetentionOps
 from stores.sql.rows import dumps_data, history_of, snapshot_of
 from stores.sql.schema import HEAD_REVISION, decode_time
+from stores.sql.waits import WaitOps
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, RetentionOps):
+class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, RetentionOps):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)

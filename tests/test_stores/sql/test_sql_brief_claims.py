@@ -97,4 +97,5 @@ def test_a_tick_is_one_statement_per_claim_on_postgres_and_one_transaction_per_c
         assert all(o == {"prepare": False} for o in counting.options), counting.options
     else:  # each claim in BEGIN IMMEDIATE
         assert counting.seen.count("BEGIN") == claims == counting.seen.count("COMMIT")
-    assert counting.seen.count("SELECT") == rules  # the keyset read after each rule's last claim
+    # the keyset read after each rule's last claim, and the read of the stored schedules
+    assert counting.seen.count("SELECT") == rules + 1
