@@ -52,6 +52,8 @@ RUNS = {
     "import threading": "test_the_readme_watch_example_runs_as_written (tests/test_engine/test_watch.py)",
     "import urllib.request": "test_the_readme_observability_example_runs_as_written (tests/test_observe)",
     "# approvals.py": "test_the_timer_block_runs",
+    "# approvals_service.py": "test_the_durable_wait_block_runs",
+    "# schedules.py": "test_the_schedules_block_runs",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
@@ -242,3 +244,22 @@ def test_the_timer_block_runs(tmp_path: Path) -> None:
     summary, history = done.stdout.splitlines()[-2:]
     assert summary.startswith("moved approval.timeout=1")
     assert history == "[('timeout', 'timed out')]"
+
+
+def test_the_durable_wait_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "approvals_service.py"
+    script.write_text(block_starting("# approvals_service.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "asked for an approval deploy-42:request"
+    assert lines[-2:] == ["approved by alice", "completed"]
+
+
+def test_the_schedules_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "schedules.py"
+    script.write_text(block_starting("# schedules.py"))
+    for run in (1, 2):  # adding the same schedules again changes nothing
+        done = run_script(script, tmp_path)
+        assert done.returncode == 0, (run, done.stderr)
+        assert done.stdout.splitlines()[-1] == "['heartbeat', 'nightly-report']"
