@@ -399,7 +399,19 @@ class TimerDue:
     name: str = "timer_due"
 
 
-Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed | TimerDue
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """Holds when *another* entity, ``entity_id``, is leased to ``owner`` with ``token`` and
+    the lease has not expired: a write made on behalf of that lease (a delayed fire's
+    delivery) is fenced by it, in the same statement."""
+
+    entity_id: str
+    owner: str
+    token: int
+    name: str = "held_by"
+
+
+Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed | TimerDue | HeldBy
 COUNTERS = ("attempt", "reclaims")
 
 
@@ -479,11 +491,27 @@ class BatchWrite:
     """What the move does to the timer clock (:class:`TimerMode`)."""
 
 
-def condition_holds(condition: Condition, row: Snapshot, now: datetime, newer_sibling: bool | None = None) -> bool:
+def condition_holds(
+    condition: Condition,
+    row: Snapshot,
+    now: datetime,
+    newer_sibling: bool | None = None,
+    other: Snapshot | None = None,
+) -> bool:
     """Evaluate a condition on a row in Python (the memory store's commit point).
 
-    ``newer_sibling`` is needed only for :class:`NewerSibling`.
+    ``newer_sibling`` is needed only for :class:`NewerSibling`, ``other`` (the row it
+    names, ``None`` when there is none) only for :class:`HeldBy`.
     """
+    if isinstance(condition, HeldBy):
+        return (
+            other is not None
+            and not other.deleted
+            and other.lease_owner == condition.owner
+            and other.lease_token == condition.token
+            and other.lease_expires_at is not None
+            and other.lease_expires_at >= now
+        )
     if isinstance(condition, LeaseStale):
         return row.lease_is_stale(now, condition.stale_after)
     if isinstance(condition, NewerSibling):
@@ -555,6 +583,7 @@ __all__ = [
     "DataChange",
     "EffectRecord",
     "FeedEntry",
+    "HeldBy",
     "HistoryRecord",
     "Lease",
     "LeaseChange",

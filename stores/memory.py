@@ -55,6 +55,7 @@ from fsm.records import (
     Condition,
     EffectRecord,
     FeedEntry,
+    HeldBy,
     HistoryRecord,
     Lease,
     LeaseChange,
@@ -322,7 +323,8 @@ class MemoryStore(LedgerRun, MemoryRetention):
 
     def _holds(self, condition: Condition, row: Snapshot, now: datetime) -> bool:
         sibling = self._newer_sibling(row) if isinstance(condition, NewerSibling) else None
-        return condition_holds(condition, row, now, sibling)
+        other = self._rows.get(condition.entity_id) if isinstance(condition, HeldBy) else None
+        return condition_holds(condition, row, now, sibling, other)
 
     def _move(
         self,

@@ -26,6 +26,7 @@ import signals
 from fsm.clock import Clock
 from fsm.engine import Engine, FireResult
 from fsm.engine.joined import held_on, joining
+from fsm.engine.later import Delayed
 from fsm.engine.many import Fire, Fired
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, Pacer, watch_args
@@ -243,6 +244,35 @@ class AsyncEngine:
             return resolved(fn(idempotency_key))
 
         return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
+
+    async def fire_later(
+        self,
+        entity_id: str,
+        event: str,
+        *,
+        after: timedelta | float | None = None,
+        at: datetime | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        actor: Actor | str = Actor.WORKER,
+    ) -> Delayed:
+        """See :meth:`fsm.Engine.fire_later`."""
+        return await self._call(
+            self.sync.fire_later,
+            entity_id,
+            event,
+            after=after,
+            at=at,
+            idempotency_key=idempotency_key,
+            reason=reason,
+            data=data,
+            actor=actor,
+        )
+
+    async def delayed(self, delayed_id: str) -> Delayed:
+        """See :meth:`fsm.Engine.delayed`."""
+        return await self._call(self.sync.delayed, delayed_id)
 
     async def send(self, entity_id: str, name: str, payload: Any = None, *, idempotency_key: str) -> bool:
         """See :meth:`fsm.Engine.send`."""

@@ -58,7 +58,17 @@ from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
 from fsm.limits import MAX_CREATE_MANY, check_run_after, json_copy
 from fsm.policy import Policy
-from fsm.records import Actor, FeedEntry, HistoryRecord, Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
+from fsm.records import (
+    Actor,
+    FeedEntry,
+    HeldBy,
+    HistoryRecord,
+    Lease,
+    NewEntity,
+    Snapshot,
+    TransitionWrite,
+    apply_changes,
+)
 from fsm.table import Branch
 from stores.base import Store, unchecked_apply, unchecked_apply_many, unchecked_create_many
 from stores.memory import MemoryStore
@@ -270,6 +280,7 @@ class Engine(EngineWork):
         owner: str | None = None,
         error: Mapping[str, Any] | None = None,
         run_after: timedelta | None = None,
+        fence: HeldBy | None = None,
     ) -> FireResult:
         """Fire ``event`` on the entity as ``actor``; one compare-and-set write.
 
@@ -296,6 +307,10 @@ class Engine(EngineWork):
         ``error`` (a handler error, as :func:`fsm.records.error_record` makes it) is kept in
         the history row (``HistoryRecord.error``); ``run_after`` makes the entity due that
         long after the store's now (a retry's backoff).  The worker passes both.
+
+        ``fence``: the write is made on behalf of another row's lease (a
+        :class:`~fsm.records.HeldBy`, as a delayed fire's delivery is) and is refused with
+        ``ConditionFailed`` (``held_by``) unless that lease is still held, in the statement.
 
         Raises ``UnknownEvent``, ``UnknownEntity``, ``TransitionNotAllowed``,
         ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
@@ -324,14 +339,18 @@ class Engine(EngineWork):
             optional_lease(lease)
         if owner is not None:
             text("owner", owner)
+        if fence is not None and not isinstance(fence, HeldBy):
+            raise InvalidArgument(f"fence must be a HeldBy, not {type(fence).__name__}")
         try:
             if idempotency_key is None:
-                return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held, extra)
+                return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held, extra, fence=fence)
             replay = self._replay(entity_id, event, idempotency_key, lease)
             if replay is not None:
                 return replay
             try:
-                return self._fire(entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra)
+                return self._fire(
+                    entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra, fence=fence
+                )
             except (TransitionNotAllowed, GuardRejected, LeaseLost, StaleVersion, ConditionFailed):
                 # a concurrent call with the same key (a retried webhook) may have committed
                 # between our lookup and our read: then this is a replay, not a refusal
@@ -433,8 +452,9 @@ class Engine(EngineWork):
         held: Snapshot | None = None,
         extra: Attempt | None = None,
         reread: bool = True,
+        fence: HeldBy | None = None,
     ) -> FireResult:
-        if held is None and idempotency_key is None and data is None and self._by_id is not None:
+        if held is None and idempotency_key is None and data is None and fence is None and self._by_id is not None:
             plan = self._id_plans.get((event, actor, lease is not None))
             if plan is not None:
                 done = self._by_id(
@@ -447,6 +467,8 @@ class Engine(EngineWork):
         write, branch, held = self._prepare(
             entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra
         )
+        if fence is not None:
+            write.require = (*write.require, fence)
         try:
             new, record = self._apply(write)
         except StaleVersion:
@@ -456,7 +478,7 @@ class Engine(EngineWork):
             # the row once more and judge the event on it, so a fire that loses a race gets the
             # judgement of the row that won (TransitionNotAllowed), as a store-judged fire does
             return self._fire(
-                entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra, reread=False
+                entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra, False, fence
             )
         except IdempotencyKeyReused:
             assert idempotency_key is not None

@@ -11,15 +11,34 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 import signals
-from fsm.engine.arguments import lease_arg, text
+from fsm.engine.arguments import actor_arg, check_arguments, event_arg, lease_arg, text
+from fsm.engine.later import (
+    DROPPED,
+    FIRED,
+    Delayed,
+    check_due,
+    later_kind,
+    new_delayed,
+    same_request,
+)
 from fsm.engine.leases import EngineLeases
-from fsm.errors import EffectFailed, Fenced, InvalidArgument, InvalidData, LeaseLost
+from fsm.errors import (
+    EffectFailed,
+    EntityExists,
+    Fenced,
+    InvalidArgument,
+    InvalidData,
+    LeaseLost,
+    UnknownEntity,
+    UnknownEvent,
+)
 from fsm.limits import check_id, check_message_args
 from fsm.records import (
     EFFECT_FAILED,
@@ -243,6 +262,57 @@ class EngineWork(EngineLeases):
             raise InvalidArgument(f"store {type(self.store).__name__} has no durable waits (send_message)")
         _, created = send(entity_id, name, idempotency_key, payload)
         return bool(created)
+
+    def fire_later(
+        self,
+        entity_id: str,
+        event: str,
+        *,
+        after: timedelta | float | None = None,
+        at: datetime | None = None,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        actor: Actor | str = Actor.WORKER,
+    ) -> Delayed:
+        """Fire ``event`` on the entity later: ``after`` a delay or ``at`` a time.  The
+        request is stored (one per ``idempotency_key``: the same request again returns it,
+        another under the same key is ``IdempotencyKeyReused``); when it is due, the
+        lifecycle's reaper fires it if the chart still allows it, else drops it with the
+        refusal as its recorded reason (:mod:`fsm.engine.later`; both fenced).  An event
+        that needs the caller's lease (``holds_lease``) cannot be fired later: it would be
+        refused.  Returns the :class:`~fsm.engine.later.Delayed` request."""
+        if event_arg(event) not in self.table.events:
+            raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
+        who = actor_arg(actor) if not isinstance(actor, Actor) else actor
+        check_arguments(reason, idempotency_key, data)
+        self.get(text("entity_id", entity_id))  # of this lifecycle: UnknownEntity otherwise
+        due = check_due(after, at, self.clock.now())
+        wanted = new_delayed(
+            self.kind,
+            entity_id,
+            event,
+            due,
+            key=idempotency_key,
+            actor=who,
+            reason=reason,
+            data=None if data is None else dict(data),
+        )
+        try:
+            row = self.store.create(wanted)
+        except EntityExists:
+            row = self.store.get(wanted.id)
+            same_request(row, wanted)
+        return Delayed.of(row)
+
+    def delayed(self, delayed_id: str) -> Delayed:
+        """A delayed fire's request as stored now (``UnknownEntity`` when there is none);
+        ``outcome`` is the reason its delivery recorded."""
+        row = self.store.get(text("delayed_id", delayed_id))
+        if row.kind != later_kind(self.kind):
+            raise UnknownEntity(delayed_id, kind=later_kind(self.kind), found_kind=row.kind)
+        history = self.store.history(row.id) if row.state in (FIRED, DROPPED) else []
+        return Delayed.of(row, history[-1].reason if history else None)
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
         """The entity's recorded effects (the framework's own rows, its keeper's progress

@@ -190,6 +190,8 @@ class ReapResult:
     """In a dry run: ``(kind, entity id, event, target)`` of each row a tick would move."""
     scheduled: Counter[str] = field(default_factory=Counter)
     """Kind -> how many runs its schedules created this tick."""
+    delayed: Counter[str] = field(default_factory=Counter)
+    """``kind.fired`` / ``kind.dropped`` -> delayed fires delivered this tick."""
 
     @property
     def total_moved(self) -> int:
@@ -204,6 +206,7 @@ class ReapResult:
             "errors": self.errors,
             "would_move": len(self.would_move),
             **{f"scheduled.{k}": v for k, v in sorted(self.scheduled.items())},
+            **{f"delayed.{k}": v for k, v in sorted(self.delayed.items())},
         }
 
     def summary(self) -> str:
@@ -218,6 +221,8 @@ class ReapResult:
         standby = f"; standby for {', '.join(self.standby)}" if self.standby else ""
         if self.scheduled:
             moved += "; scheduled " + ", ".join(f"{k}={v}" for k, v in sorted(self.scheduled.items()))
+        if self.delayed:
+            moved += "; delayed " + ", ".join(f"{k}={v}" for k, v in sorted(self.delayed.items()))
         return (
             f"{head} {moved}; lost races {self.lost_races}; refused {self.refused}; bad rows {self.bad_rows}; "
             f"errors {self.errors}; {self.duration_s * 1000:.1f} ms{standby}"

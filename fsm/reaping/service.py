@@ -26,6 +26,7 @@ import signals
 from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
 from fsm.engine.announce import observed
+from fsm.engine.later import PENDING, later_kind
 from fsm.errors import ConfigError, FsmError, GuardRejected, InvalidData, MalformedRow, StoreUnavailable
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -34,6 +35,7 @@ from fsm.reaping.config import (
     ReapPolicy,
     ReapResult,
 )
+from fsm.reaping.later import deliver_due
 from fsm.reaping.leader import LeaderLease, leader_key
 from fsm.reaping.rules import Rule, plan_rules
 from fsm.reaping.ticklog import TickLog
@@ -164,6 +166,8 @@ class Reaper:
         self._led: set[str] | None = None  # the kinds the last tick led (None: no leadership)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._nudge = threading.Event()
+        self._subscriptions: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self.ticks = 0
 
@@ -194,6 +198,7 @@ class Reaper:
                             woken.add(rule.engine.kind)
                     if not dry_run:
                         self._run_schedules(led, result)
+                        self._deliver_later(led, result)
                 finally:  # what committed before a failure is claimable too
                     if not dry_run:
                         notify_moved(self.store, woken)
@@ -219,6 +224,17 @@ class Reaper:
             if step.created:
                 result.scheduled[kind] += len(step.created)
             result.errors += step.errors
+
+    def _deliver_later(self, led: set[str] | None, result: ReapResult) -> None:
+        """Deliver the due delayed fires of the kinds this tick leads."""
+        for engine in self.engines:
+            if led is not None and engine.kind not in led:
+                continue
+            done = deliver_due(engine, self.owner, limit=self.config.batch_size)
+            if done.fired:
+                result.delayed[f"{engine.kind}.fired"] += len(done.fired)
+            if done.dropped:
+                result.delayed[f"{engine.kind}.dropped"] += len(done.dropped)
 
     def next_timer(self) -> float | None:
         """Seconds until the earliest pending timer this reaper fires (of the kinds it
@@ -255,6 +271,17 @@ class Reaper:
             pending = self.next_timer()
             if pending is not None:
                 wait = min(wait, pending + TIMER_SLACK)
+        if self.config.enabled:
+            for engine in self.engines:  # the next delayed fire of each kind it leads
+                if led is not None and engine.kind not in led:
+                    continue
+                try:
+                    later = self.store.next_due(later_kind(engine.kind), [PENDING])  # type: ignore[attr-defined]
+                except (FsmError, AttributeError) as err:
+                    log.debug("could not read the next delayed fire of %s: %s", engine.kind, err)
+                    later = None
+                if later is not None:
+                    wait = min(wait, later + TIMER_SLACK)
         if self.config.enabled and self.schedules:
             try:
                 run = next(iter(self.schedules.values())).next_due()  # one probe: every kind's schedules
@@ -520,6 +547,8 @@ class Reaper:
                 return
             # each loop has its own stop event: a start racing a stop never revives the old loop
             self._stop = threading.Event()
+            self._nudge = threading.Event()
+            self._listen_for_later(self._nudge)
             self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="fsm-reaper", daemon=True)
             self._thread.start()
 
@@ -528,6 +557,10 @@ class Reaper:
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
+            self._nudge.set()
+            for unsubscribe in self._subscriptions:
+                unsubscribe()
+            self._subscriptions = []
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         for kind, lease in self.leaders.items():
@@ -540,7 +573,20 @@ class Reaper:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _listen_for_later(self, nudge: threading.Event) -> None:
+        """Wake the loop when a delayed fire is requested (its row's create notifies its
+        reserved kind): one due sooner than the loop's sleep is delivered on time."""
+        subscribe = getattr(self.store, "subscribe_work", None)
+        if subscribe is None:
+            return
+        for engine in self.engines:
+            try:
+                self._subscriptions.append(subscribe(later_kind(engine.kind), nudge.set))
+            except FsmError as err:  # the loop still wakes by its own due times
+                log.warning("could not listen for delayed fires of %s: %s", engine.kind, err)
+
     def _loop(self, stop: threading.Event) -> None:
+        nudge = self._nudge
         while not stop.is_set():
             result = self.run_once()
             # a tick that did something is INFO; an idle or standby one is DEBUG (every
@@ -549,7 +595,8 @@ class Reaper:
             log.log(logging.DEBUG if idle else logging.INFO, "reaper tick: %s", result.summary())
             if self.tick_log is not None and (result.leading or result.errors):
                 self.tick_log.record(result, self.owner)  # never raises: logged instead
-            stop.wait(self.sleep_for())
+            nudge.wait(self.sleep_for())  # a stop, or a delayed fire requested, ends it early
+            nudge.clear()
 
 
 def _move_fields(kind: str, entity_id: str, record: HistoryRecord, token: int | None) -> dict[str, object]:

@@ -29,6 +29,7 @@ from fsm.records import (
     LeaseChange,
     LeaseStale,
     NewerSibling,
+    HeldBy,
     Owned,
     TimerDue,
     TimerMode,
@@ -277,6 +278,13 @@ class Statements:
             return f"({lay.ref('lease_owner', a)} IS NULL AND {self.idle_since(a, i, 'wait')})"
         if isinstance(cond, TimerDue):
             return f"{lay.ref('timer_since', a)} <= {f.now_minus(f'tmr{i}')}"
+        if isinstance(cond, HeldBy):
+            h, c = f"h{i}", lay.col
+            return (
+                f"EXISTS (SELECT 1 FROM {self.E} AS {h} WHERE {h}.{c['id']} = {f.p(f'hid{i}')} "
+                f"AND NOT {h}.{c['deleted']} AND {h}.{c['lease_owner']} = {f.p(f'hown{i}')} "
+                f"AND {h}.{c['lease_token']} = {f.p(f'htok{i}')} AND {h}.{c['lease_expires_at']} >= {f.now})"
+            )
         if isinstance(cond, CounterBelow | CounterAtLeast):
             if cond.counter not in COUNTERS:
                 raise ValueError(f"unknown counter {cond.counter!r}; counters are {', '.join(COUNTERS)}")
@@ -296,6 +304,8 @@ class Statements:
                 params[f"wait{i}"] = f.offset(now, -c.max_wait) if f.name == "sqlite" else c.max_wait
             elif isinstance(c, TimerDue):
                 params[f"tmr{i}"] = f.offset(now, -c.after) if f.name == "sqlite" else c.after
+            elif isinstance(c, HeldBy):
+                params[f"hid{i}"], params[f"hown{i}"], params[f"htok{i}"] = c.entity_id, c.owner, c.token
             elif isinstance(c, CounterBelow | CounterAtLeast):
                 params[f"lim{i}"] = c.limit
 

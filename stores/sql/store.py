@@ -60,6 +60,7 @@ from fsm.records import (
     HistoryRecord,
     LeaseChange,
     NewEntity,
+    HeldBy,
     NewerSibling,
     Snapshot,
     TimerMode,
@@ -738,9 +739,17 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
             )
         for cond in write.require:
             sibling = self.has_newer_sibling(entity_id) if isinstance(cond, NewerSibling) else None
-            if not condition_holds(cond, row, now, sibling):
+            other = self._held_row(cond.entity_id) if isinstance(cond, HeldBy) else None
+            if not condition_holds(cond, row, now, sibling, other):
                 return ConditionFailed(entity_id, condition=cond.name)
         return None
+
+    def _held_row(self, entity_id: str) -> Snapshot | None:
+        """The row a :class:`~fsm.records.HeldBy` condition names, or ``None``."""
+        try:
+            return self.get(entity_id, include_deleted=True)
+        except FsmError:
+            return None
 
     def soft_delete(self, entity_id: str) -> Snapshot:
         """See :meth:`stores.Store.soft_delete`.  A malformed row is deleted all the same
