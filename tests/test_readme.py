@@ -54,6 +54,7 @@ RUNS = {
     "# approvals.py": "test_the_timer_block_runs",
     "# approvals_service.py": "test_the_durable_wait_block_runs",
     "# schedules.py": "test_the_schedules_block_runs",
+    "# later.py": "test_the_delayed_fire_block_runs",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
@@ -263,3 +264,13 @@ def test_the_schedules_block_runs(tmp_path: Path) -> None:
         done = run_script(script, tmp_path)
         assert done.returncode == 0, (run, done.stderr)
         assert done.stdout.splitlines()[-1] == "['heartbeat', 'nightly-report']"
+
+
+def test_the_delayed_fire_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "later.py"
+    script.write_text(block_starting("# later.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary, states = done.stdout.splitlines()[-2:]
+    assert "delayed job.dropped=1, job.fired=1" in summary
+    assert states.startswith("fired / TransitionNotAllowed:")
