@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -241,3 +241,42 @@ def test_a_running_worker_wakes_for_a_sleeper_and_for_a_message_without_polling(
     finally:
         worker.stop()
         thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "kwargs"),
+    [
+        ("park", ("j1",), {"owner": "w", "token": 1, "until": "tomorrow"}),
+        ("park", ("j1",), {"owner": "w", "token": 1, "until": datetime(2030, 1, 1)}),  # naive
+        ("park", ("j1",), {"owner": "w\x00", "token": 1, "until": datetime(2030, 1, 1, tzinfo=UTC)}),
+        ("park", ("j1",), {"owner": "w", "token": -1, "until": datetime(2030, 1, 1, tzinfo=UTC)}),
+        ("park", ("\ud800",), {"owner": "w", "token": 1, "until": datetime(2030, 1, 1, tzinfo=UTC)}),
+        ("send_message", ("j1", "go:x", "k", None), {}),
+        ("send_message", ("j1", "go", "k" * 161, None), {}),
+        ("send_message", ("j1", "go", "k", float("nan")), {}),
+        ("send_message", ("j1", "go", "k", {"a": object()}), {}),
+        ("send_message", ("j1", None, "k", None), {}),
+        ("wake", ("x" * 10_000,), {}),
+        ("wake", (5,), {}),
+    ],
+)
+def test_the_wait_primitives_refuse_hostile_input_on_every_store(
+    any_store: Store, clock: ManualClock, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    Engine(JobLifecycle, any_store, clock=clock).create("j1")
+    before = any_store.get("j1")
+    with pytest.raises(InvalidArgument):
+        getattr(any_store, method)(*args, **kwargs)
+    assert any_store.get("j1") == before and any_store.effects("j1") == []
+
+
+def test_park_refuses_a_caller_without_the_lease(any_store: Store, clock: ManualClock) -> None:
+    from fsm import LeaseLost
+
+    engine = Engine(JobLifecycle, any_store, clock=clock)
+    engine.create("j1")
+    (claimed,) = engine.claim(1)
+    assert claimed.lease is not None
+    with pytest.raises(LeaseLost):
+        any_store.park("j1", owner="someone-else", token=claimed.lease_token, until=clock.now())  # type: ignore[attr-defined]
+    assert any_store.get("j1") == claimed
