@@ -1,7 +1,8 @@
 """The inspector's web application (Starlette): GET routes only, nothing written.
 
-- ``/``: counts by lifecycle and state, the filterable entity table, the reaper's recent
-  ticks; ``/fragment/overview`` is the same without the page around it (live updates);
+- ``/``: counts by lifecycle and state, the filterable entity table, the stored schedules,
+  the reaper's recent ticks; ``/fragment/overview`` is the same without the page around it
+  (live updates);
 - ``/entity?id=..``: one entity (``/fragment/entity?id=..`` live); ``/diagram.svg?id=..``
   its lifecycle's diagram with the current state highlighted, served as an image (an
   ``<img>`` never runs script, whatever the SVG holds);
@@ -110,6 +111,7 @@ def create_app(
             data.reaper_ticks(),
             data.activity(),
             data.holders(),
+            data.schedules(),
         )
 
     def live_url(path: str, request: Request) -> str:

@@ -160,6 +160,12 @@ span.timer-due { color: #c0392b; font-size: 12px; white-space: nowrap; }
 .tag { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #4a5366; margin-right: 6px; }
 td.bad { color: #a11d0b; font-weight: 600; }
 td.succeeded { color: #0b5d1e; } td.failed { color: #a11d0b; }
+.schedules td, .schedules th { white-space: nowrap; }
+.schedules td.id, .schedules td:nth-last-child(2) { white-space: normal; word-break: break-all; }
+.schedules code { font-size: 12px; background: #f1f3f6; border-radius: 3px; padding: 0 4px; }
+.schedules td.links a { margin-right: 6px; }
+.state.sched-active { background: #daf3df; }
+.state.sched-paused { background: #f1ecd9; color: #6b4e00; }
 """
 
 __all__ = ["SCRIPT", "STYLE"]

@@ -1,20 +1,29 @@
 """What the inspector reads: counts, filtered entity lists, one entity's story, the reaper's
-recent moves.  Read-only SQL over the store's own tables (names from its layout), every
-value a bound parameter; the rows decode through the store's own decoders."""
+recent moves, the stored schedules.  Read-only SQL over the store's own tables (names from
+its layout), every value a bound parameter; the rows decode through the store's own decoders.
+
+The reserved rows the reaper keeps (its leader leases ``fsm.leader``, its tick log
+``fsm.reaper``) and the stored schedules (``fsm.schedule``) are not entities of a
+lifecycle: every listing, count and chart leaves them out (the ``live`` predicate); the
+schedules have a section of their own (:meth:`InspectorData.schedules`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from fsm.engine.later import LATER_KIND_PREFIX
 from fsm.errors import FsmError, MalformedRow
 from fsm.inspect.activity import Activity, ActivitySql, Holder
 from fsm.inspect.cache import Cached, Recomputed
 from fsm.inspect.listing import Listed, ListingSql
 from fsm.limits import text_problem
 from fsm.records import PROGRESS_KEY, RENEWALS_KEPT, RENEWALS_KEY, EffectRecord, HistoryRecord, LeaseRenewal, Snapshot
+from fsm.scheduling.service import ACTIVE as SCHEDULE_ACTIVE
+from fsm.scheduling.service import PAUSED as SCHEDULE_PAUSED
+from fsm.scheduling.service import SCHEDULE_KIND, schedule_row_id
 from stores.ledger import renewals_of
 from stores.sql import SqlStore
 from stores.sql.rows import history_of
@@ -24,6 +33,10 @@ LEADER_KIND = "fsm.leader"
 TICKS_KIND = "fsm.reaper"
 TICKS_ID = "fsm-reaper-ticks"
 MAX_ROWS = 500
+RESERVED_KINDS = (LEADER_KIND, TICKS_KIND, SCHEDULE_KIND)
+"""The kinds of the rows no listing, count or chart shows (none is a lifecycle's entity)."""
+SCHEDULES_SHOWN = 100
+"""Schedules the overview lists at most, per state (active, paused): schedules are few."""
 
 
 class BadInput(FsmError, ValueError):
@@ -142,6 +155,91 @@ class Flags:
 FLAG_CAP = 1000
 
 
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One stored schedule as the overview shows it (:func:`schedule_row`): its lifecycle,
+    id, when it runs, its policies, whether it is paused, its next due time and last run."""
+
+    row_id: str
+    kind: str
+    """The lifecycle whose entities it creates (the row's concurrency key)."""
+    schedule_id: str
+    paused: bool
+    cron: str | None
+    every: float | None
+    """The fixed interval in seconds (``None`` for a cron schedule)."""
+    timezone: str
+    overlap: str
+    catch_up: str
+    grace: float | None
+    next_due: datetime | None
+    """When its next run is due (``None`` while paused)."""
+    last_run: str | None
+    """The id of the entity it created last."""
+    problem: str | None = None
+    """What is wrong with the stored row (a field missing or of the wrong type), if anything."""
+
+
+@dataclass(frozen=True)
+class ScheduleList:
+    """The stored schedules (:meth:`InspectorData.schedules`)."""
+
+    rows: list[ScheduleRow]
+    runs: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    """Each last run that is stored: its state and whether it is deleted."""
+    more: bool = False
+    """More than :data:`SCHEDULES_SHOWN` schedules in a state: the first ones are listed."""
+    problem: str | None = None
+    """Why the schedules could not be read."""
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def schedule_row(snap: Snapshot) -> ScheduleRow:
+    """A schedule's reserved row (:mod:`fsm.scheduling.service`) as the overview shows it:
+    each field as stored when it has the type it should, what is missing said."""
+    data = snap.data if isinstance(snap.data, dict) else {}
+    spec = data.get("schedule")
+    spec = spec if isinstance(spec, dict) else {}
+    problems = []
+    kind = snap.concurrency_key or ""
+    if not kind:
+        problems.append("no lifecycle (concurrency key)")
+    schedule_id = _text(data.get("id"))
+    if schedule_id is None:
+        schedule_id = snap.id.removeprefix(schedule_row_id(kind, ""))
+        problems.append("no schedule id in its data")
+    if not spec:
+        problems.append("no stored schedule")
+    cron, every = _text(spec.get("cron")), _seconds(spec.get("every"))
+    if spec and (cron is None) == (every is None):
+        problems.append("neither a cron expression nor an interval" if cron is None else "both cron and interval")
+    last_run = _text(data.get("last_run"))
+    if data.get("last_run") is not None and last_run is None:
+        problems.append("last_run is not an id")
+    return ScheduleRow(
+        row_id=snap.id,
+        kind=kind,
+        schedule_id=schedule_id,
+        paused=snap.state == SCHEDULE_PAUSED,
+        cron=cron,
+        every=every,
+        timezone=_text(spec.get("timezone")) or "UTC",
+        overlap=str(spec.get("overlap", "skip")),
+        catch_up=str(spec.get("catch_up", "latest")),
+        grace=_seconds(spec.get("grace")),
+        next_due=snap.run_after if snap.state == SCHEDULE_ACTIVE else None,
+        last_run=last_run,
+        problem="; ".join(problems) or None,
+    )
+
+
 class InspectorData:
     """The inspector's reads over one :class:`stores.sql.SqlStore` (opened read-only).
 
@@ -170,12 +268,19 @@ class InspectorData:
         self.finals: dict[str, frozenset[str]] = dict(finals or {})
         self.resumes = resumes or {}
         kind = lay.ref("kind", "e")
-        self._base: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND}
-        live = f"NOT {lay.ref('deleted', 'e')} AND {kind} <> {f.p('leader')} AND {kind} <> {f.p('ticks')}"
+        self._base: dict[str, Any] = {"leader": LEADER_KIND, "ticks": TICKS_KIND, "schedules": SCHEDULE_KIND}
+        self._base["later"] = f"{LATER_KIND_PREFIX}%"  # every lifecycle's delayed fires
+        reserved = " AND ".join(f"{kind} <> {f.p(name)}" for name in self._base if name != "later")
+        reserved += f" AND {kind} NOT LIKE {f.p('later')}"
+        live = f"NOT {lay.ref('deleted', 'e')} AND {reserved}"
         self._live = live
         self._counts = (
             f"SELECT {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}, COUNT(*) FROM {sql.E} AS e "
             f"WHERE {live} GROUP BY {lay.ref('kind', 'e')}, {lay.ref('state', 'e')}"
+        )
+        self._runs = (
+            f"SELECT {lay.ref('id', 'e')}, {lay.ref('state', 'e')}, {lay.ref('deleted', 'e')} FROM {sql.E} AS e "
+            f"WHERE {f.in_ids(lay.ref('id', 'e'), 'ids')}"
         )
         self._ticks = (
             f"SELECT seq, at, data FROM {sql.H} WHERE entity_id = {f.p('id')} ORDER BY seq DESC LIMIT {f.p('limit')}"
@@ -344,6 +449,29 @@ class InspectorData:
         except MalformedRow as err:
             return RenewalLog([], record.attempts, problem=err.reason)
 
+    def schedules(self, shown: int = SCHEDULES_SHOWN) -> ScheduleList:
+        """The stored schedules, active and paused (at most ``shown`` of each), by lifecycle
+        and id, with the state of each one's last run: one walk of the ``(kind, state)``
+        index per state (``Store.candidates``, the read the reaper does at each tick) and
+        one primary key read of the last runs.  Read as stored, never re-validated: a
+        damaged row still shows, with what is wrong with it."""
+        rows: list[ScheduleRow] = []
+        more = False
+        try:
+            for state in (SCHEDULE_ACTIVE, SCHEDULE_PAUSED):
+                found: list[Snapshot] = self.store.candidates(SCHEDULE_KIND, state, (), limit=shown + 1)
+                more = more or len(found) > shown
+                rows += [schedule_row(snap) for snap in found[:shown]]
+        except MalformedRow as err:
+            return ScheduleList([], problem=f"a schedule row cannot be read: {err}")
+        rows.sort(key=lambda r: (r.kind, r.schedule_id, r.row_id))
+        ids = sorted({r.last_run for r in rows if r.last_run is not None})
+        runs: dict[str, tuple[str, bool]] = {}
+        if ids:
+            for entity_id, state, deleted in self.store._run(self._runs, {"ids": self._f.ids(ids)}):
+                runs[str(entity_id)] = (str(state), bool(deleted))
+        return ScheduleList(rows, runs, more)
+
     def reaper_ticks(self, limit: int = 60) -> list[ReaperTick]:
         """The reaper's latest recorded ticks (its tick log, :mod:`fsm.reaping.ticklog`), newest
         first: a primary key walk of one reserved entity's history."""
@@ -360,6 +488,8 @@ class InspectorData:
 __all__ = [
     "FLAG_CAP",
     "LEADER_KIND",
+    "RESERVED_KINDS",
+    "SCHEDULES_SHOWN",
     "TICKS_ID",
     "TICKS_KIND",
     "BadInput",
@@ -368,5 +498,8 @@ __all__ = [
     "InspectorData",
     "ReaperTick",
     "RenewalLog",
+    "ScheduleList",
+    "ScheduleRow",
     "check_param",
+    "schedule_row",
 ]

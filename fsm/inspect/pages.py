@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 from fsm.diagram.pending import PendingTimer
 from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
-from fsm.inspect.data import FLAG_CAP, Filters, Flags, ReaperTick, RenewalLog
+from fsm.inspect.data import FLAG_CAP, RESERVED_KINDS, Filters, Flags, ReaperTick, RenewalLog, ScheduleList
 from fsm.inspect.listing import Listed
 from fsm.inspect.timeline import (
     ATTEMPT_HELP,
@@ -39,6 +39,7 @@ from fsm.inspect.views import (
     failure_of,
     holders_section,
     moves_section,
+    schedules_section,
     ticks_section,
 )
 from fsm.records import EffectRecord, HistoryRecord, Snapshot
@@ -224,12 +225,14 @@ def overview(
     ticks: list[ReaperTick],
     activity: Cached[Activity],
     holders: Cached[list[Holder]],
+    schedules: ScheduleList | None = None,
 ) -> str:
     kinds = sorted(set(counts.value) | set(leaves))
     return (
         f"<p class=meta>Store <code>{esc(database)}</code> · database time {esc(stamp(now))}</p>"
         + counts_section(counts, leaves, flags, counts_problem)
         + entities_section(now, listed, filters, kinds, last)
+        + (schedules_section(now, schedules) if schedules is not None else "")
         + ticks_section(now, ticks)
         + activity_section(activity, ticks)
         + holders_section(now, holders)
@@ -263,6 +266,10 @@ def diagram_image(snap: Snapshot) -> str:
     )
 
 
+RESERVED_ROW = (
+    "No diagram: this row is the library's own bookkeeping (a stored schedule, the reaper's leader lease or "
+    "tick log), not an entity of a lifecycle; its timeline is what each of its steps did."
+)
 NO_LIFECYCLE = "<p class=empty>No diagram: this lifecycle was not given to fsm inspect (--lifecycle MODULE:Class).</p>"
 
 
@@ -282,6 +289,9 @@ def entity_page(
     (:func:`fsm.diagram.pending.pending_timers`), ``None`` when its lifecycle is not known
     here (then only its clock, if it runs, is said)."""
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
+    reserved = snap.kind in RESERVED_KINDS  # the library's own row: no lifecycle, no attempts
+    if reserved:
+        diagram = f"<p class=empty>{esc(RESERVED_ROW)}</p>"
     entered = snap.state_entered_at
     waiting = ""
     if snap.lease_owner is None and snap.reclaims and snap.state not in {"completed", "failed", "queued"}:
@@ -320,7 +330,7 @@ def entity_page(
         f"<h1 class=id>{esc(snap.id)}</h1>"
         f"<div class=split><section><h2>Now</h2>{lease}</section><section><h2>Data</h2>"
         f"<pre class=data>{esc(pretty_json(snap.data))}</pre></section></div>"
-        f"{attempts_section(now, history, starts, snap.attempt)}"
+        f"{'' if reserved else attempts_section(now, history, starts, snap.attempt)}"
         f"<section><h2>Timeline <span class=muted>newest first{esc(renewals.note())}</span></h2>"
         f"{timeline(now, history, effects, progress, renewals.entries, numbers, timers or ())}"
         "</section>"
@@ -404,6 +414,7 @@ def not_found(entity_id: str) -> str:
 
 __all__ = [
     "NO_LIFECYCLE",
+    "RESERVED_ROW",
     "age",
     "attempt_fact",
     "diagram_image",

@@ -1,6 +1,6 @@
-"""The overview's operator sections: charts, holders, the reaper's ticks (idle ones folded)
-and moves, and the entity page's attempts and diagram fallback.  Every database value goes
-through :func:`esc`."""
+"""The overview's operator sections: charts, holders, the stored schedules, the reaper's
+ticks (idle ones folded) and moves, and the entity page's attempts and diagram fallback.
+Every database value goes through :func:`esc`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fsm.diagram.pending import PendingTimer, other_guards
 from fsm.inspect.activity import Activity, Holder
 from fsm.inspect.cache import Cached
 from fsm.inspect.charts import bars
-from fsm.inspect.data import ReaperTick
+from fsm.inspect.data import SCHEDULES_SHOWN, ReaperTick, ScheduleList, ScheduleRow
 from fsm.inspect.timeline import (
     ATTEMPT_HELP,
     ERROR_HELP,
@@ -155,12 +155,128 @@ def holders_section(now: datetime, cached: Cached[list[Holder]]) -> str:
     )
 
 
+# -- schedules ---------------------------------------------------------------------------------
+
+OVERLAP_HELP = {
+    "skip": "a due time passes while the last run is not final: nothing is created for it",
+    "allow": "a due time creates its run even while the last run is not final",
+    "cancel": "a due time cancels the last run if it is not final, then creates its run",
+}
+CATCH_UP_HELP = {
+    "none": "missed due times are skipped: a due time runs only when the reaper reaches it within the grace",
+    "latest": "of the due times missed (every process down), the most recent runs once",
+    "all": "every missed due time runs (the most recent 1000 at most)",
+}
+
+
+def _interval(seconds: float) -> str:
+    """``30s``, ``1h30m``: a stored number of seconds as diagrams write a delay."""
+    if not 0 <= seconds <= 1e9:  # a damaged row (NaN, negative, huge): as stored
+        return f"{seconds:g}s"
+    return format_delay(timedelta(seconds=seconds))
+
+
+def _schedule_when(r: ScheduleRow) -> str:
+    """ "cron <code>30 2 * * *</code> Europe/Berlin", or "every 30s"."""
+    if r.cron is not None:
+        return f"cron <code>{esc(r.cron)}</code> <span class=muted>{esc(r.timezone)}</span>"
+    if r.every is not None:
+        return f"every <code>{esc(_interval(r.every))}</code>"
+    return "<span class=muted>unknown</span>"
+
+
+def _schedule_next(now: datetime, r: ScheduleRow) -> str:
+    """The next due time: relative, then absolute; a past one is marked (the reaper's next tick creates it)."""
+    if r.paused:
+        return "<span class=muted>none while paused</span>"
+    if r.next_due is None:
+        return "<span class=muted>not set</span>"
+    if r.next_due <= now:
+        relative = (
+            f"<span class='when due overdue' title='the reaper creates its run at its next tick'>"
+            f"due {esc(span(now - r.next_due))} ago</span>"
+        )
+    else:
+        relative = f"<span class=when>{esc(age(now, r.next_due))}</span>"
+    return f"{relative} <span class=muted>{esc(stamp(r.next_due))}</span>"
+
+
+def _schedule_last(r: ScheduleRow, runs: dict[str, tuple[str, bool]]) -> str:
+    """The last run, linked to its page while it is stored, with its state."""
+    if r.last_run is None:
+        return "<span class=muted>none yet</span>"
+    found = runs.get(r.last_run)
+    if found is None:
+        return f"<span class=id>{esc(r.last_run)}</span> <span class=muted>(no longer stored)</span>"
+    state, deleted = found
+    gone = " <span class=expired>deleted</span>" if deleted else ""
+    return (
+        f"<a class='id last-run' href='{esc('/entity?' + urlencode({'id': r.last_run}))}'>{esc(r.last_run)}</a> "
+        f"<span class='state s-{esc(state)}'>{esc(state)}</span>{gone}"
+    )
+
+
+def schedules_section(now: datetime, listed: ScheduleList) -> str:
+    """The stored schedules, by lifecycle and id: when each runs, its overlap and catch-up
+    policies, active or paused, its next due time, its last run.  Nothing when the store
+    has no schedule."""
+    if listed.problem is not None:
+        return (
+            "<section class=schedules><h2>Schedules</h2>"
+            f"<p class=problem><span class=expired>{esc(listed.problem)}</span></p></section>"
+        )
+    if not listed.rows:
+        return ""
+    paused = sum(1 for r in listed.rows if r.paused)
+    head = (
+        "<tr><th>lifecycle</th><th>schedule</th><th>when</th><th>overlap</th><th>catch-up</th><th>status</th>"
+        "<th>next due</th><th>last run</th><th></th></tr>"
+    )
+    rows = []
+    for r in listed.rows:
+        status = "paused" if r.paused else "active"
+        grace = f"; grace {_interval(r.grace)}" if r.grace is not None else ""
+        problem = f" <span class=expired title='{esc(r.problem)}'>damaged row</span>" if r.problem else ""
+        runs_url = "/?" + urlencode({"kind": r.kind, "q": f"{r.schedule_id}@"})
+        row_url = "/entity?" + urlencode({"id": r.row_id})
+        rows.append(
+            f"<tr data-schedule='{esc(r.kind)}/{esc(r.schedule_id)}' data-status='{status}'>"
+            f"<td>{esc(r.kind)}</td><td class=id>{esc(r.schedule_id)}{problem}</td>"
+            f"<td class=schedule-when>{_schedule_when(r)}</td>"
+            f"<td title='{esc(OVERLAP_HELP.get(r.overlap, ''))}'>{esc(r.overlap)}</td>"
+            f"<td title='{esc(CATCH_UP_HELP.get(r.catch_up, '') + grace)}'>{esc(r.catch_up)}</td>"
+            f"<td><span class='state sched-{status}'>{status}</span></td>"
+            f"<td class=next-due>{_schedule_next(now, r)}</td><td>{_schedule_last(r, listed.runs)}</td>"
+            f"<td class=links><a class=runs href='{esc(runs_url)}' title='the entities it created'>runs</a> "
+            f"<a class=history href='{esc(row_url)}' title='what each step of the schedule did'>history</a></td></tr>"
+        )
+    more = (
+        f"<p class=muted>The first {SCHEDULES_SHOWN} active and {SCHEDULES_SHOWN} paused schedules are listed.</p>"
+        if listed.more
+        else ""
+    )
+    said = f"{len(listed.rows) - paused} active, {paused} paused · the reaper creates each run: {{id}}@{{due time}}"
+    return (
+        f"<section class=schedules><h2>Schedules <span class=muted>{esc(said)}</span></h2>"
+        f"<table>{head}{''.join(rows)}</table>{more}</section>"
+    )
+
+
 # -- the reaper --------------------------------------------------------------------------------
+
+
+def _scheduled(summary: dict[str, Any]) -> str:
+    """ "scheduled job 2": the runs the tick's schedules created, when its log records them."""
+    found = summary.get("scheduled")
+    if not isinstance(found, dict) or not any(found.values()):
+        return ""
+    return "scheduled " + ", ".join(f"{k} {v}" for k, v in sorted(found.items()) if v)
 
 
 def _idle(summary: dict[str, Any]) -> bool:
     keys = ("lost_races", "refused", "bad_rows", "errors")
-    return _moved(summary) == 0 and not any(summary.get(k) for k in keys) and summary.get("leading") is not False
+    quiet = _moved(summary) == 0 and not any(summary.get(k) for k in keys) and not _scheduled(summary)
+    return quiet and summary.get("leading") is not False
 
 
 def _count(summary: dict[str, Any], key: str) -> str:
@@ -204,6 +320,8 @@ def ticks_section(now: datetime, ticks: list[ReaperTick]) -> str:
         moved = s.get("moved") if isinstance(s.get("moved"), dict) else {}
         assert isinstance(moved, dict)
         what = ", ".join(f"{k} {v}" for k, v in moved.items()) or "nothing"
+        if _scheduled(s):
+            what += "; " + _scheduled(s)
         if s.get("leading") is False:
             what = "skipped: another reaper leads"
         elif s.get("enabled") is False:
@@ -338,6 +456,7 @@ __all__ = [
     "holders_section",
     "moves_section",
     "recorded",
+    "schedules_section",
     "ticks_section",
     "transition_table",
 ]

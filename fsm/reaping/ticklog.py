@@ -57,6 +57,8 @@ def tick_summary(result: ReapResult, owner: str) -> dict[str, object]:
         "leading": result.leading,
         "standby": list(result.standby),
         "enabled": result.enabled,
+        "scheduled": dict(sorted(result.scheduled.items())),
+        "delayed": dict(sorted(result.delayed.items())),
     }
 
 

@@ -30,6 +30,8 @@ def test_each_live_tick_is_one_history_row_with_its_counts() -> None:
         "leading": True,
         "standby": [],
         "enabled": True,
+        "scheduled": {},
+        "delayed": {},
     }
     assert rows[1].reason == "moved 0, 1 errors"
 
