@@ -58,13 +58,18 @@ class Delivery:
     lost: list[str] = field(default_factory=list)
 
 
-def deliver_due(engine: Engine, owner: str, *, limit: int = 100, ttl: timedelta = DELIVERY_TTL) -> Delivery:
-    """Deliver up to ``limit`` due delayed fires of ``engine``'s lifecycle (see the module)."""
+def deliver_due(
+    engine: Engine, owner: str, *, limit: int = 100, ttl: timedelta = DELIVERY_TTL, takeover: bool = True
+) -> Delivery:
+    """Deliver up to ``limit`` due delayed fires of ``engine``'s lifecycle (see the module).
+    One claim statement when nothing is due; ``takeover``: also take over the requests of
+    deliverers that died (one more read; the reaper does it once per ``ttl``)."""
     store = engine.store
     kind = later_kind(engine.kind)
     done = Delivery()
     taken = store.claim(ClaimRequest(kind, owner, limit, ttl, starts=(ClaimStart(PENDING, DELIVERING, "deliver"),)))
-    for row in store.candidates(kind, DELIVERING, (LeaseStale(ttl),), limit=limit):
+    stale = store.candidates(kind, DELIVERING, (LeaseStale(ttl),), limit=limit) if takeover else []
+    for row in stale:
         try:  # its deliverer died: take the request over (token + 1 fences the old one)
             taken.append(store.acquire_lease(row.id, owner=owner, ttl=ttl, budget=None, expect_version=row.version))
         except (Fenced, StaleVersion):

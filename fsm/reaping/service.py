@@ -35,7 +35,7 @@ from fsm.reaping.config import (
     ReapPolicy,
     ReapResult,
 )
-from fsm.reaping.later import deliver_due
+from fsm.reaping.later import DELIVERY_TTL, deliver_due
 from fsm.reaping.leader import LeaderLease, leader_key
 from fsm.reaping.rules import Rule, plan_rules
 from fsm.reaping.ticklog import TickLog
@@ -168,6 +168,7 @@ class Reaper:
         self._stop = threading.Event()
         self._nudge = threading.Event()
         self._subscriptions: list[Callable[[], None]] = []
+        self._last_takeover = float("-inf")  # when a tick last looked for dead deliverers' requests
         self._lock = threading.Lock()
         self.ticks = 0
 
@@ -226,11 +227,16 @@ class Reaper:
             result.errors += step.errors
 
     def _deliver_later(self, led: set[str] | None, result: ReapResult) -> None:
-        """Deliver the due delayed fires of the kinds this tick leads."""
+        """Deliver the due delayed fires of the kinds this tick leads (one claim each; the
+        requests of a dead deliverer are looked for once per delivery TTL)."""
+        now = time.monotonic()
+        takeover = now - self._last_takeover >= DELIVERY_TTL.total_seconds()
+        if takeover:
+            self._last_takeover = now
         for engine in self.engines:
             if led is not None and engine.kind not in led:
                 continue
-            done = deliver_due(engine, self.owner, limit=self.config.batch_size)
+            done = deliver_due(engine, self.owner, limit=self.config.batch_size, takeover=takeover)
             if done.fired:
                 result.delayed[f"{engine.kind}.fired"] += len(done.fired)
             if done.dropped:
