@@ -103,6 +103,11 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[["Job"], Outcome]
 
 
+WORKER_REAP_INTERVAL = timedelta(seconds=10)
+"""The longest interval of a ``reap=True`` worker's reaper: a standby's tick is one leader
+lease attempt, and the leader's a few index probes."""
+
+
 def worker_reaper(
     engine: Engine, reap: bool | ReaperConfig | Mapping[str, object], *, store: Store | None = None
 ) -> Reaper:
@@ -112,15 +117,18 @@ def worker_reaper(
     dies (reapers of other lifecycles lead their own: leadership is per lifecycle).  Each
     tick it leads is recorded in the store's tick log (``fsm inspect`` shows it).
 
-    ``reap=True``: a tick every lease TTL (a dead holder's entity is reaped within two TTLs
-    of its last renewal); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
+    ``reap=True``: a tick every lease TTL, at most :data:`WORKER_REAP_INTERVAL` (a dead
+    holder's entity is reaped within a TTL and an interval of its last renewal, and when
+    the leading worker dies another leads within three intervals: the leader lease lives
+    three intervals, so the schedules and delayed fires it served move on within about
+    half a minute); a :class:`~fsm.reaping.ReaperConfig` (or its mapping) sets the
     interval and batch size, ``leader`` is always on.  ``store``: the store the reaper's
     thread uses, when not the engine's (the asyncio worker's: a sync twin of its store)."""
     from fsm.reaping import Reaper, ReaperConfig  # the reaper's layer, imported when asked for
     from fsm.reaping.service import validated_config
 
     if isinstance(reap, bool):
-        config = ReaperConfig(interval=engine.policy.lease_ttl, leader=True)
+        config = ReaperConfig(interval=min(engine.policy.lease_ttl, WORKER_REAP_INTERVAL), leader=True)
     elif isinstance(reap, ReaperConfig | Mapping):
         config = validated_config(reap).model_copy(update={"leader": True})
     else:

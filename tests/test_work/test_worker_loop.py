@@ -186,3 +186,12 @@ def test_a_worker_that_reaps_runs_a_leader_reaper_of_its_lifecycle_and_policy_an
     assert Worker(engine, {"running": lambda job: None}).reaper is None
     with pytest.raises(ConfigError):
         Worker(engine, {"running": lambda job: None}, reap={"interval": -1})
+
+
+def test_a_reaping_worker_ticks_at_most_every_ten_seconds_so_a_dead_leader_is_replaced_soon() -> None:
+    from fsm.work.worker import WORKER_REAP_INTERVAL
+
+    worker = Worker(Engine(JobLifecycle, MemoryStore()), {"running": lambda job: "exited"}, reap=True)
+    assert worker.reaper is not None
+    assert JobLifecycle.policy.lease_ttl > WORKER_REAP_INTERVAL == worker.reaper.config.interval
+    assert worker.reaper.config.effective_leader_ttl == 3 * WORKER_REAP_INTERVAL
