@@ -209,7 +209,11 @@ class Job(HeldEntity):
     def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
     ) -> Any:
-        """An effect under this job's lease, recorded once (see :meth:`Engine.run`)."""
+        """An effect under this job's lease, recorded once (see :meth:`Engine.run`).
+
+        ``fn`` runs holding none of the handlers' connections; a store call that ``fn``
+        makes itself takes one and keeps it until ``run`` returns, so an effect that blocks
+        after such a call holds a connection all that time."""
         effect = fn
         lender = self.lender
         if lender is not None:

@@ -1,8 +1,11 @@
 """The processes the fault suite starts, kills, pauses and respawns.
 
-``python -m tests.faults.proc worker URL DIR INDEX --ttl S --effects N ...``
+``python -m tests.faults.proc worker URL DIR INDEX --ttl S --effects N --waits F ...``
     an :class:`fsm.Worker` over :class:`JobLifecycle` with handlers ``running -> exited``
-    and ``finalizing -> N ledger effects, then complete``.
+    and ``finalizing -> N ledger effects, then complete``.  A fraction ``F`` of the jobs
+    (chosen by id: :func:`parks`) park on the way: half of them ``job.wait_for`` a message
+    (:data:`MESSAGE`, which the runner sends) in ``running``, half ``job.sleep`` a short
+    random time in ``finalizing`` after the first effect (a resume replays it).
 ``python -m tests.faults.proc reaper URL DIR INDEX --ttl S --interval S``
     a :class:`fsm.reaping.Reaper` ticking on its thread until SIGTERM.
 
@@ -12,7 +15,11 @@ Both write what the checks need into ``DIR`` with one unbuffered ``os.write`` pe
 - ``claim  t entity token state``  a handler chain started under a new lease;
 - ``end    t entity token how``    it ended (``done``, ``lost``: fenced, ``error``);
 - ``ack    t entity seq event``    ``fire()`` returned: the transition is committed;
-- ``effect t entity key token``    an effect function ran (executions counted from outside).
+- ``effect t entity key token``    an effect function ran (executions counted from outside);
+- ``parked t entity token step``   ``job.sleep``/``job.wait_for`` parked the job (``end`` follows,
+  how ``parked``): the lease is back in the store, the handler stopped;
+- ``got    t entity token payload``  ``job.wait_for`` returned (the payload as JSON; at every
+  replay too: a recorded wait returns its recorded message).
 
 A store that is down (``StoreUnavailable``) is retried, never fatal: the worker's claim
 loop and the reaper's tick already log and go on; the handlers here retry their own
@@ -22,6 +29,7 @@ store calls while their lease lasts.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -29,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -36,11 +45,31 @@ from typing import Any, TypeVar
 
 from fsm import Engine, JobLifecycle, Policy
 from fsm.errors import Fenced, StoreUnavailable
-from fsm.work import Job, Worker
+from fsm.work import Job, Parked, Worker
 
 T = TypeVar("T")
 
 STORE_RETRY_S = 0.2
+MESSAGE = "go"
+"""The message a waiting job waits for; its payload is :func:`payload_for` the job."""
+SLEEP_S = (0.1, 1.5)
+"""A sleeping job's sleep, drawn once (a replay reads the recorded wake time back)."""
+WAIT_TIMEOUT_S = 60.0
+"""A backstop only: the runner sends every message within seconds (a timeout is a problem)."""
+SLEEP, WAIT = "sleep", "wait"
+
+
+def parks(entity_id: str, fraction: float) -> str | None:
+    """How the job parks, the same in every process (by its id): ``"wait"`` for a message
+    in ``running``, ``"sleep"`` in ``finalizing``, or ``None`` (a fraction ``1 - fraction``)."""
+    draw = zlib.crc32(entity_id.encode()) % 10_000
+    if draw >= fraction * 10_000:
+        return None
+    return WAIT if draw % 2 else SLEEP
+
+
+def payload_for(entity_id: str) -> dict[str, str]:
+    return {"for": entity_id}
 
 
 def policy(ttl: float) -> Policy:
@@ -91,11 +120,12 @@ def retrying(job: Job, step: Callable[[], T], what: str) -> T:
 
 
 class Handlers:
-    def __init__(self, log: Log, effects: int, effect_s: float, run_s: float) -> None:
+    def __init__(self, log: Log, effects: int, effect_s: float, run_s: float, waits: float = 0.0) -> None:
         self.log = log
         self.effects = effects
         self.effect_s = effect_s
         self.run_s = run_s
+        self.waits = waits
         self.pid = os.getpid()
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -112,6 +142,10 @@ class Handlers:
         token = job.held.lease.token
         try:
             body()
+        except Parked as parked:  # not an error: the job waits, lease-less, in the store
+            self.log.write("parked", job.id, token, parked.step)
+            self.log.write("end", job.id, token, "parked")
+            raise
         except Fenced:
             self.log.write("end", job.id, token, "lost")
             raise
@@ -128,6 +162,9 @@ class Handlers:
         self._claimed(job)
 
         def body() -> None:
+            if parks(job.id, self.waits) == WAIT:
+                payload = retrying(job, lambda: job.wait_for(MESSAGE, timeout=WAIT_TIMEOUT_S, default=None), "wait")
+                self.log.write("got", job.id, job.held.lease.token, json.dumps(payload, sort_keys=True))
             time.sleep(random.uniform(0, 2 * self.run_s))  # the agent's work
             self._fire(job, "exited")
 
@@ -149,6 +186,8 @@ class Handlers:
             for i in range(self.effects):
                 key = f"effect-{i}"
                 retrying(job, lambda key=key: job.run(key, effect(key)), key)  # type: ignore[misc]
+                if i == 0 and parks(job.id, self.waits) == SLEEP:
+                    retrying(job, lambda: job.sleep(random.uniform(*SLEEP_S)), "sleep")
             self._fire(job, "complete")
             self.log.write("end", job.id, token, "done")
 
@@ -159,7 +198,7 @@ def worker_main(args: argparse.Namespace) -> None:
     store = open_store(args.url)
     engine = Engine(JobLifecycle, store, policy=policy(args.ttl), owner=f"worker{args.index}:{os.getpid()}")
     log = Log(Path(args.dir) / f"worker-{os.getpid()}.log")
-    handlers = Handlers(log, args.effects, args.effect_ms / 1000, args.run_ms / 1000)
+    handlers = Handlers(log, args.effects, args.effect_ms / 1000, args.run_ms / 1000, args.waits)
     worker = Worker(
         engine,
         {"running": handlers.running, "finalizing": handlers.finalizing},
@@ -203,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--effects", type=int, default=3)
     parser.add_argument("--effect-ms", type=float, default=20)
     parser.add_argument("--run-ms", type=float, default=20)
+    parser.add_argument("--waits", type=float, default=0.0, help="the fraction of jobs that park (see parks())")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s {args.role}{args.index} %(name)s: %(message)s"

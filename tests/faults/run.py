@@ -12,6 +12,11 @@ this suite starts for itself (``initdb`` + ``pg_ctl`` in a temporary directory) 
 stops and restarts it mid-run; the shared server is never touched.  This process feeds
 jobs (keeping a short queue, as a producer would), and a chaos loop SIGKILLs random
 workers (respawning them) or SIGSTOPs them and SIGCONTs them after more than a lease TTL.
+A fraction of the jobs (``--waits``, 0.3 by default) park on the way (durable waits): half
+``job.wait_for`` a message that this process sends at a random moment after creating the
+job (before the wait begins, or while the job is parked; a third of them twice with one
+idempotency key), half ``job.sleep`` a short random time between two effects; a worker
+killed or paused while jobs it parked are asleep leaves them to any other.
 
 At the end it checks and prints (see :class:`Summary`):
 
@@ -21,6 +26,11 @@ At the end it checks and prints (see :class:`Summary`):
   (a replay never re-executes), and every completed job recorded all its effects;
 - history is gap-free (I6) and no entity entered a final state twice (I5);
 - every acknowledged fire (a worker logged what ``fire()`` returned) is in history;
+- durable waits (W): a waiting job took its own message, once (one ledger row per key
+  however many sends; never a timeout), and every replay of the wait returned the same
+  payload; a sleeping job ran no effect after its sleep before its wake time (the store's
+  clock) and recorded its sleep once; a job that never parks recorded no step; each job
+  parked by a worker that was then killed was resumed by another;
 - no worker or reaper process died of its own (a store outage is never fatal);
 - the longest time from a holder's death (the kill or stop) to the reaper moving its
   entity (I2) and to a worker claiming it again, against ``TTL + interval``.  The claim
@@ -40,16 +50,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +69,7 @@ from fsm import Engine, JobLifecycle
 from fsm.errors import EntityExists, StoreUnavailable
 from fsm.testing.checks import acknowledged_problems, effect_problems, history_problems
 
-from .proc import policy
+from .proc import MESSAGE, SLEEP, WAIT, parks, payload_for, policy
 
 REPO = Path(__file__).resolve().parents[2]
 FINALS = JobLifecycle.table.finals
@@ -85,6 +97,10 @@ class Config:
     timeout: float = 240.0
     restart_server: bool = True
     seed: int = 0
+    waits: float = 0.3
+    """The fraction of jobs that park (durable waits; see the module doc); 0: none."""
+    send_within: float = 2.5
+    """A waiting job's message is sent up to this many seconds after the job is created."""
 
     @classmethod
     def short(cls, store: str) -> Config:
@@ -131,6 +147,18 @@ class Summary:
     worst_claim_in_outage_s: float | None = None
     store_retries: int = 0
     tick_failures: int = 0
+    sleepers: int = 0
+    waiters: int = 0
+    sends: int = 0
+    """Calls to ``Engine.send`` (a duplicate with the same key included)."""
+    sent_twice: int = 0
+    parks: int = 0
+    """Times a handler parked (its ``parked`` log line)."""
+    replays: int = 0
+    """Parks followed by a claim (a resume: a new lease, the recorded steps replayed)."""
+    parked_at_kill: int = 0
+    """Jobs asleep or waiting, parked by a worker, when that worker was SIGKILLed."""
+    parked_at_stop: int = 0
 
     @property
     def claim_bound_s(self) -> float:
@@ -170,6 +198,11 @@ class Summary:
             + ("yes" if not any(p.startswith(("I5", "I6")) for p in self.problems) else "NO"),
             f"  acknowledged fires in history: {self.acks} checked, "
             + ("all present" if not any(p.startswith("I8") for p in self.problems) else "SOME MISSING"),
+            f"  durable waits (W): {self.sleepers} jobs slept, {self.waiters} waited for a message "
+            f"({self.sends} sends, {self.sent_twice} sent twice with one key: one delivery each); {self.parks} parks, "
+            f"{self.replays} resumes; {self.parked_at_kill} jobs parked by a worker when it was SIGKILLed, "
+            f"{self.parked_at_stop} when it was SIGSTOPped: "
+            + ("each resumed, no W problem" if not any(p.startswith("W") for p in self.problems) else "PROBLEMS"),
             f"  store outages absorbed: {self.store_retries} handler retries logged, "
             f"{self.tick_failures} reaper ticks failed and were retried",
             f"  death -> reaped (I2): worst {_s(self.worst_reap_s)}, TTL + interval = {c.ttl + c.interval:.1f} s "
@@ -199,7 +232,12 @@ def _s(value: float | None) -> str:
 
 
 class Fleet:
-    """The worker and reaper processes, spawned from ``python -m tests.faults.proc``."""
+    """The worker and reaper processes, spawned from ``python -m tests.faults.proc``.
+
+    A paused worker is resumed (SIGCONT) by a thread of its own, on time whatever the main
+    loop is doing: on SQLite a worker stopped inside a write transaction keeps the
+    database's write lock, so any write of the main loop (a create, a send) waits for that
+    worker; were the SIGCONT sent by the main loop, the two would wait for each other."""
 
     def __init__(self, config: Config, url: str, directory: Path) -> None:
         self.config = config
@@ -210,13 +248,16 @@ class Fleet:
         self.stopped: dict[int, tuple[float, Death]] = {}  # index -> when to SIGCONT, the pause
         self.spawned = 0
         self.unexpected: list[str] = []
+        self._lock = threading.RLock()  # the processes and pauses, between the main loop and the resumer
+        self._done = threading.Event()
+        self._resumer: threading.Thread | None = None
 
     def _spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
         c = self.config
         argv = [sys.executable, "-m", "tests.faults.proc", role, self.url, str(self.dir), str(index)]
         argv += ["--ttl", str(c.ttl), "--interval", str(c.interval), "--poll", str(c.poll)]
         argv += ["--concurrency", str(c.concurrency), "--effects", str(c.effects)]
-        argv += ["--effect-ms", str(c.effect_ms), "--run-ms", str(c.run_ms)]
+        argv += ["--effect-ms", str(c.effect_ms), "--run-ms", str(c.run_ms), "--waits", str(c.waits)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
         stderr = open(self.dir / f"{role}{index}-{self.spawned}.err", "wb")  # noqa: SIM115 - the child owns it
         self.spawned += 1
@@ -226,12 +267,23 @@ class Fleet:
             stderr.close()
 
     def start(self) -> None:
-        self.reapers = [self._spawn("reaper", i) for i in range(self.config.reapers)]
-        for i in range(self.config.workers):
-            self.workers[i] = self._spawn("worker", i)
+        with self._lock:
+            self.reapers = [self._spawn("reaper", i) for i in range(self.config.reapers)]
+            for i in range(self.config.workers):
+                self.workers[i] = self._spawn("worker", i)
+        self._resumer = threading.Thread(target=self._resume_loop, name="faults-resumer", daemon=True)
+        self._resumer.start()
+
+    def _resume_loop(self) -> None:
+        while not self._done.wait(0.02):
+            self.resume_due(time.time())
 
     def check_alive(self) -> None:
         """A process that exited without being killed by us died of its own: a problem."""
+        with self._lock:
+            self._check_alive()
+
+    def _check_alive(self) -> None:
         for i, proc in list(self.workers.items()):
             if proc.poll() is not None:
                 self.unexpected.append(f"worker {i} (pid {proc.pid}) exited on its own with {proc.returncode}")
@@ -248,14 +300,19 @@ class Fleet:
             return False
 
     def resume_due(self, now: float) -> None:
-        for i, (due, death) in list(self.stopped.items()):
-            if now >= due:
-                os.kill(self.workers[i].pid, signal.SIGCONT)
-                death.resumed_at = time.time()
-                del self.stopped[i]
+        with self._lock:
+            for i, (due, death) in list(self.stopped.items()):
+                if now >= due:
+                    os.kill(self.workers[i].pid, signal.SIGCONT)
+                    death.resumed_at = time.time()
+                    del self.stopped[i]
 
     def chaos(self, rng: random.Random, deaths: list[Death]) -> None:
         """SIGKILL (and respawn) or SIGSTOP one random worker, leaving at least one working."""
+        with self._lock:
+            self._chaos(rng, deaths)
+
+    def _chaos(self, rng: random.Random, deaths: list[Death]) -> None:
         # only warmed-up workers (they have claimed something; one still starting holds
         # nothing), and at least one of them is left running: the bound measures how soon
         # the reaper and a live worker take over, not how long a respawn takes to start
@@ -264,7 +321,9 @@ class Fleet:
             return
         i = rng.choice(candidates)
         proc = self.workers[i]
-        if rng.random() < 0.5:
+        # the first action is a SIGKILL: every run kills a worker at least once (with jobs
+        # it parked asleep or waiting, as a rule, when --waits is on)
+        if not any(d.how == "kill" for d in deaths) or rng.random() < 0.5:
             proc.kill()
             deaths.append(Death(proc.pid, time.time(), "kill"))
             proc.wait()
@@ -276,11 +335,15 @@ class Fleet:
             self.stopped[i] = (time.time() + self.config.ttl + rng.uniform(0.3, 1.0), death)
 
     def stop(self) -> None:
-        for i, (_, death) in list(self.stopped.items()):
-            os.kill(self.workers[i].pid, signal.SIGCONT)
-            death.resumed_at = time.time()
-        self.stopped.clear()
-        everyone = [*self.workers.values(), *self.reapers]
+        self._done.set()
+        if self._resumer is not None:
+            self._resumer.join()
+        with self._lock:
+            for i, (_, death) in list(self.stopped.items()):
+                os.kill(self.workers[i].pid, signal.SIGCONT)
+                death.resumed_at = time.time()
+            self.stopped.clear()
+            everyone = [*self.workers.values(), *self.reapers]
         for proc in everyone:
             if proc.poll() is None:
                 proc.terminate()
@@ -331,6 +394,8 @@ def run(config: Config, *, out: Any = None) -> Summary:
     deaths: list[Death] = []
     outage: tuple[float, float] | None = None
     backlog = config.backlog or config.workers * config.concurrency
+    sends: list[tuple[float, str]] = []  # (when, job): the messages waiting jobs wait for
+    sent: dict[str, list[bool]] = defaultdict(list)
     say(f"[{config.store}] run dir {directory}")
     try:
         fleet.start()
@@ -351,10 +416,21 @@ def run(config: Config, *, out: Any = None) -> Summary:
                 break
             if created < config.jobs and counts.get("queued", 0) < backlog:
                 for _ in range(min(backlog, config.jobs - created)):
+                    entity_id = f"job-{created:06d}"
                     with contextlib.suppress(EntityExists):  # an ambiguous create, retried
-                        _retry(engine.create, f"job-{created:06d}")
+                        _retry(engine.create, entity_id)
                     created += 1
-            fleet.resume_due(now)
+                    if parks(entity_id, config.waits) == WAIT:
+                        first = time.time() + rng.uniform(0, config.send_within)
+                        sends.append((first, entity_id))
+                        if rng.random() < 1 / 3:  # again, with the same key: no second delivery
+                            sends.append((first + rng.uniform(0, 1.0), entity_id))
+            for due in [item for item in sends if item[0] <= now]:
+                sends.remove(due)
+                entity_id = due[1]
+                sent[entity_id].append(
+                    _retry(engine.send, entity_id, MESSAGE, payload_for(entity_id), idempotency_key=f"go-{entity_id}")
+                )
             fleet.check_alive()
             if final < 0.95 * config.jobs and now >= next_chaos:
                 fleet.chaos(rng, deaths)
@@ -380,6 +456,7 @@ def run(config: Config, *, out: Any = None) -> Summary:
         summary.stops = sum(d.how == "stop" for d in deaths)
         summary.problems += fleet.unexpected
         _analyse(engine, config, directory, deaths, outage, summary)
+        _analyse_waits(engine, config, directory, deaths, sent, summary)
         summary.startup_s = summary.first_claim_at - started if summary.first_claim_at else 0.0
         summary.elapsed_s = finished - (summary.first_claim_at or started)
     finally:
@@ -497,6 +574,10 @@ def _analyse(
                 continue  # reaped before the death (a paused holder, a store outage)
             if any(r.lease_token == token and r.target in FINALS for r in history):
                 continue  # it finished before the death; its log line did not make it
+            if _parked_under(engine, entity, token) and not any(
+                r.actor == "reaper" and _ts(r.at) > death.at for r in history
+            ):
+                continue  # it parked before the death (its log line did not make it): it held no lease
             death.held.append((entity, token))
             reaped = [_ts(r.at) for r in history if r.actor == "reaper" and _ts(r.at) > death.at]
             again = [t for t, tok, _ in entries if tok > token and t > death.at]
@@ -541,6 +622,117 @@ def _ts(at: datetime) -> float:
     return at.timestamp()
 
 
+def _steps(engine: Engine, entity_id: str) -> dict[str, Any]:
+    """The entity's durable-wait rows (steps and messages), by key."""
+    return {e.key: e for e in engine.store.effects(entity_id) if e.key.startswith(("fsm:step:", "fsm:msg:"))}
+
+
+def _parked_under(engine: Engine, entity_id: str, token: int) -> bool:
+    """Whether a holder with lease ``token`` recorded a sleep or a wait (and so may have parked)."""
+    return any(
+        e.lease_token == token and (e.key.startswith("fsm:step:sleep:") or e.key.endswith(":until"))
+        for e in _steps(engine, entity_id).values()
+    )
+
+
+def _analyse_waits(
+    engine: Engine,
+    config: Config,
+    directory: Path,
+    deaths: list[Death],
+    sent: dict[str, list[bool]],
+    summary: Summary,
+) -> None:
+    """The durable-wait checks (W) of the module doc."""
+    logs = _read_lines(directory)
+    got: dict[str, list[Any]] = defaultdict(list)
+    for _, (_, entity, _token, payload) in logs["got"]:
+        got[entity].append(json.loads(payload))
+    parked: dict[str, list[tuple[float, int]]] = defaultdict(list)  # entity -> (t, pid) of each park
+    for pid, (t, entity, _token, _step) in logs["parked"]:
+        parked[entity].append((float(t), pid))
+    claims: dict[str, list[float]] = defaultdict(list)
+    for _, (t, entity, _token, _state) in logs["claim"]:
+        claims[entity].append(float(t))
+    effect_runs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for _, (t, entity, key, _token) in logs["effect"]:
+        effect_runs[entity, key].append(float(t))
+    summary.parks = sum(len(p) for p in parked.values())
+    summary.sends = sum(len(s) for s in sent.values())
+    summary.sent_twice = sum(len(s) > 1 for s in sent.values())
+    for entity, results in sent.items():
+        if sum(results) > 1:
+            summary.problems.append(f"W3: a message to {entity} was sent as new {sum(results)} times with one key")
+    after: str | None = None
+    while True:
+        page = engine.entities(limit=1000, after_id=after)
+        if not page:
+            break
+        after = page[-1].id
+        for snap in page:
+            how = parks(snap.id, config.waits)
+            steps = _steps(engine, snap.id)
+            step_keys = sorted(k for k in steps if k.startswith("fsm:step:"))
+            messages = sorted(k for k in steps if k.startswith("fsm:msg:"))
+            if how is None:
+                if steps or got.get(snap.id) or parked.get(snap.id):
+                    summary.problems.append(f"W0: {snap.id} never waits, but has {sorted(steps)}")
+                continue
+            for t_park, pid in parked.get(snap.id, []):
+                if any(t > t_park for t in claims.get(snap.id, [])):
+                    summary.replays += 1
+                else:
+                    summary.problems.append(f"W4: {snap.id}, parked by pid {pid} at {t_park:.3f}, never resumed")
+            if how == SLEEP:
+                summary.sleepers += 1
+                _check_sleep(snap.id, snap.state, step_keys, steps, effect_runs, config, summary)
+            else:
+                summary.waiters += 1
+                expected = payload_for(snap.id)
+                if messages != [f"fsm:msg:{MESSAGE}:go-{snap.id}"]:
+                    summary.problems.append(f"W3: {snap.id} has message rows {messages}, expected one")
+                taken = steps.get("fsm:step:wait:1")
+                if snap.state == "completed" and (taken is None or taken.result.get("payload") != expected):
+                    summary.problems.append(f"W2: {snap.id} went on without its message: {taken}")
+                wrong = [p for p in got.get(snap.id, []) if p != expected]
+                if wrong:
+                    summary.problems.append(f"W2: {snap.id}'s wait returned {wrong}, expected {expected}")
+                if snap.state == "completed" and not got.get(snap.id):
+                    summary.problems.append(f"W2: {snap.id} completed, but no wait of it returned")
+    # jobs parked (and still parked) when the worker that parked them died (each resumed: W4 above)
+    for death in deaths:
+        for entity, entries in parked.items():
+            before = [t for t, pid in entries if pid == death.pid and t <= death.at]
+            if not before or any(before[-1] < t <= death.at for t in claims.get(entity, [])):
+                continue  # not parked by the dead worker, or resumed before the death
+            if death.how == "kill":
+                summary.parked_at_kill += 1
+            else:
+                summary.parked_at_stop += 1
+
+
+def _check_sleep(
+    entity_id: str,
+    state: str,
+    step_keys: list[str],
+    steps: dict[str, Any],
+    effect_runs: dict[tuple[str, str], list[float]],
+    config: Config,
+    summary: Summary,
+) -> None:
+    """A sleeping job recorded one sleep, and nothing after it ran before its wake time."""
+    sleep = steps.get("fsm:step:sleep:1")
+    if state == "completed" and step_keys != ["fsm:step:sleep:1"]:
+        summary.problems.append(f"W1: {entity_id} completed with steps {step_keys}, expected one sleep")
+    if sleep is None:
+        return
+    until = datetime.fromisoformat(sleep.result["until"]).astimezone(UTC).timestamp()
+    for i in range(1, config.effects):
+        early = [t for t in effect_runs.get((entity_id, f"effect-{i}"), []) if t < until]
+        if early:
+            summary.problems.append(f"W1: {entity_id} ran effect-{i} {until - min(early):.3f} s before its wake time")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=["sqlite", "postgres", "both"], default="both")
@@ -549,11 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--allowance", type=float)
+    parser.add_argument("--waits", type=float, help="the fraction of jobs that park (0.3; 0: none)")
     args = parser.parse_args(argv)
     failed = False
     for store in ["sqlite", "postgres"] if args.store == "both" else [args.store]:
         config = Config.long(store) if args.long else Config.short(store)
-        for name in ("jobs", "workers", "seed", "allowance"):
+        for name in ("jobs", "workers", "seed", "allowance", "waits"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         summary = run(config, out=sys.stdout)

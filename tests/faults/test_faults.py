@@ -1,5 +1,6 @@
 """The fault suite with real processes (see :mod:`tests.faults.run`), on SQLite and on a
-private PostgreSQL server that it stops and restarts.
+private PostgreSQL server that it stops and restarts; a fraction of the jobs park on the
+way (``job.sleep``, ``job.wait_for`` a message the runner sends), across the kills too.
 
 The short version runs in the default suite; ``FSM_FAULTS=long pytest tests/faults -s -n 0``
 runs the long one (thousands of jobs), as does ``python -m tests.faults.run --long``.
@@ -56,5 +57,6 @@ def test_workers_and_reapers_survive_kills_pauses_and_a_server_restart(
     assert not summary.problems, summary.text()
     assert sum(n for s, n in summary.states.items() if s in {"completed", "failed"}) == config.jobs
     assert summary.kills + summary.stops > 0, "the chaos loop did nothing"
+    assert summary.parks > 0 and summary.replays == summary.parks, "no job parked, or one never resumed"
     if store == "postgres":
         assert summary.server_restart_s is not None
