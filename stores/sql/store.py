@@ -57,10 +57,10 @@ from fsm.errors import (
 )
 from fsm.limits import check_id, check_new_entity, check_transition_write, text_problem
 from fsm.records import (
+    HeldBy,
     HistoryRecord,
     LeaseChange,
     NewEntity,
-    HeldBy,
     NewerSibling,
     Snapshot,
     TimerMode,
