@@ -49,7 +49,7 @@ from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
 from fsm.timers import check_after, format_delay, timer_guard, timer_guard_name
-from fsm.unsupported import refuse_unsupported
+from fsm.unsupported import declared_delays, refuse_unsupported
 
 FINALIZING = "finalizing"
 
@@ -220,6 +220,7 @@ class LifecycleMeta(StateMachineMetaclass):
     guards: dict[str, Guard]
     kind: str
     table: CompiledTable
+    delays: dict[str, timedelta]
 
     def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:  # noqa: N805
         try:
@@ -234,6 +235,7 @@ class LifecycleMeta(StateMachineMetaclass):
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        cls.delays = declared_delays(cls)
         # what each (shared) State object held at creation: a refused subclass that appended
         # transitions to them is rolled back to this
         cls._declared_transitions = {
@@ -325,6 +327,9 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     finalizing_state: ClassVar[str] = FINALIZING
     guards: ClassVar[dict[str, Guard]]
     table: ClassVar[CompiledTable]
+    delays: ClassVar[dict[str, timedelta]] = {}
+    """Events declared with python-statemachine's ``delay=`` (id -> delay): fired with
+    ``Engine.fire_later``, whose default delay it is."""
 
     def __init__(
         self,

@@ -11,7 +11,9 @@ declared and what to write instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 from statemachine import HistoryState, State
@@ -22,6 +24,7 @@ from statemachine.transition import Transition
 
 from fsm.errors import InvalidDefinition
 from fsm.guards import Guard
+from fsm.limits import MAX_DURATION
 
 CALLBACK_ADVICE = (
     "the engine commits transitions without running python-statemachine callbacks. "
@@ -115,6 +118,12 @@ def refuse_flags(name: str, cls: Any) -> None:
         )
 
 
+def declared_delays(cls: Any) -> dict[str, timedelta]:
+    """Event id -> the delay it is declared with (``Event(..., delay=ms)``): python-statemachine
+    queues such an event to fire later; the engine fires it with ``fire_later``."""
+    return {event_id: timedelta(milliseconds=event.delay) for event_id, event in _event_ids(cls).items() if event.delay}
+
+
 def _event_ids(cls: Any) -> dict[str, Event]:
     found: dict[str, Event] = {str(e): e for e in cls._events}
     for t in _transitions(cls):
@@ -145,11 +154,15 @@ def refuse_events(name: str, cls: Any, guards: Mapping[str, Guard], framework: f
                 "descriptors by dotted prefix ('error' also fires on 'error.timeout', 'error.*' on any "
                 "'error.' event), the compiled table matches names exactly; use a name without dots"
             )
-        if event.delay:
+        if event.delay and (
+            isinstance(event.delay, bool)
+            or not isinstance(event.delay, int | float)
+            or not math.isfinite(event.delay)
+            or not 1 <= event.delay <= MAX_DURATION.total_seconds() * 1000
+        ):
             raise InvalidDefinition(
-                f"{name}: event {event_id!r} has delay={event.delay!r}, which is not supported: the engine "
-                "fires an event when it is called.  For a transition that fires once the entity has stayed "
-                "in a state that long, declare it with reaper(..., after=timedelta(...))"
+                f"{name}: event {event_id!r} has delay={event.delay!r}: a delay is a number of milliseconds "
+                f"from 1 to {MAX_DURATION.days} days"
             )
         if event_id in framework:
             raise InvalidDefinition(

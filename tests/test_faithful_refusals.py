@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -140,8 +141,14 @@ def test_error_and_done_routing_names_are_refused(attr: str) -> None:
     )
 
 
-def test_delayed_event_is_refused() -> None:
-    _refused("event 'later' has delay=5", lambda a: {"later": Event(worker(a["active"].to(a["failed"])), delay=5)})
+def test_delayed_event_is_accepted_and_a_nonsense_delay_refused() -> None:
+    lifecycle = _declare(lambda a: {"later": Event(worker(a["queued"].to(a["failed"])), delay=5)})
+    assert lifecycle.delays == {"later": timedelta(milliseconds=5)}  # fired with fire_later
+    for delay in (-5, float("nan"), float("inf")):
+        _refused(
+            "event 'later' has delay=.*a delay is a number of milliseconds",
+            lambda a, delay=delay: {"later": Event(worker(a["queued"].to(a["failed"])), delay=delay)},
+        )
 
 
 # -- callbacks ------------------------------------------------------------------------------

@@ -117,6 +117,7 @@ class Engine(EngineWork):
         self.policy: Policy = policy or lifecycle.policy
         self.owner: str = new_owner_id() if owner is None else text("owner", owner)
         self._events = frozenset(self.table.events)
+        self._delays = dict(getattr(lifecycle, "delays", {}))
         # (leaf, event, actor) -> the branch taken without judging anything: the actor's
         # first branch when it has no guards (choose() would return it); the hot path's lookup
         # and the branch taken by a caller whose lease the engine just matched to the row,
@@ -341,6 +342,8 @@ class Engine(EngineWork):
             text("owner", owner)
         if fence is not None and not isinstance(fence, HeldBy):
             raise InvalidArgument(f"fence must be a HeldBy, not {type(fence).__name__}")
+        if fence is None and self._delays:
+            self.refuse_delayed(event)  # a delivery (fenced) fires it
         try:
             if idempotency_key is None:
                 return self._fire(entity_id, event, actor, lease, None, reason, data, owner, held, extra, fence=fence)
@@ -362,6 +365,16 @@ class Engine(EngineWork):
             if lease is not None:
                 self._lease_lost(lease, err, "fire", event)
             raise
+
+    def refuse_delayed(self, event: str) -> None:
+        """An event declared with ``delay=`` is fired later, never at once: ``InvalidArgument``
+        pointing at :meth:`fire_later` (python-statemachine queues it for its delay)."""
+        delay = self._delays.get(event)
+        if delay is not None:
+            raise InvalidArgument(
+                f"event {event!r} of {self.kind} is declared with delay={delay.total_seconds() * 1000:g} ms: "
+                f"fire it with fire_later(entity, {event!r}), which waits the declared delay"
+            )
 
     def fire_many(self, items: Sequence[Fire]) -> list[Fired]:
         """Fire many events, each from the snapshot its caller holds (``Fire(entity, event,

@@ -62,6 +62,7 @@ def fire_many(
         _held(item.entity)
         if event_arg(item.event) not in engine._events:
             raise UnknownEvent(item.event, lifecycle=engine.kind, known=list(engine.table.events))
+        engine.refuse_delayed(item.event)
         if item.data is not None:
             check_arguments(None, None, item.data)
         if item.lease is not None:

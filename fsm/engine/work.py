@@ -281,12 +281,19 @@ class EngineWork(EngineLeases):
         lifecycle's reaper fires it if the chart still allows it, else drops it with the
         refusal as its recorded reason (:mod:`fsm.engine.later`; both fenced).  An event
         that needs the caller's lease (``holds_lease``) cannot be fired later: it would be
-        refused.  Returns the :class:`~fsm.engine.later.Delayed` request."""
+        refused.  An event declared with python-statemachine's ``delay=`` is fired this way
+        only, after its declared delay unless ``after`` or ``at`` says otherwise (when it is
+        due it fires if the chart allows it, as python-statemachine processes it then, and is
+        dropped with the refusal otherwise).  Returns the :class:`~fsm.engine.later.Delayed`
+        request."""
         if event_arg(event) not in self.table.events:
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         who = actor_arg(actor) if not isinstance(actor, Actor) else actor
         check_arguments(reason, idempotency_key, data)
         self.get(text("entity_id", entity_id))  # of this lifecycle: UnknownEntity otherwise
+        declared = self.lifecycle.delays.get(event)
+        if after is None and at is None and declared is not None:
+            after = declared  # an event declared with delay=: python-statemachine's own delay
         due = check_due(after, at, self.clock.now())
         wanted = new_delayed(
             self.kind,
