@@ -35,6 +35,7 @@ from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
 from fsm.engine.result import FireResult
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
+from fsm.engine.timers import DueTimer, timers_after
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
@@ -365,6 +366,12 @@ class Engine(EngineWork):
             if lease is not None:
                 self._lease_lost(lease, err, "fire", event)
             raise
+
+    def timers_after(self, record: HistoryRecord) -> tuple[DueTimer, ...] | None:
+        """What a committed transition (a :meth:`watch` entry's ``record``) did to the
+        entity's timers: the ones it started, with their due times; ``()`` when it stopped
+        them; ``None`` when it kept them running (see :mod:`fsm.engine.timers`)."""
+        return timers_after(self.table, record)
 
     def refuse_delayed(self, event: str) -> None:
         """An event declared with ``delay=`` is fired later, never at once: ``InvalidArgument``

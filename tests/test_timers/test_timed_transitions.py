@@ -11,6 +11,7 @@ from async_support import every_face  # noqa: F401 - any_store: every store, syn
 from conftest import SqlTarget
 
 from fsm import Engine, ManualClock
+from fsm.engine.timers import DueTimer
 from fsm.reaping import Reaper
 from fsm.records import Lease, TimerMode
 from stores import Store
@@ -241,3 +242,25 @@ def test_a_read_first_fire_that_loses_a_race_is_judged_on_the_winner(clock: Manu
     with pytest.raises(TransitionNotAllowed):
         Engine(Approval, store, clock=clock).fire("a1", "cancel")
     assert raced == ["a1"] and [h.event for h in store.history("a1")] == ["cancel"]
+
+
+def test_a_feed_consumer_learns_each_timer_from_the_entries(any_store: Store, clock: ManualClock) -> None:
+    """``engine.watch`` entries carry transitions; ``timers_after`` says what each did to the
+    timers: started (with due times), stopped, or kept running."""
+    engine = Engine(Approval, any_store, clock=clock, owner="w1")
+    head = any_store.feed_head()
+    engine.create("a1")
+    clock.advance(timedelta(minutes=5))
+    (started,) = engine.claim(1)  # waiting -> running: enters ``active``, starts its deadline
+    assert started.lease is not None
+    moved = engine.fire("a1", "finish", lease=started.lease)  # a move inside ``active``: kept
+    assert moved.lease is not None
+    engine.fire("a1", "succeed", lease=moved.lease)  # out of every timed state: stopped
+    entries = list(engine.watch(head, timeout=0))
+    told = [(e.record.event, engine.timers_after(e.record)) for e in entries]
+    start_at = entries[0].record.at
+    assert told == [
+        ("start", (DueTimer("deadline", start_at + timedelta(minutes=90), "active", timedelta(minutes=90)),)),
+        ("finish", None),
+        ("succeed", ()),
+    ]
