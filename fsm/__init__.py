@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fsm._version import __version__ as __version__
 from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.errors import (
+    ActiveDuplicate,
     ConditionFailed,
     ConfigError,
     ConstraintViolated,
@@ -106,6 +107,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ActiveDuplicate",
     "Actor",
     "AsyncEngine",
     "AsyncLeaseKeeper",

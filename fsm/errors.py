@@ -215,6 +215,17 @@ class ConditionFailed(FsmError):
         super().__init__(f"entity {entity_id!r}: {condition!r} no longer held at commit")
 
 
+class ActiveDuplicate(EntityExists):
+    """A create unique while active found a live, not final entity with the same key
+    (``existing``): nothing was created."""
+
+    def __init__(self, entity_id: str, *, key: str, existing: str) -> None:
+        super().__init__(entity_id)
+        self.key = key
+        self.existing = existing
+        self.args = (f"entity {existing!r} with key {key!r} is active: {entity_id!r} was not created",)
+
+
 class IdempotencyKeyReused(FsmError):
     """An idempotency key was already used on this entity for another event."""
 
@@ -259,6 +270,7 @@ class StoreUnavailable(FsmError):
 
 
 __all__ = [
+    "ActiveDuplicate",
     "ConditionFailed",
     "ConfigError",
     "ConstraintViolated",

@@ -279,6 +279,15 @@ def check_new_entity(entity: object) -> NewEntity:
     check_run_after(entity.run_after)
     if entity.arm_timer is not True and entity.arm_timer is not False:
         raise InvalidArgument(f"NewEntity.arm_timer must be True or False, not {_shown(entity.arm_timer)}")
+    if entity.unique_finals is not None:
+        if entity.concurrency_key is None:
+            raise InvalidArgument("a create unique while active needs a concurrency_key (the key it is unique by)")
+        if not isinstance(entity.unique_finals, tuple) or not 1 <= len(entity.unique_finals) <= 64:
+            raise InvalidArgument(
+                f"NewEntity.unique_finals must be a tuple of final states, not {_shown(entity.unique_finals)}"
+            )
+        for state in entity.unique_finals:
+            check_id("final state", state)
     return entity
 
 

@@ -282,6 +282,10 @@ class NewEntity:
     ``None`` (due at once)."""
     arm_timer: bool = False
     """The initial state is timed: ``timer_since`` starts at the creation time."""
+    unique_finals: tuple[str, ...] | None = None
+    """Unique while active: create nothing while a live entity of this kind with the same
+    ``concurrency_key`` is in a state other than these (the lifecycle's final states);
+    ``None``: no such check."""
 
 
 # -- data changes a transition declares ----------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from fsm.clock import Clock, SystemClock, read_clock
 from fsm.errors import (
+    ActiveDuplicate,
     ConditionFailed,
     ConfigError,
     EntityExists,
@@ -162,6 +163,10 @@ class MemoryStore(LedgerRun, MemoryRetention):
         with self._lock:
             if entity.id in self._rows:
                 raise EntityExists(entity.id)
+            if entity.unique_finals is not None:
+                active = self._active_duplicate(entity)
+                if active is not None:
+                    raise ActiveDuplicate(entity.id, key=str(entity.concurrency_key), existing=active)
             now = self.now()
             row = Snapshot(
                 id=entity.id,
@@ -185,6 +190,15 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 self._by_concurrency_key.setdefault((entity.kind, entity.concurrency_key), []).append(entity.id)
             return row
 
+    def _active_duplicate(self, entity: NewEntity) -> str | None:
+        """The id of a live entity of ``entity``'s kind and key in a state that is not final."""
+        finals = set(entity.unique_finals or ())
+        for other_id in self._by_concurrency_key.get((entity.kind, str(entity.concurrency_key)), []):
+            other = self._rows.get(other_id)
+            if other is not None and not other.deleted and other.state not in finals:
+                return other_id
+        return None
+
     def create_many(self, entities: Sequence[NewEntity]) -> list[Snapshot]:
         """See :meth:`stores.Store.create_many`: every id checked under the lock first,
         so a conflict writes nothing."""
@@ -195,9 +209,16 @@ class MemoryStore(LedgerRun, MemoryRetention):
         if any(e.columns for e in batch):
             raise InvalidArgument("the memory store has no application table: it takes no columns")
         with self._lock:
+            keys: dict[tuple[str, str], str] = {}
             for entity in batch:
                 if entity.id in self._rows:
                     raise EntityExists(entity.id)
+                if entity.unique_finals is not None:  # all or nothing: judged before any insert
+                    key = (entity.kind, str(entity.concurrency_key))
+                    active = keys.get(key) or self._active_duplicate(entity)
+                    if active is not None:
+                        raise ActiveDuplicate(entity.id, key=key[1], existing=active)
+                    keys[key] = entity.id
             made = [self._insert(entity, checked=True) for entity in batch]
         for kind in {e.kind for e in batch}:
             self._notices.notify(channel("", kind))

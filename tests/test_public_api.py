@@ -22,6 +22,7 @@ FSM_API = {
     "EffectFailed",
     "EffectRecord",
     "Engine",
+    "ActiveDuplicate",
     "EntityExists",
     "EntityMovedOn",
     "Fenced",

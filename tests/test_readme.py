@@ -55,6 +55,7 @@ RUNS = {
     "# approvals_service.py": "test_the_durable_wait_block_runs",
     "# schedules.py": "test_the_schedules_block_runs",
     "# later.py": "test_the_delayed_fire_block_runs",
+    "# unique.py": "test_the_unique_block_runs",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
@@ -274,3 +275,11 @@ def test_the_delayed_fire_block_runs(tmp_path: Path) -> None:
     summary, states = done.stdout.splitlines()[-2:]
     assert "delayed job.dropped=1, job.fired=1" in summary
     assert states.startswith("fired / TransitionNotAllowed:")
+
+
+def test_the_unique_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "unique.py"
+    script.write_text(block_starting("# unique.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused: active run-1", "run-1", "run-4"]

@@ -40,6 +40,7 @@ from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
 from fsm.engine.work import EngineWork
 from fsm.engine.writes import write_for
 from fsm.errors import (
+    ActiveDuplicate,
     ConditionFailed,
     ConfigError,
     EntityExists,
@@ -190,8 +191,18 @@ class Engine(EngineWork):
         concurrency_key: str | None = None,
         columns: Mapping[str, Any] | None = None,
         run_after: datetime | timedelta | None = None,
+        unique: bool = False,
+        if_active: str = "raise",
     ) -> Snapshot:
         """Create an entity in the lifecycle's initial state; ``data`` is validated first.
+
+        ``unique=True``: unique while active, by ``concurrency_key`` (required then): while
+        a live entity of this lifecycle with that key is in a state that is not final,
+        nothing is created and, by ``if_active``, ``ActiveDuplicate`` (an ``EntityExists``
+        naming the active one, ``"raise"``) is raised or the active entity returned
+        (``"return"``).  Checked in the insert itself (PostgreSQL: creates of one key take
+        an advisory lock in turn), so two concurrent creates never both land; only creates
+        that ask for it are checked.
 
         ``run_after``: when the entity becomes due, an aware time or a delay from the
         store's now; a claim takes it no earlier (default: at once).
@@ -201,20 +212,32 @@ class Engine(EngineWork):
         """
         entity_id = new_id() if entity_id is None else text("entity_id", entity_id)
         optional_text("concurrency_key", concurrency_key)
+        if unique is not True and unique is not False:
+            raise InvalidArgument(f"unique must be True or False, not {type(unique).__name__}")
+        if if_active not in ("raise", "return"):
+            raise InvalidArgument(f"if_active must be 'raise' or 'return', not {str(if_active)[:40]!r}")
+        if unique and concurrency_key is None:
+            raise InvalidArgument("create(unique=True) needs a concurrency_key: the key it is unique by")
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
-        return self.store.create(
-            NewEntity(
-                id=entity_id,
-                kind=self.kind,
-                state=self.table.initial,
-                concurrency_key=concurrency_key,
-                data=clean,
-                columns=None if columns is None else _columns(columns),
-                run_after=check_run_after(run_after),
-                arm_timer=self.table.arms_on_create(),
+        try:
+            return self.store.create(
+                NewEntity(
+                    id=entity_id,
+                    kind=self.kind,
+                    state=self.table.initial,
+                    concurrency_key=concurrency_key,
+                    data=clean,
+                    columns=None if columns is None else _columns(columns),
+                    run_after=check_run_after(run_after),
+                    arm_timer=self.table.arms_on_create(),
+                    unique_finals=tuple(sorted(self.table.finals)) if unique else None,
+                )
             )
-        )
+        except ActiveDuplicate as err:
+            if if_active == "return":
+                return self.store.get(err.existing)
+            raise
 
     def create_many(
         self,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from fsm.errors import ConstraintViolated, EntityExists
+from fsm.errors import ActiveDuplicate, ConstraintViolated, EntityExists
 from fsm.limits import check_new_entities
 from fsm.records import NewEntity, Snapshot
 from stores.sql.children import split_data
@@ -133,6 +133,7 @@ class CreateOps(WakeOps):
             or self._children
             or any(e.columns or e.run_after is not None for e in batch)
             or len({e.arm_timer for e in batch}) > 1
+            or any(e.unique_finals is not None for e in batch)
         ):
             return self._create_each(list(batch))
         now = self._now()
@@ -279,9 +280,20 @@ class CreateOps(WakeOps):
                 extra: tuple[str, ...] = ()
                 if entity.columns:
                     extra = self._column_params(entity.columns, params)  # type: ignore[attr-defined]
-                sql = self._sql.create(extra, due, entity.arm_timer)
+                unique = entity.unique_finals is not None
+                if unique:
+                    params["finals"] = self._f.ids(entity.unique_finals or ())
+                    if not self._sqlite:  # see SqlStore._create_unique_pg
+                        lock = f"{self.table_prefix}{entity.kind}:{entity.concurrency_key}"
+                        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))", {"lock": lock})
+                sql = self._sql.create(extra, due, entity.arm_timer, unique)
                 rows = self._write_children(cur, sql, params, entity.id, children)  # type: ignore[attr-defined]
                 if not rows:
+                    if unique:
+                        cur.execute(self._sql.active_duplicate(self._sql.L.ref("id", "u")) + " LIMIT 1", params)
+                        found = cur.fetchall()
+                        if found:
+                            raise ActiveDuplicate(entity.id, key=str(entity.concurrency_key), existing=found[0][0])
                     raise EntityExists(entity.id)
                 made.append(snapshot_of(rows[0]))
 

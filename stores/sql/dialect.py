@@ -447,12 +447,12 @@ class Statements:
         self._shapes[key] = found
         return found
 
-    def create(self, extra: Sequence[str], due: str | None = None, arm: bool = False) -> str:
+    def create(self, extra: Sequence[str], due: str | None = None, arm: bool = False, unique: bool = False) -> str:
         """Insert at version 0, or nothing when the id exists (``ON CONFLICT DO NOTHING``).
 
         ``due``: how the due time is given: ``None`` (now), ``"at"`` (the ``due``
         parameter, a time) or ``"in"`` (now plus the ``due`` parameter)."""
-        key = ("create", tuple(extra), due, arm)
+        key = ("create", tuple(extra), due, arm, unique)
         found: str | None = self._shapes.get(key)
         if found is not None:
             return found
@@ -471,12 +471,27 @@ class Statements:
         for i, name in enumerate(extra):
             cols.append(name)
             values.append(f.p(f"x{i}"))
+        rows = f"VALUES ({', '.join(values)})"
+        if unique:  # unique while active: no live entity of the kind and key outside a final state
+            rows = f"SELECT {', '.join(values)} WHERE NOT EXISTS ({self.active_duplicate('1')})"
         found = (
-            f"INSERT INTO {self.E} AS e ({', '.join(cols)}) VALUES ({', '.join(values)}) "
+            f"INSERT INTO {self.E} AS e ({', '.join(cols)}) {rows} "
             f"ON CONFLICT ({c['id']}) DO NOTHING RETURNING {self.cols('e' if self.pg else '')}"
         )
         self._shapes[key] = found
         return found
+
+    def active_duplicate(self, what: str) -> str:
+        """``SELECT {what}`` of the live entities of kind ``:kind`` and concurrency key
+        ``:ck`` in a state that is not among ``:finals`` (the siblings index's prefix)."""
+        lay, f = self.L, self.f
+        # varchar, as the insert's select list takes them (PostgreSQL deduces one type a parameter)
+        kind, key = (f"CAST({f.p(n)} AS VARCHAR)" for n in ("kind", "ck"))
+        return (
+            f"SELECT {what} FROM {self.E} AS u WHERE {lay.ref('kind', 'u')} = {kind} "
+            f"AND {lay.ref('concurrency_key', 'u')} = {key} AND NOT {lay.ref('deleted', 'u')} "
+            f"AND NOT ({f.in_ids(lay.ref('state', 'u'), 'finals')})"
+        )
 
     def acquire(self, budget: bool) -> str:
         """Take a free or expired lease: token + 1, expiry capped by the state's budget."""

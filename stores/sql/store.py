@@ -41,6 +41,7 @@ import sqlalchemy as sa
 
 from fsm.clock import Clock
 from fsm.errors import (
+    ActiveDuplicate,
     ConditionFailed,
     ConfigError,
     ConstraintViolated,
@@ -433,22 +434,51 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
-        sql = self._sql.create(extra, due, entity.arm_timer)
+        unique = entity.unique_finals is not None
+        if unique:
+            params["finals"] = self._f.ids(entity.unique_finals or ())
+        sql = self._sql.create(extra, due, entity.arm_timer, unique)
         if not self._sqlite:  # the wake-up rides in the insert: sent only if it commits
             sql = self._with_notify(sql)
             params["ntf"] = self._channel(entity.kind)
         try:
-            rows = self._write(sql, params, entity.id, children)
+            if unique and not self._sqlite:
+                rows = self._create_unique_pg(sql, params, entity, children)
+            else:  # SQLite: one writer at a time, so the insert's own NOT EXISTS is exact
+                rows = self._write(sql, params, entity.id, children)
         except self._integrity as err:
             raise ConstraintViolated(
                 entity.id,
                 detail=f"{reason_of(err)} (a column of the table that the store does not fill: pass it in columns=)",
             ) from err
         if not rows:
+            if unique:
+                found = self._run(self._sql.active_duplicate(self._sql.L.ref("id", "u")) + " LIMIT 1", params)
+                if found:
+                    raise ActiveDuplicate(entity.id, key=str(entity.concurrency_key), existing=found[0][0])
             raise EntityExists(entity.id)
         made = self._attach([snapshot_of(rows[0])])[0]
         self._created_notices({entity.kind}, sent=entity.kind)
         return made
+
+    def _create_unique_pg(
+        self, sql: str, params: dict[str, Any], entity: NewEntity, children: dict[str, Any]
+    ) -> list[Any]:
+        """PostgreSQL: a create unique while active, in a transaction that first takes an
+        advisory lock on its kind and key: concurrent creates of one key run one after the
+        other, and each insert's ``NOT EXISTS`` (its snapshot taken after the lock) sees the
+        one committed before it."""
+        slot = self._conns.slot()
+        cur = slot.cursor
+        lock = f"{self.table_prefix}{entity.kind}:{entity.concurrency_key}"
+        try:
+            with slot.conn.transaction():
+                cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))", {"lock": lock})
+                return self._write_children(cur, sql, params, entity.id, children)
+        except self._integrity:
+            raise
+        except self._errors as err:
+            raise unavailable(err, self._conns, entity.id) from err
 
     def _column_params(self, columns: dict[str, Any], params: dict[str, Any]) -> tuple[str, ...]:
         """The quoted names of a bound table's own columns, their values bound as ``x0``..."""
