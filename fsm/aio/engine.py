@@ -133,10 +133,18 @@ class AsyncEngine:
         data: Mapping[str, Any] | None = None,
         concurrency_key: str | None = None,
         run_after: datetime | timedelta | None = None,
+        unique: bool = False,
+        if_active: str = "raise",
     ) -> Snapshot:
         """See :meth:`fsm.Engine.create`."""
         return await self._call(
-            self.sync.create, entity_id, data=data, concurrency_key=concurrency_key, run_after=run_after
+            self.sync.create,
+            entity_id,
+            data=data,
+            concurrency_key=concurrency_key,
+            run_after=run_after,
+            unique=unique,
+            if_active=if_active,
         )
 
     async def create_many(

@@ -121,3 +121,19 @@ def test_concurrent_unique_creates_land_exactly_one(sql_target: SqlTarget) -> No
             close = getattr(s, "close", None)
             if close is not None:
                 close()
+
+
+def test_the_async_engine_creates_unique_while_active() -> None:
+    import asyncio
+
+    from fsm import AsyncEngine
+    from stores.aio import AsyncMemoryStore
+
+    async def scenario() -> None:
+        pipelines = AsyncEngine(PipelineLifecycle, AsyncMemoryStore())
+        first = await pipelines.create("p1", concurrency_key="k", unique=True)
+        with pytest.raises(ActiveDuplicate):
+            await pipelines.create("p2", concurrency_key="k", unique=True)
+        assert await pipelines.create("p3", concurrency_key="k", unique=True, if_active="return") == first
+
+    asyncio.run(scenario())
