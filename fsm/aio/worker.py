@@ -170,12 +170,12 @@ class AsyncJob(HeldEntity):
             return payload
         if default is not MISSING:
             return default
-        raise WaitTimedOut(self.id, name=message, step=f"wait {self._durable().counts['wait']}")
+        raise WaitTimedOut(self.id, name=message, step=f"wait {self._durable().count('wait')} of {self.state}")
 
     def _durable(self) -> Steps:
         steps: Steps | None = getattr(self, "_steps", None)
         if steps is None:
-            steps = self._steps = Steps(self.engine.sync, self.id, self.held.check)
+            steps = self._steps = Steps(self.engine.sync, self.id, self.held.check, lambda: self.snapshot.state)
         return steps
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.errors import InvalidArgument
+from fsm.errors import FsmError, InvalidArgument
 from fsm.limits import MAX_DURATION, check_id
 from fsm.records import EFFECT_SUCCEEDED, MESSAGE_KEY_PREFIX, STEP_KEY_PREFIX, EffectRecord, Lease
 
@@ -50,9 +50,11 @@ SLEEP, WAIT = "sleep", "wait"
 MISSING: Any = object()
 
 
-def step_key(kind: str, n: int) -> str:
-    """The ledger key of a handler's ``n``-th step of ``kind`` (``fsm:step:sleep:1``)."""
-    return f"{STEP_KEY_PREFIX}{kind}:{n}"
+def step_key(kind: str, n: int, state: str) -> str:
+    """The ledger key of the ``n``-th step of ``kind`` that the handler of ``state`` reaches
+    (``fsm:step:running:sleep:1``): each state's handler numbers its own steps, so a
+    finalizer resumed by a new claim never reads the steps of the handler before it."""
+    return f"{STEP_KEY_PREFIX}{state}:{kind}:{n}"
 
 
 def check_duration_arg(name: str, value: object, *, optional: bool = False) -> timedelta | None:
@@ -79,16 +81,22 @@ def _time(text: str) -> datetime:
 class Steps:
     """The durable steps of one handler run over a sync engine: numbered as reached."""
 
-    def __init__(self, engine: Any, entity_id: str, lease: Callable[[], Lease]) -> None:
+    def __init__(self, engine: Any, entity_id: str, lease: Callable[[], Lease], state: Callable[[], str]) -> None:
         self.engine = engine
         self.store = engine.store
         self.entity_id = entity_id
+        self.state = state
         self.lease = lease
-        self.counts = {SLEEP: 0, WAIT: 0}
+        self.counts: dict[tuple[str, str], int] = {}
 
     def _next(self, kind: str) -> str:
-        self.counts[kind] += 1
-        return step_key(kind, self.counts[kind])
+        state = self.state()
+        n = self.counts[(state, kind)] = self.counts.get((state, kind), 0) + 1
+        return step_key(kind, n, state)
+
+    def count(self, kind: str) -> int:
+        """How many steps of ``kind`` the current state's handler has reached."""
+        return self.counts.get((self.state(), kind), 0)
 
     def _record(self, key: str, result: Any) -> EffectRecord:
         lease = self.lease()
@@ -122,6 +130,8 @@ class Steps:
         key = self._next(WAIT)
         record = self.store.effect(self.entity_id, key)
         if record is not None:
+            if record.result.get("name", name) != name:  # the handler reached another wait here
+                raise ReplayMismatch(self.entity_id, step=key, recorded=record.result["name"], now=name)
             return _outcome(record)
         now = self.engine.clock.now()
         deadline = self.store.effect(self.entity_id, key + ":until")
@@ -131,9 +141,10 @@ class Steps:
         until = _time(deadline.result["until"])
         message = self._message(name)
         if message is not None:
-            return _outcome(self._record(key, {"message": message.key, "payload": message.result["payload"]}))
+            taken = {"message": message.key, "payload": message.result["payload"], "name": name}
+            return _outcome(self._record(key, taken))
         if now >= until:
-            return _outcome(self._record(key, {"timed_out": True}))
+            return _outcome(self._record(key, {"timed_out": True, "name": name}))
         parked = self._park(until, key)
         if self._message(name) is not None:  # sent between the read above and the park
             self.store.wake(self.entity_id)
@@ -145,12 +156,25 @@ class Steps:
         taken = {
             e.result.get("message")
             for e in effects
-            if e.key.startswith(STEP_KEY_PREFIX + WAIT) and isinstance(e.result, dict)
+            if e.key.startswith(STEP_KEY_PREFIX) and f":{WAIT}:" in e.key and isinstance(e.result, dict)
         }
         prefix = f"{MESSAGE_KEY_PREFIX}{name}:"
         waiting = [e for e in effects if e.key.startswith(prefix) and e.key not in taken]
         waiting.sort(key=lambda e: (e.recorded_at.timestamp() if e.recorded_at else 0.0, e.key))
         return waiting[0] if waiting else None
+
+
+class ReplayMismatch(FsmError):
+    """A replayed handler reached a recorded step with another meaning (a wait for another
+    message name): the code between recorded steps is not deterministic."""
+
+    def __init__(self, entity_id: str, *, step: str, recorded: str, now: str) -> None:
+        self.entity_id = entity_id
+        self.step = step
+        super().__init__(
+            f"entity {entity_id!r}: step {step} recorded a wait for {recorded!r}, the replay waits for {now!r}: "
+            "the handler's code between recorded steps must be deterministic"
+        )
 
 
 def _outcome(record: EffectRecord) -> tuple[bool, Any]:
@@ -168,4 +192,13 @@ def check_message_name(name: object) -> str:
     return text
 
 
-__all__ = ["FOREVER", "MISSING", "Parked", "Steps", "check_duration_arg", "check_message_name", "step_key"]
+__all__ = [
+    "FOREVER",
+    "MISSING",
+    "Parked",
+    "ReplayMismatch",
+    "Steps",
+    "check_duration_arg",
+    "check_message_name",
+    "step_key",
+]

@@ -630,7 +630,7 @@ def _steps(engine: Engine, entity_id: str) -> dict[str, Any]:
 def _parked_under(engine: Engine, entity_id: str, token: int) -> bool:
     """Whether a holder with lease ``token`` recorded a sleep or a wait (and so may have parked)."""
     return any(
-        e.lease_token == token and (e.key.startswith("fsm:step:sleep:") or e.key.endswith(":until"))
+        e.lease_token == token and (":sleep:" in e.key or e.key.endswith(":until"))
         for e in _steps(engine, entity_id).values()
     )
 
@@ -691,7 +691,7 @@ def _analyse_waits(
                 expected = payload_for(snap.id)
                 if messages != [f"fsm:msg:{MESSAGE}:go-{snap.id}"]:
                     summary.problems.append(f"W3: {snap.id} has message rows {messages}, expected one")
-                taken = steps.get("fsm:step:wait:1")
+                taken = steps.get("fsm:step:running:wait:1")
                 if snap.state == "completed" and (taken is None or taken.result.get("payload") != expected):
                     summary.problems.append(f"W2: {snap.id} went on without its message: {taken}")
                 wrong = [p for p in got.get(snap.id, []) if p != expected]
@@ -721,8 +721,8 @@ def _check_sleep(
     summary: Summary,
 ) -> None:
     """A sleeping job recorded one sleep, and nothing after it ran before its wake time."""
-    sleep = steps.get("fsm:step:sleep:1")
-    if state == "completed" and step_keys != ["fsm:step:sleep:1"]:
+    sleep = steps.get("fsm:step:finalizing:sleep:1")
+    if state == "completed" and step_keys != ["fsm:step:finalizing:sleep:1"]:
         summary.problems.append(f"W1: {entity_id} completed with steps {step_keys}, expected one sleep")
     if sleep is None:
         return

@@ -44,8 +44,8 @@ PATIENT = 30.0
 TESTS_DIR = Path(__file__).resolve().parents[1]
 """On the children's path: they import ``test_waits.proc_handlers``."""
 JOBS = 8
-SLEEP_STEP = step_key(SLEEP, 1)
-WAIT_STEP = step_key(WAIT, 1)
+SLEEP_STEP = step_key(SLEEP, 1, "running")
+WAIT_STEP = step_key(WAIT, 1, "running")
 
 
 # -- children ----------------------------------------------------------------------------------
@@ -269,7 +269,8 @@ def test_jobs_waiting_when_their_worker_is_killed_get_each_message_once_in_anoth
         messages = [e for e in store.effects(entity_id) if e.key.startswith(f"fsm:msg:{MESSAGE}:")]
         assert [e.key for e in messages] == [f"fsm:msg:{MESSAGE}:key-{entity_id}"], messages
         taken = store.effect(entity_id, WAIT_STEP)
-        assert taken is not None and taken.result == {"message": messages[0].key, "payload": payloads[entity_id]}
+        assert taken is not None
+        assert taken.result == {"message": messages[0].key, "payload": payloads[entity_id], "name": "approval"}
     assert_completed(store, ids, ["start", "exited", "complete"])
 
 

@@ -280,3 +280,33 @@ def test_park_refuses_a_caller_without_the_lease(any_store: Store, clock: Manual
     with pytest.raises(LeaseLost):
         any_store.park("j1", owner="someone-else", token=claimed.lease_token, until=clock.now())  # type: ignore[attr-defined]
     assert any_store.get("j1") == claimed
+
+
+def test_each_states_handler_numbers_its_own_steps(any_store: Store, clock: ManualClock) -> None:
+    """A finalizer resumed by a new claim replays its own steps, never the steps of the
+    handler before it (both wait, for different messages)."""
+    engine = Engine(JobLifecycle, any_store, clock=clock)
+    engine.create("j1")
+    got: dict[str, Any] = {}
+
+    def running(job: Job) -> str:
+        got["running"] = job.wait_for("approval")
+        return "exited"
+
+    def finalizing(job: Job) -> str:
+        got["finalizing"] = job.wait_for("confirm")
+        return "complete"
+
+    engine.send("j1", "approval", {"by": "alice"}, idempotency_key="a")
+    with Worker(engine, {"running": running, "finalizing": finalizing}, **QUICK) as worker:
+        _turn(worker)  # running takes approval, finalizing (same claim) parks for confirm
+        assert got == {"running": {"by": "alice"}} and engine.get("j1").state == "finalizing"
+        clock.advance(timedelta(seconds=1))
+        _turn(worker)  # nothing new: a resumed finalizer must not take running's recorded wait
+        assert "finalizing" not in got and engine.get("j1").state == "finalizing"
+        engine.send("j1", "confirm", {"ok": True}, idempotency_key="c")
+        _turn(worker)
+    assert got == {"running": {"by": "alice"}, "finalizing": {"ok": True}}
+    assert engine.get("j1").state == "completed"
+    keys = sorted(e.key for e in any_store.effects("j1") if e.key.startswith("fsm:step:"))
+    assert "fsm:step:running:wait:1" in keys and "fsm:step:finalizing:wait:1" in keys
