@@ -182,6 +182,10 @@ RESERVED_KEY_PREFIX = "fsm:"
 STEP_KEY_PREFIX = "fsm:step:"
 """Ledger rows of a handler's durable steps (a sleep's wake time, a wait's outcome): the
 framework records them under the holder's lease, as any effect."""
+PARKED_KEY = "fsm:step:parked"
+"""The ledger row a park writes under the holder's lease (its token): an entity is parked
+while this row's token is the entity's (a claim that resumes it takes token + 1); only a
+parked entity is woken by a message."""
 MESSAGE_KEY_PREFIX = "fsm:msg:"
 """Ledger rows of messages sent to an entity (``fsm:msg:{name}:{idempotency key}``), status
 :data:`EFFECT_MESSAGE`: written without a lease, one per key."""
@@ -572,6 +576,7 @@ __all__ = [
     "MAX_ERROR_MESSAGE",
     "MAX_TRACEBACK",
     "MESSAGE_KEY_PREFIX",
+    "PARKED_KEY",
     "PROGRESS_KEY",
     "RENEWALS_KEPT",
     "RENEWALS_KEY",

@@ -49,6 +49,7 @@ from fsm.limits import (
 from fsm.records import (
     EFFECT_MESSAGE,
     EFFECT_RENEWALS,
+    PARKED_KEY,
     RENEWALS_KEY,
     BatchWrite,
     ClaimRequest,
@@ -380,7 +381,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
-            row.run_after if due is None else now + due, since,
+            _due_now(row.run_after, now) if due is None else now + due, since,
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, target, write.actor, token,
@@ -601,10 +602,15 @@ class MemoryStore(LedgerRun, MemoryRetention):
         """See :meth:`stores.base.Waits.wake`."""
         check_id("entity id", entity_id)
         with self._lock:
-            row = self._live(entity_id)
+            row = self._rows.get(entity_id)
+            if row is None or row.deleted:
+                return False
             now = self.now()
             if row.lease_owner is not None or row.run_after is None or row.run_after <= now:
                 return False
+            mark = self._effects.get(entity_id, {}).get(PARKED_KEY)
+            if mark is None or mark.lease_token != row.lease_token:
+                return False  # due later, but not parked (a create due later, a retry's backoff)
             self._rows[entity_id] = row._replace(run_after=now)
         self._notices.notify(channel("", row.kind))
         return True
@@ -763,6 +769,12 @@ def due_time(run_after: datetime | timedelta | None, now: datetime) -> datetime:
     if run_after is None:
         return now
     return now + run_after if isinstance(run_after, timedelta) else run_after
+
+
+def _due_now(due: datetime | None, now: datetime) -> datetime | None:
+    """A transition without a due time of its own: a due time ahead becomes now (see
+    ``stores.sql.dialect.Statements.due_now``)."""
+    return now if due is not None and due > now else due
 
 
 def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:

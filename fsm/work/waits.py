@@ -27,7 +27,7 @@ from typing import Any
 
 from fsm.errors import FsmError, InvalidArgument
 from fsm.limits import MAX_DURATION, check_id
-from fsm.records import EFFECT_SUCCEEDED, MESSAGE_KEY_PREFIX, STEP_KEY_PREFIX, EffectRecord, Lease
+from fsm.records import EFFECT_SUCCEEDED, MESSAGE_KEY_PREFIX, PARKED_KEY, STEP_KEY_PREFIX, EffectRecord, Lease
 
 
 class Parked(Exception):
@@ -107,6 +107,15 @@ class Steps:
 
     def _park(self, until: datetime, key: str) -> Parked:
         lease = self.lease()
+        self.store.record_effect(  # the mark a message's wake-up looks for (this token's park)
+            self.entity_id,
+            PARKED_KEY,
+            owner=lease.owner,
+            token=lease.token,
+            status=EFFECT_SUCCEEDED,
+            result={"until": until.isoformat(), "step": key},
+            replace=(EFFECT_SUCCEEDED,),
+        )
         self.store.park(self.entity_id, owner=lease.owner, token=lease.token, until=until)
         return Parked(self.entity_id, until=until, step=key)
 

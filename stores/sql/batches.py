@@ -270,6 +270,8 @@ class BatchOps(SqlCore):
             sets.append(f"{c['data']} = v.data")
         if shape.has_due:
             sets.append(f"{c['run_after']} = " + (f"({f.now} + v.due)" if not self._sqlite else "v.due"))
+        else:
+            sets.append(sql.due_now())
         guard = f"{e}{c['id']} = v.id AND NOT {e}{c['deleted']} AND {e}{c['version']} = v.version"
         if shape.token_check:
             owner = f"{e}{c['lease_owner']} " + ("IS v.owner" if self._sqlite else "IS NOT DISTINCT FROM v.owner")

@@ -341,6 +341,8 @@ class Statements:
             sets.append(f"{c['data']} = {f.json('data')}")
         if has_due:  # a retry: due once its backoff has passed
             sets.append(f"{c['run_after']} = {f.now_plus('due')}")
+        else:
+            sets.append(self.due_now())
         if self.L.status_col is not None:
             sets.append(f"{self.L.status_col} = {f.p('status')}")
         return ", ".join(sets)
@@ -360,6 +362,15 @@ class Statements:
         due = f"{a}.{lay.col['run_after']}" if a else lay.col["run_after"]
         cut = f.now_minus(f"{name}{i}")
         return f"{lay.ref('updated_at', a)} < {cut} AND ({due} IS NULL OR {due} < {cut})"
+
+    def due_now(self) -> str:
+        """The SET item of a transition that gives no due time: a due time still ahead (an
+        entity parked by a durable wait, moved on by someone else) becomes now, so the entity
+        is not left unclaimable until its old wake time; a due time passed is kept (the
+        entity keeps its place in the line)."""
+        c, f = self.L.col, self.f
+        due = f"e.{c['run_after']}"
+        return f"{c['run_after']} = CASE WHEN {due} > {f.now} THEN {f.now} ELSE {due} END"
 
     def timer_sets(self, timer: TimerMode) -> list[str]:
         """The SET item of the timer clock: none when the write keeps it."""

@@ -626,7 +626,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
                 if before is None:
                     snap = row
                 else:  # positional: the hot path
-                    exp, ra = row[3], row[6] if len(row) > 6 else before.run_after
+                    exp, ra = row[3], row[6] if len(row) > 6 else _due_now(before.run_after, at)
                     since = before.timer_since if timer is TimerMode.KEEP else at if timer is TimerMode.ARM else None
                     snap = Snapshot(
                         entity_id, before.kind, write.target, row[0], row[1], row[2],
@@ -790,6 +790,11 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
         if not rows:
             raise UnknownEntity(entity_id)
         return self._attach([snapshot_of(rows[0])])[0]
+
+
+def _due_now(due: datetime | None, now: datetime) -> datetime | None:
+    """What a transition without a due time of its own leaves (``Statements.due_now``)."""
+    return now if due is not None and due > now else due
 
 
 def _locked(method: Callable[..., Any], lock: Any) -> Callable[..., Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from fsm.errors import LeaseLost, UnknownEntity
 from fsm.limits import check_id, check_message_args, check_park_args
-from fsm.records import EFFECT_MESSAGE, EffectRecord, Snapshot
+from fsm.records import EFFECT_MESSAGE, PARKED_KEY, EffectRecord, Snapshot
 from stores.ledger import json_result, message_key, message_result
 from stores.sql.core import SqlCore
 from stores.sql.effects import EFFECT_COLUMNS, effect_of
@@ -39,7 +39,13 @@ class WaitOps(SqlCore):
         sql, f, lay = self._sql, self._f, self._sql.L
         c = lay.col
         owned = f"e.{c['lease_owner']} = {f.p('owner')} AND e.{c['lease_token']} = {f.p('token')}"
-        parked = f"e.{c['lease_owner']} IS NULL AND {lay.ref('run_after', 'e')} > {f.now}"
+        # parked: no owner, due later, and the park's mark carries the entity's token (a
+        # create due later, or a retry's backoff, is not a park: a message leaves it alone)
+        parked = (
+            f"e.{c['lease_owner']} IS NULL AND {lay.ref('run_after', 'e')} > {f.now} AND EXISTS (SELECT 1 FROM "
+            f"{lay.effects} AS m WHERE m.entity_id = e.{c['id']} AND m.key = '{PARKED_KEY}' "
+            f"AND m.lease_token = e.{c['lease_token']})"
+        )
         found = {
             "park": (
                 f"UPDATE {sql.E} AS e SET {c['lease_owner']} = NULL, {c['lease_expires_at']} = NULL, "

@@ -67,6 +67,7 @@ from typing import Any
 
 from fsm import Engine, JobLifecycle
 from fsm.errors import EntityExists, StoreUnavailable
+from fsm.records import PARKED_KEY
 from fsm.testing.checks import acknowledged_problems, effect_problems, history_problems
 
 from .proc import MESSAGE, SLEEP, WAIT, parks, payload_for, policy
@@ -672,7 +673,7 @@ def _analyse_waits(
         for snap in page:
             how = parks(snap.id, config.waits)
             steps = _steps(engine, snap.id)
-            step_keys = sorted(k for k in steps if k.startswith("fsm:step:"))
+            step_keys = sorted(k for k in steps if k.startswith("fsm:step:") and k != PARKED_KEY)
             messages = sorted(k for k in steps if k.startswith("fsm:msg:"))
             if how is None:
                 if steps or got.get(snap.id) or parked.get(snap.id):

@@ -310,3 +310,36 @@ def test_each_states_handler_numbers_its_own_steps(any_store: Store, clock: Manu
     assert engine.get("j1").state == "completed"
     keys = sorted(e.key for e in any_store.effects("j1") if e.key.startswith("fsm:step:"))
     assert "fsm:step:running:wait:1" in keys and "fsm:step:finalizing:wait:1" in keys
+
+
+def test_a_parked_job_moved_on_by_an_operator_is_claimable_at_once(any_store: Store, clock: ManualClock) -> None:
+    """A job parked on a wait without a timeout is due in a hundred years; an operator's
+    ``release`` (running -> queued) gives the work back now, not then."""
+    engine = Engine(JobLifecycle, any_store, clock=clock)
+    engine.create("j1")
+    calls: list[str] = []
+
+    def handler(job: Job) -> str:
+        calls.append(job.id)
+        if len(calls) == 1:
+            job.wait_for("never")
+        return "exited"
+
+    with Worker(engine, {"running": handler}, **QUICK) as worker:
+        _turn(worker)
+        parked = engine.get("j1")
+        assert parked.lease is None and parked.run_after is not None and parked.run_after > clock.now()
+        released = engine.fire("j1", "release")
+        assert released.state == "queued" and released.snapshot.run_after == clock.now()
+        assert any_store.get("j1").run_after == clock.now()
+        _turn(worker)  # claimed at once, started again
+    assert calls == ["j1", "j1"] and engine.get("j1").state == "finalizing"
+
+
+def test_a_message_does_not_wake_an_entity_that_is_not_parked(any_store: Store, clock: ManualClock) -> None:
+    """A create due later (or a retry's backoff) is not a park: a message leaves its due time."""
+    engine = Engine(JobLifecycle, any_store, clock=clock)
+    later = engine.create("j1", run_after=timedelta(hours=1))
+    assert engine.send("j1", "go", None, idempotency_key="k") is True
+    assert any_store.get("j1").run_after == later.run_after
+    assert engine.claim(1) == []
