@@ -118,13 +118,21 @@ def new_delayed(
     return NewEntity(id=row_id, kind=later_kind(kind), state=PENDING, data=payload, run_after=due)
 
 
-def same_request(row: Snapshot, wanted: NewEntity) -> None:
-    """A delayed fire created again under its key: the same request, or ``IdempotencyKeyReused``."""
+def same_request(row: Snapshot, wanted: NewEntity, *, compare_due: bool) -> None:
+    """A delayed fire created again under its key: the same request, or ``IdempotencyKeyReused``.
+    ``compare_due``: the request gave a time (``at=``); one given a delay (``after=``) is
+    due later each time it is sent, so a retry of it matches whatever its due time."""
     mine = {k: wanted.data[k] for k in ("entity_id", "event", "actor", "reason", "data")}
     theirs = {k: row.data.get(k) for k in mine}
-    if mine != theirs or row.run_after != wanted.run_after:
+    differ = [k for k in mine if mine[k] != theirs[k]]
+    if compare_due and row.run_after != wanted.run_after:
+        differ.append("at")
+    if differ:
         raise IdempotencyKeyReused(
-            wanted.data["entity_id"], key=wanted.data["key"], recorded_event=str(theirs["event"]), event=mine["event"]
+            wanted.data["entity_id"],
+            key=wanted.data["key"],
+            recorded_event=f"{theirs['event']} (a delayed fire whose {', '.join(differ)} differ)",
+            event=str(mine["event"]),
         )
 
 

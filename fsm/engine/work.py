@@ -30,6 +30,7 @@ from fsm.engine.later import (
 )
 from fsm.engine.leases import EngineLeases
 from fsm.errors import (
+    ConfigError,
     EffectFailed,
     EntityExists,
     Fenced,
@@ -291,6 +292,11 @@ class EngineWork(EngineLeases):
         who = actor_arg(actor) if not isinstance(actor, Actor) else actor
         check_arguments(reason, idempotency_key, data)
         self.get(text("entity_id", entity_id))  # of this lifecycle: UnknownEntity otherwise
+        if getattr(self.store, "binding", None) is not None:
+            raise ConfigError(
+                "delayed fires need a store with the library's own tables: on a store bound to an application "
+                "table their rows would land in that table"
+            )
         declared = self.lifecycle.delays.get(event)
         if after is None and at is None and declared is not None:
             after = declared  # an event declared with delay=: python-statemachine's own delay
@@ -309,7 +315,7 @@ class EngineWork(EngineLeases):
             row = self.store.create(wanted)
         except EntityExists:
             row = self.store.get(wanted.id)
-            same_request(row, wanted)
+            same_request(row, wanted, compare_due=at is not None)
         return Delayed.of(row)
 
     def delayed(self, delayed_id: str) -> Delayed:

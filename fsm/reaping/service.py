@@ -48,7 +48,7 @@ from fsm.records import (
     Snapshot,
 )
 from fsm.scheduling import Schedules
-from fsm.scheduling.service import active_schedules
+from fsm.scheduling.service import SCHEDULE_KIND, active_schedules
 from signals import ReaperErrorPayload, ReaperTickPayload
 from stores.base import Store
 
@@ -581,15 +581,19 @@ class Reaper:
 
     def _listen_for_later(self, nudge: threading.Event) -> None:
         """Wake the loop when a delayed fire is requested (its row's create notifies its
-        reserved kind): one due sooner than the loop's sleep is delivered on time."""
+        reserved kind) or a schedule is added, replaced or resumed: one due sooner than the
+        loop's sleep is served on time."""
         subscribe = getattr(self.store, "subscribe_work", None)
         if subscribe is None:
             return
-        for engine in self.engines:
+        kinds = [later_kind(engine.kind) for engine in self.engines]
+        if self.schedules:  # a schedule added or resumed during the sleep
+            kinds.append(SCHEDULE_KIND)
+        for kind in kinds:
             try:
-                self._subscriptions.append(subscribe(later_kind(engine.kind), nudge.set))
+                self._subscriptions.append(subscribe(kind, nudge.set))
             except FsmError as err:  # the loop still wakes by its own due times
-                log.warning("could not listen for delayed fires of %s: %s", engine.kind, err)
+                log.warning("could not listen for %s: %s", kind, err)
 
     def _loop(self, stop: threading.Event) -> None:
         nudge = self._nudge

@@ -343,7 +343,15 @@ class Schedules:
             reason=reason[:500],
             run_after=delay,
         )
-        return self.store.apply(write)[0]
+        moved = self.store.apply(write)[0]
+        if target == ACTIVE and event in ("replace", "resume"):  # a sleeping reaper hears of it
+            notify = getattr(self.store, "notify_work", None)
+            if notify is not None:
+                try:
+                    notify(SCHEDULE_KIND)
+                except FsmError as err:  # a hint: its next tick finds the schedule all the same
+                    log.info("could not wake the reapers for schedule %s: %s", row.id, err)
+        return moved
 
 
 __all__ = [

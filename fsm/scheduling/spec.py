@@ -238,6 +238,10 @@ def _cron_problem(expression: str) -> str | None:
         return f"cron expression {expression!r} must have five fields (minute hour day month weekday)"
     if not croniter.is_valid(expression):
         return f"invalid cron expression {expression!r}"
+    try:  # a valid expression that never matches (30 February) is refused here, not at add
+        croniter(expression, datetime(2000, 1, 1)).get_next(datetime)
+    except Exception:  # croniter's CroniterBadDateError and kin: its own exception types
+        return f"cron expression {expression!r} never falls due"
     return None
 
 

@@ -149,3 +149,28 @@ def test_a_started_reaper_delivers_a_request_due_sooner_than_its_sleep(where: st
         assert jobs.get("j1").state == "failed"
     finally:
         reaper.stop()
+
+
+def test_a_retried_request_with_a_delay_returns_the_first(any_store: Store, clock: ManualClock) -> None:
+    """``after=`` is due later each time it is sent: a retry under the same key is the same
+    request; another event under the key is refused, naming what differs."""
+    jobs = Engine(JobLifecycle, any_store, clock=clock)
+    jobs.create("j1")
+    first = jobs.fire_later("j1", "cancel", after=60, idempotency_key="k")
+    clock.advance(timedelta(seconds=5))
+    assert jobs.fire_later("j1", "cancel", after=60, idempotency_key="k") == first
+    with pytest.raises(IdempotencyKeyReused, match="reason differ"):
+        jobs.fire_later("j1", "cancel", after=60, idempotency_key="k", reason="other")
+
+
+def test_fire_later_refuses_a_store_bound_to_an_application_table() -> None:
+    """Its reserved row would land in the application's table (as the leader row would)."""
+    from fsm import ConfigError
+
+    store = MemoryStore()
+    jobs = Engine(JobLifecycle, store)
+    jobs.create("j1")
+    store.binding = "an application table"  # type: ignore[attr-defined]  # what SqlStore(binding=...) has
+    with pytest.raises(ConfigError, match="own tables"):
+        jobs.fire_later("j1", "cancel", after=60)
+    assert [s.id for s in store.entities("job")] == ["j1"]

@@ -235,3 +235,30 @@ def test_hostile_calls_change_nothing(any_store: Store, clock: ManualClock) -> N
     with pytest.raises(InvalidData):
         typed.add(Schedule("t", every=60, data={"size": "large"}))
     assert any_store.get("fsm-schedule:job:h") == before
+
+
+def test_a_cron_that_never_falls_due_is_a_config_error() -> None:
+    pytest.importorskip("croniter")
+    with pytest.raises(ConfigError, match="never falls due"):
+        Schedule("feb30", cron="0 0 30 2 *")
+
+
+def test_a_schedule_added_while_the_reaper_sleeps_wakes_it() -> None:
+    """A started reaper sleeping its five-minute interval serves a schedule added after it
+    went to sleep (the add notifies it), with real clocks."""
+    import time as real_time
+
+    from stores import MemoryStore
+
+    store = MemoryStore()
+    reaper = Reaper(store, [JobLifecycle])
+    reaper.start()
+    try:
+        real_time.sleep(0.2)  # its first tick is done: it sleeps the interval
+        Schedules(Engine(JobLifecycle, store)).add(Schedule("soon", every=1, overlap="allow"))
+        deadline = real_time.monotonic() + 30
+        while not store.entities("job") and real_time.monotonic() < deadline:
+            real_time.sleep(0.05)
+        assert [s.id.split("@")[0] for s in store.entities("job")][:1] == ["soon"]
+    finally:
+        reaper.stop()

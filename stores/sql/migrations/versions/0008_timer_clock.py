@@ -7,8 +7,8 @@ Create Date: 2026-12-05
 - ``{prefix}entities.timer_since`` (nullable): when the entity entered the state whose
   ``after=`` transitions count (a lifecycle's timed state); NULL when it is in none.  A
   timer of ``after`` is due at ``timer_since + after``.  Existing rows get NULL: no
-  lifecycle had timers before this revision (``Store.arm_timers`` starts the clocks of
-  rows already in a state that a new definition times).
+  lifecycle had timers before this revision, and an entity already in a state that a new
+  definition times starts its clock at its next transition into that state.
 - ``ix_{prefix}entities_timer`` ``(kind, state, timer_since)``, partial on
   ``timer_since IS NOT NULL``: the reaper's timer rules and its earliest-due probe read a
   range of it; rows of lifecycles without timers are not in it.
