@@ -79,8 +79,9 @@ def deliver_due(
             _deliver(engine, row, done)
         except StoreUnavailable:
             raise
-        except FsmError as err:  # this request only: logged, retried after its lease lapses
-            log.error("delayed fire %s could not be delivered: %s", row.id, err)
+        except (FsmError, KeyError, TypeError, ValueError) as err:  # this request only (a malformed
+            # row, too): logged, retried after its lease lapses; the others are still delivered
+            log.error("delayed fire %s could not be delivered: %s: %s", row.id, type(err).__name__, err)
     return done
 
 
