@@ -569,9 +569,17 @@ class Reaper:
             self._subscriptions = []
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+            if not thread.is_alive():
+                return  # the loop resigned on its own way out, on its own connection
+        self._resign()
+
+    def _resign(self) -> None:
+        """Give every leader lease back: a standby takes over at its next tick, not after
+        the TTL (done by the loop's thread when it ends, so a stop opens no connection of
+        its own on the stopping thread)."""
         for kind, lease in self.leaders.items():
             try:
-                lease.resign()  # a standby takes over at its next tick, not after the TTL
+                lease.resign()
             except Exception:
                 log.exception("could not resign the leader lease of %s; it expires on its own", kind)
 
@@ -607,6 +615,7 @@ class Reaper:
                 self.tick_log.record(result, self.owner)  # never raises: logged instead
             nudge.wait(self.sleep_for())  # a stop, or a delayed fire requested, ends it early
             nudge.clear()
+        self._resign()
 
 
 def _move_fields(kind: str, entity_id: str, record: HistoryRecord, token: int | None) -> dict[str, object]:

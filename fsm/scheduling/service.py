@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +41,8 @@ log = logging.getLogger("fsm.schedules")
 
 SCHEDULE_KIND = "fsm.schedule"
 ACTIVE, PAUSED, DELETED = "active", "paused", "deleted"
+CHANGE_ATTEMPTS = 5
+"""How often a pause, resume or delete reads the row again after losing it to a reaper's step."""
 MAX_WALK = 1_000_000
 """The most due times one step walks past after a downtime (a per-second schedule down for
 eleven days); older ones are skipped, as ``catch_up`` would skip them anyway."""
@@ -184,27 +187,43 @@ class Schedules:
 
     def pause(self, schedule_id: str) -> ScheduleState:
         """Stop creating runs until :meth:`resume` (idempotent)."""
-        row = self._row(schedule_id)
-        if row.state == ACTIVE:
-            self._write(row, "pause", PAUSED, row.data, None, reason="paused")
+
+        def pause(row: Snapshot) -> None:
+            if row.state == ACTIVE:
+                self._write(row, "pause", PAUSED, row.data, None, reason="paused")
+
+        self._change(schedule_id, pause)
         return self.get(schedule_id)
 
     def resume(self, schedule_id: str) -> ScheduleState:
         """Create runs again, from now on: the due times that passed while it was paused
         are not caught up (idempotent)."""
-        row = self._row(schedule_id)
-        if row.state == PAUSED:
-            state = self._state(row)
-            now = self.engine.clock.now()
-            data = {**row.data, "cursor": _iso(now)}
-            due = state.schedule.next_due(now, _time(row.data["anchor"]))
-            self._write(row, "resume", ACTIVE, data, due, reason="resumed")
+
+        def resume(row: Snapshot) -> None:
+            if row.state == PAUSED:
+                state = self._state(row)
+                now = self.engine.clock.now()
+                data = {**row.data, "cursor": _iso(now)}
+                due = state.schedule.next_due(now, _time(row.data["anchor"]))
+                self._write(row, "resume", ACTIVE, data, due, reason="resumed")
+
+        self._change(schedule_id, resume)
         return self.get(schedule_id)
 
     def delete(self, schedule_id: str) -> None:
         """Remove the schedule (its runs stay; its history is kept)."""
-        row = self._row(schedule_id)
-        self._write(row, "delete", DELETED, row.data, None, reason="deleted")
+        self._change(schedule_id, lambda row: self._write(row, "delete", DELETED, row.data, None, reason="deleted"))
+
+    def _change(self, schedule_id: str, change: Callable[[Snapshot], object]) -> None:
+        """Apply ``change`` to the schedule's row as read now; read again and retry when a
+        reaper's step moved the row on in between (its compare-and-set lost the race)."""
+        for _ in range(CHANGE_ATTEMPTS - 1):
+            try:
+                change(self._row(schedule_id))
+                return
+            except StaleVersion:
+                continue
+        change(self._row(schedule_id))
 
     # -- running -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from async_support import every_face  # noqa: F401 - any_store: every store, sync and async faces
@@ -262,3 +263,28 @@ def test_a_schedule_added_while_the_reaper_sleeps_wakes_it() -> None:
         assert [s.id.split("@")[0] for s in store.entities("job")][:1] == ["soon"]
     finally:
         reaper.stop()
+
+
+def test_pause_and_delete_retry_when_a_reaper_step_moved_the_row_first(any_store: Store, clock: ManualClock) -> None:
+    """A reaper's step that moves the schedule row between the read and the write of a
+    pause (or delete) makes that write lose its compare-and-set: it reads again and retries."""
+    _at(clock, START)
+    engine, schedules = _jobs(any_store, clock)
+    schedules.add(Schedule("race", every=60, overlap="allow"))
+    clock.advance(timedelta(minutes=1))
+    other = Schedules(engine)
+    real_row = schedules._row
+    raced: list[str] = []
+
+    def row_then_a_reaper_step(schedule_id: str) -> Any:
+        row = real_row(schedule_id)
+        if not raced:
+            raced.append(schedule_id)
+            other.run_due()  # a reaper's step lands between this read and the write
+        return row
+
+    schedules._row = row_then_a_reaper_step  # type: ignore[method-assign]
+    assert schedules.pause("race").paused
+    assert raced == ["race"] and _runs(any_store) == ["race@2026-12-05T12:01:00Z"]
+    schedules.delete("race")
+    assert schedules.list() == []
