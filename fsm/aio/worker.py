@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
 from fsm.engine import FireResult
-from fsm.errors import ConfigError, FsmError, StoreUnavailable, WaitTimedOut
+from fsm.errors import ConfigError, FsmError, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.completer import AsyncBatchCompleter
@@ -53,7 +53,7 @@ from fsm.work.loop import (
     WorkerStats,
     drive_async,
 )
-from fsm.work.waits import MISSING, Steps, check_duration_arg, check_message_name
+from fsm.work.waits import MISSING, check_duration_arg, check_message_name, steps_of, wait_result
 from fsm.work.wakeups import due_in_async, subscribe_wakeups
 from fsm.work.worker import HeldEntity, alone, stopping_error, worker_reaper
 
@@ -159,24 +159,15 @@ class AsyncJob(HeldEntity):
     async def sleep(self, duration: timedelta | float) -> None:
         """:meth:`fsm.work.Job.sleep`, awaited: a durable sleep that parks the entity."""
         delay = check_duration_arg("duration", duration)
-        await self.engine._call(self._durable().sleep, delay)
+        await self.engine._call(steps_of(self, self.engine.sync).sleep, delay)
 
     async def wait_for(self, name: str, *, timeout: timedelta | float | None = None, default: Any = MISSING) -> Any:
         """:meth:`fsm.work.Job.wait_for`, awaited: a durable wait for message ``name``."""
         message = check_message_name(name)
         limit = check_duration_arg("timeout", timeout, optional=True)
-        found, payload = await self.engine._call(self._durable().wait_for, message, limit)
-        if found:
-            return payload
-        if default is not MISSING:
-            return default
-        raise WaitTimedOut(self.id, name=message, step=f"wait {self._durable().count('wait')} of {self.state}")
-
-    def _durable(self) -> Steps:
-        steps: Steps | None = getattr(self, "_steps", None)
-        if steps is None:
-            steps = self._steps = Steps(self.engine.sync, self.id, self.held.check, lambda: self.snapshot.state)
-        return steps
+        steps = steps_of(self, self.engine.sync)
+        found, payload = await self.engine._call(steps.wait_for, message, limit)
+        return wait_result(self, steps, found, payload, default, message)
 
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Outcome]]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.errors import FsmError, InvalidArgument
+from fsm.errors import FsmError, InvalidArgument, WaitTimedOut
 from fsm.limits import MAX_DURATION, check_id
 from fsm.records import EFFECT_SUCCEEDED, MESSAGE_KEY_PREFIX, PARKED_KEY, STEP_KEY_PREFIX, EffectRecord, Lease
 
@@ -186,6 +186,25 @@ class ReplayMismatch(FsmError):
         )
 
 
+def steps_of(job: Any, engine: Any) -> Steps:
+    """The durable steps of ``job`` (either face's), made at its first sleep or wait over
+    the sync ``engine``; they are numbered per state as the job's handlers reach them."""
+    steps: Steps | None = getattr(job, "_steps", None)
+    if steps is None:
+        steps = job._steps = Steps(engine, job.id, job.held.check, lambda: job.snapshot.state)
+    return steps
+
+
+def wait_result(job: Any, steps: Steps, found: bool, payload: Any, default: Any, name: str) -> Any:
+    """What ``job.wait_for`` returns: the message's payload, else ``default`` when given,
+    else :class:`~fsm.errors.WaitTimedOut`."""
+    if found:
+        return payload
+    if default is not MISSING:
+        return default
+    raise WaitTimedOut(job.id, name=name, step=f"wait {steps.count(WAIT)} of {job.state}")
+
+
 def _outcome(record: EffectRecord) -> tuple[bool, Any]:
     result = record.result
     if result.get("timed_out"):
@@ -210,4 +229,6 @@ __all__ = [
     "check_duration_arg",
     "check_message_name",
     "step_key",
+    "steps_of",
+    "wait_result",
 ]

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from fsm.engine.many import Fired
-from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable, WaitTimedOut
+from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
 from fsm.work.completer import BatchCompleter
@@ -87,7 +87,7 @@ from fsm.work.loop import (
 )
 from fsm.work.planning import plan_for_work
 from fsm.work.pool import HandlerPool
-from fsm.work.waits import MISSING, Steps, check_duration_arg, check_message_name
+from fsm.work.waits import MISSING, check_duration_arg, check_message_name, steps_of, wait_result
 from fsm.work.wakeups import due_in, subscribe_wakeups
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class Job(HeldEntity):
         delay = check_duration_arg("duration", duration)
         assert delay is not None
         try:
-            self._durable().sleep(delay)
+            steps_of(self, self.engine).sleep(delay)
         finally:
             self._given_back()
 
@@ -325,21 +325,12 @@ class Job(HeldEntity):
         replay: the outcome is recorded)."""
         message = check_message_name(name)
         limit = check_duration_arg("timeout", timeout, optional=True)
+        steps = steps_of(self, self.engine)
         try:
-            found, payload = self._durable().wait_for(message, limit)
+            found, payload = steps.wait_for(message, limit)
         finally:
             self._given_back()
-        if found:
-            return payload
-        if default is not MISSING:
-            return default
-        raise WaitTimedOut(self.id, name=message, step=f"wait {self._durable().count('wait')} of {self.state}")
-
-    def _durable(self) -> Steps:
-        steps: Steps | None = getattr(self, "_steps", None)
-        if steps is None:
-            steps = self._steps = Steps(self.engine, self.id, self.held.check, lambda: self.snapshot.state)
-        return steps
+        return wait_result(self, steps, found, payload, default, message)
 
     def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""
