@@ -650,11 +650,15 @@ def _analyse_waits(
     for _, (_, entity, _token, payload) in logs["got"]:
         got[entity].append(json.loads(payload))
     parked: dict[str, list[tuple[float, int]]] = defaultdict(list)  # entity -> (t, pid) of each park
-    for pid, (t, entity, _token, _step) in logs["parked"]:
+    park_tokens: dict[str, list[int]] = defaultdict(list)  # entity -> the token each park was made under
+    for pid, (t, entity, token, _step) in logs["parked"]:
         parked[entity].append((float(t), pid))
+        park_tokens[entity].append(int(token))
     claims: dict[str, list[float]] = defaultdict(list)
-    for _, (t, entity, _token, _state) in logs["claim"]:
+    claim_tokens: dict[str, list[int]] = defaultdict(list)
+    for _, (t, entity, token, _state) in logs["claim"]:
         claims[entity].append(float(t))
+        claim_tokens[entity].append(int(token))
     effect_runs: dict[tuple[str, str], list[float]] = defaultdict(list)
     for _, (t, entity, key, _token) in logs["effect"]:
         effect_runs[entity, key].append(float(t))
@@ -679,8 +683,11 @@ def _analyse_waits(
                 if steps or got.get(snap.id) or parked.get(snap.id):
                     summary.problems.append(f"W0: {snap.id} never waits, but has {sorted(steps)}")
                 continue
-            for t_park, pid in parked.get(snap.id, []):
-                if any(t > t_park for t in claims.get(snap.id, [])):
+            for (t_park, pid), token in zip(parked.get(snap.id, []), park_tokens.get(snap.id, []), strict=True):
+                # resumed: a later claim took the lease (a higher token); compared by token, not
+                # by log time: a message found just after the park wakes the entity, and another
+                # worker may log its claim before this one has logged the park
+                if any(t > token for t in claim_tokens.get(snap.id, [])):
                     summary.replays += 1
                 else:
                     summary.problems.append(f"W4: {snap.id}, parked by pid {pid} at {t_park:.3f}, never resumed")
