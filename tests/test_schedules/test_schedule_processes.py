@@ -25,12 +25,13 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from conftest import SqlTarget
+from process_support import ChildProcess, child_processes  # noqa: F401 - the children fixture
 
 from fsm import Engine, JobLifecycle, UnknownEntity
 from fsm.reaping.leader import leader_key
@@ -107,7 +108,7 @@ seconds; ``schedule``: a schedule's stored form to add at start, or ``-``."""
 # -- children ----------------------------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """A worker process; output in ``directory/name.out``/``.err``."""
 
     def __init__(self, target: SqlTarget, directory: Path, name: str, *, reap: str, schedule: str = "-") -> None:
@@ -140,30 +141,6 @@ class Child:
         found = re.search(r"^worker (\S+) ready", self.stdout(), re.MULTILINE)
         assert found, self.tail()
         return found.group(1)
-
-    def stop(self) -> None:
-        """SIGTERM this child (ours, by its pid), and kill it if it does not end in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(PATIENT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(PATIENT)
-
-    def kill(self) -> None:
-        """SIGKILL: no resignation, no release of its leases, a tick cut wherever it was."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(PATIENT)
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """The test's children, each stopped (by its pid) when the test ends."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.stop()
 
 
 def wait_for(predicate: Callable[[], object], what: Callable[[], str]) -> None:

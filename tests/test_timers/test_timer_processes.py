@@ -23,12 +23,13 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from conftest import SqlTarget
+from process_support import ChildProcess, child_processes  # noqa: F401 - the children fixture
 
 from fsm import Engine
 from fsm.reaping.leader import LEADER_KIND, leader_key
@@ -151,7 +152,7 @@ MOVE = re.compile(rf"INFO[ :]fsm\.reaper: ?{re.escape(KIND)} (\S+): waiting -> f
 # -- children ----------------------------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """A child process with ``tests/`` on its path; output in ``directory/name.out``/``.err``."""
 
     def __init__(self, argv: list[str], directory: Path, name: str) -> None:
@@ -174,30 +175,6 @@ class Child:
     def fired(self) -> list[str]:
         """The entities this child's reaper says it timed out, in its log's order."""
         return MOVE.findall(self.stderr())
-
-    def stop(self) -> None:
-        """SIGTERM this child (ours, by its pid), and kill it if it does not end in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(PATIENT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(PATIENT)
-
-    def kill(self) -> None:
-        """SIGKILL: no resignation, no cleanup, a tick cut wherever it was."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(PATIENT)
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """The test's children, each stopped (by its pid) when the test ends."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.stop()
 
 
 def cli_reaper(target: SqlTarget, directory: Path, name: str, *, leader: bool, interval: float = INTERVAL_S) -> Child:

@@ -21,13 +21,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import SqlTarget
+from process_support import ChildProcess, child_processes  # noqa: F401 - the children fixture
 
 from fsm import Engine, JobLifecycle
 from fsm.records import EffectRecord
@@ -51,7 +52,7 @@ WAIT_STEP = step_key(WAIT, 1, "running")
 # -- children ----------------------------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """A child process with ``tests/`` on its path; output in ``directory/name.out``/``.err``."""
 
     def __init__(self, argv: list[str], directory: Path, name: str) -> None:
@@ -70,30 +71,6 @@ class Child:
 
     def printed(self, marker: str) -> bool:
         return self.out.exists() and marker in self.out.read_text(errors="replace")
-
-    def stop(self) -> None:
-        """SIGTERM this child (ours, by its pid), and SIGKILL it if it does not end in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(PATIENT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(PATIENT)
-
-    def kill(self) -> None:
-        """SIGKILL: no release, no cleanup, wherever the handlers were."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(PATIENT)
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """The test's children, each stopped (by its pid) when the test ends."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.stop()
 
 
 def worker(target: SqlTarget, directory: Path, owner: str, mode: str, *, reap: bool = False) -> Child:
