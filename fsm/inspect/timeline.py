@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from fsm.diagram.pending import PendingTimer
+from fsm.diagram.pending import PendingTimer, duration
 from fsm.records import EffectRecord, HistoryRecord, LeaseRenewal
 
 
@@ -28,15 +28,9 @@ def esc(value: object) -> str:
 
 
 def span(delta: timedelta) -> str:
-    """A short human length of time: ``45s``, ``3m 05s``, ``2h 10m``, ``3d 4h``."""
-    seconds = int(abs(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+    """A short human length of time: ``45s``, ``3m 05s``, ``2h 10m``, ``3d 4h`` (``0s`` under
+    a second: the page's ages are to the second); :func:`fsm.diagram.pending.duration`'s."""
+    return duration(delta) if abs(delta) >= timedelta(seconds=1) else "0s"
 
 
 def age(now: datetime, then: datetime | None) -> str:
