@@ -93,6 +93,11 @@ class Snapshot(NamedTuple):
     """When the entity entered its timed state (the state whose ``after=`` transitions
     count), or ``None`` when it is in none: a timer of ``after`` is due at
     ``timer_since + after``."""
+    priority: int = 0
+    """Claims take higher priorities first, then the longest due (set at create, never
+    changed: see :data:`fsm.records.MIN_PRIORITY`)."""
+    parent_id: str | None = None
+    """The entity that started this one as its child (``job.start_child``), or ``None``."""
 
     @property
     def lease(self) -> Lease | None:
@@ -290,6 +295,10 @@ class NewEntity:
     """Unique while active: create nothing while a live entity of this kind with the same
     ``concurrency_key`` is in a state other than these (the lifecycle's final states);
     ``None``: no such check."""
+    priority: int = 0
+    """Claims take higher priorities first (:data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`)."""
+    parent_id: str | None = None
+    """The entity that started this one as its child."""
 
 
 # -- data changes a transition declares ----------------------------------------------------

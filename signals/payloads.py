@@ -38,6 +38,8 @@ class SnapshotModel(_Payload):
     data: dict[str, Any]
     run_after: datetime | None = None
     timer_since: datetime | None = None
+    priority: int = 0
+    parent_id: str | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> SnapshotModel:

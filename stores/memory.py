@@ -184,6 +184,8 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 data=copy.deepcopy(entity.data),
                 run_after=due_time(entity.run_after, now),
                 timer_since=now if entity.arm_timer else None,
+                priority=entity.priority,
+                parent_id=entity.parent_id,
             )
             self._rows[entity.id] = row
             self._history[entity.id] = []
@@ -381,7 +383,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
-            _due_now(row.run_after, now) if due is None else now + due, since,
+            _due_now(row.run_after, now) if due is None else now + due, since, row.priority, row.parent_id,
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, target, write.actor, token,

@@ -408,6 +408,7 @@ class BatchOps(SqlCore):
             w.entity_id, before.kind, w.target, row[1], row[2], row[3], None if exp is None else decode_time(exp),
             at, before.created_at, at, False, before.concurrency_key, row[5], row[6],
             before.data if w.data is None else w.data, None if due is None else decode_time(due), since,
+            before.priority, before.parent_id,
         )  # fmt: skip
 
     def _refused(self, write: TransitionWrite) -> Applied:

@@ -142,6 +142,10 @@ class TableBinding:
         return entity_indexes(table, f"{self.added_prefix}{self.table}", names)
 
 
+ENTITY_INDEXES = ("lease", "claim", "siblings", "timer", "priority", "parent")
+"""The entity indexes a store names in its statements (see :func:`stores.sql.schema.entity_indexes`)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Quoted table names and per-column SQL for one store (owned or bound table)."""
@@ -178,7 +182,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         effects=_table(q, f"{prefix}effects", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
-        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ("lease", "claim", "siblings", "timer")},
+        indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ENTITY_INDEXES},
     )
 
 

@@ -228,6 +228,8 @@ class CreateOps(WakeOps):
                 e.data,
                 when,
                 when if e.arm_timer else None,
+                e.priority,
+                e.parent_id,
             )
             for e in batch
         ]

@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
 
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -49,6 +49,8 @@ ENTITY_COLUMNS = (
     "data",
     "run_after",
     "timer_since",
+    "priority",
+    "parent_id",
 )
 """Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
 AFTER_ENTITY = len(ENTITY_COLUMNS)
@@ -182,6 +184,9 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         "run_after": sa.Column(names["run_after"], UtcDateTime(), nullable=True),
         # revision 0008: when the entity entered its timed state (NULL: in none)
         "timer_since": sa.Column(names["timer_since"], UtcDateTime(), nullable=True),
+        # revision 0009: the claim's priority (higher first) and the parent of a child entity
+        "priority": sa.Column(names["priority"], sa.SmallInteger(), nullable=False, server_default=sa.text("0")),
+        "parent_id": sa.Column(names["parent_id"], sa.String(ID_LENGTH), nullable=True),
     }
     return [cols[name] for name in ENTITY_COLUMNS]
 
@@ -224,6 +229,12 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
       timer_since IS NOT NULL``): the reaper fires a timer of ``after`` by a range up to
       ``now - after`` and finds the earliest due timer at the start of the range.  Only
       rows in a timed state are in it, so lifecycles without timers pay nothing.
+    - ``priority``: ``(kind, state, priority DESC, run_after)`` (revision 0009), partial
+      (``WHERE priority <> 0``): the claim takes a state's raised rows (``priority > 0``)
+      in index order before walking ``claim`` for the rest, and lowered rows after; rows
+      at the default priority (most) are not in it and cost nothing more;
+    - ``parent``: ``(parent_id, id)`` (revision 0009), partial (``WHERE parent_id IS NOT
+      NULL``): a parent's children, for its fan-in and its cancel cascade.
 
     A bound application table gets the same indexes from ``add_missing_columns`` (which
     adds only those it lacks) or ``add_binding_columns`` (:mod:`stores.sql.binding`).
@@ -231,6 +242,8 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
     c = table.c
     keyed = c[names["concurrency_key"]].isnot(None)
     timed = c[names["timer_since"]].isnot(None)
+    ranked = c[names["priority"]].op("<>")(0)
+    parented = c[names["parent_id"]].isnot(None)
     return [
         sa.Index(
             f"ix_{stem}_lease",
@@ -257,6 +270,22 @@ def entity_indexes(table: sa.Table, stem: str, names: dict[str, str]) -> list[sa
             c[names["timer_since"]],
             sqlite_where=timed,
             postgresql_where=timed,
+        ),
+        sa.Index(
+            f"ix_{stem}_priority",
+            c[names["kind"]],
+            c[names["state"]],
+            c[names["priority"]].desc(),
+            c[names["run_after"]],
+            sqlite_where=ranked,
+            postgresql_where=ranked,
+        ),
+        sa.Index(
+            f"ix_{stem}_parent",
+            c[names["parent_id"]],
+            c[names["id"]],
+            sqlite_where=parented,
+            postgresql_where=parented,
         ),
     ]
 
@@ -286,6 +315,7 @@ def build_metadata(
         ref = f"{stub.fullname}.{bound_id_column}"
     history_table(md, prefix, ref, own=bound_table is None)
     effects_table(md, prefix, ref)
+    starts_table(md, prefix)
     version_table(md, prefix)
     return md
 
@@ -382,6 +412,22 @@ def effects_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
     )
 
 
+def starts_table(md: sa.MetaData, prefix: str) -> sa.Table:
+    """The starts a rate limit counts (revision 0009): one row per claim start of a
+    rate-limited lifecycle, under its key (``''``: the lifecycle's own count), kept one
+    period.  ``(kind, key, at)`` gives a window's count by a range; no primary key, as
+    two starts may share a key and a time."""
+    table = sa.Table(
+        f"{prefix}starts",
+        md,
+        sa.Column("kind", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("key", sa.String(ID_LENGTH), nullable=False),
+        sa.Column("at", UtcDateTime(), nullable=False),
+    )
+    sa.Index(f"ix_{prefix}starts_window", table.c.kind, table.c.key, table.c.at)
+    return table
+
+
 def version_table(md: sa.MetaData, prefix: str) -> sa.Table:
     """Alembic's version table, per prefix, laid out as Alembic creates it.
 
@@ -415,5 +461,6 @@ __all__ = [
     "entity_indexes",
     "feed_ddl",
     "history_table",
+    "starts_table",
     "version_table",
 ]

@@ -632,7 +632,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
                         entity_id, before.kind, write.target, row[0], row[1], row[2],
                         None if exp is None else decode_time(exp), at, before.created_at, at, False,
                         before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
-                        None if ra is None else decode_time(ra), since,
+                        None if ra is None else decode_time(ra), since, before.priority, before.parent_id,
                     )  # fmt: skip
                 record = HistoryRecord(
                     entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
