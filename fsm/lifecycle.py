@@ -42,6 +42,7 @@ from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
 from fsm.builders import Transitions, transition_list
+from fsm.coordination import Limits
 from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
@@ -327,6 +328,9 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     finalizing_state: ClassVar[str] = FINALIZING
     guards: ClassVar[dict[str, Guard]]
     table: ClassVar[CompiledTable]
+    limits: ClassVar[Limits | None] = None
+    """How its workers share the work: concurrency and rate limits, and the starvation
+    rule of priorities (:class:`fsm.coordination.Limits`); ``None``: none."""
     delays: ClassVar[dict[str, timedelta]] = {}
     """Events declared with python-statemachine's ``delay=`` (id -> delay): fired with
     ``Engine.fire_later``, whose default delay it is."""

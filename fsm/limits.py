@@ -28,7 +28,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fsm.errors import EntityExists, InvalidArgument, InvalidData
-from fsm.records import BatchWrite, ClaimRequest, ClaimStart, Lease, NewEntity, TimerMode, TransitionWrite
+from fsm.records import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    BatchWrite,
+    ClaimLimits,
+    ClaimRequest,
+    ClaimStart,
+    Lease,
+    NewEntity,
+    TimerMode,
+    TransitionWrite,
+)
 
 MAX_ID_LENGTH = 255
 """Longest id, idempotency key, owner, kind, state or event name (``VARCHAR(255)``)."""
@@ -277,6 +288,8 @@ def check_new_entity(entity: object) -> NewEntity:
             elif isinstance(value, datetime):
                 check_time(f"column {name!r}", value)
     check_run_after(entity.run_after)
+    check_priority(entity.priority)
+    check_optional_id("parent_id", entity.parent_id)
     if entity.arm_timer is not True and entity.arm_timer is not False:
         raise InvalidArgument(f"NewEntity.arm_timer must be True or False, not {_shown(entity.arm_timer)}")
     if entity.unique_finals is not None:
@@ -488,7 +501,41 @@ def check_claim_request(request: object) -> ClaimRequest:
     for state, budget in request.budgets:
         check_id("budget state", state)
         check_duration("budget", budget)
+    if request.limits is not None:
+        check_claim_limits(request.limits)
+    check_optional_duration("starve_after", request.starve_after)
     return request
+
+
+MAX_LIMIT = 1_000_000
+"""The largest concurrency limit or rate count."""
+
+
+def check_claim_limits(limits: object) -> ClaimLimits:
+    """A claim's limits: positive counts, durations, and the states a slot is held in."""
+    if not isinstance(limits, ClaimLimits):
+        raise InvalidArgument(f"claim limits must be ClaimLimits, not {_shown(limits)}")
+    if not isinstance(limits.leased, tuple) or not 1 <= len(limits.leased) <= 64:
+        raise InvalidArgument(f"limits.leased must be a tuple of 1 to 64 state names, not {_shown(limits.leased)}")
+    for state in limits.leased:
+        check_id("leased state", state)
+    for name in ("per_key", "total"):
+        value = getattr(limits, name)
+        if value is not None:
+            check_int(f"limits.{name}", value, low=1, high=MAX_LIMIT)
+    for name in ("rate", "key_rate"):
+        value = getattr(limits, name)
+        if value is not None:
+            if not isinstance(value, tuple) or len(value) != 2:
+                raise InvalidArgument(f"limits.{name} must be (count, period), not {_shown(value)}")
+            check_int(f"limits.{name} count", value[0], low=1, high=MAX_LIMIT)
+            check_duration(f"limits.{name} period", value[1])
+    return limits
+
+
+def check_priority(value: object) -> int:
+    """A claim priority: an ``int`` from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`."""
+    return check_int("priority", value, low=MIN_PRIORITY, high=MAX_PRIORITY)
 
 
 MAX_MESSAGE_NAME = 64

@@ -221,6 +221,35 @@ class LeaseRenewal(NamedTuple):
     acquired: bool = False
 
 
+MIN_PRIORITY = -100
+"""The lowest claim priority (a create's ``priority=``)."""
+MAX_PRIORITY = 100
+"""The highest claim priority; the default is 0, and a claim takes higher first."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLimits:
+    """What a claim may take, counted in the store across every claimer (see
+    :class:`fsm.Limits`, which a lifecycle or a worker declares).
+
+    ``per_key``: at most this many entities with one ``concurrency_key`` hold a live lease
+    at once; ``total``: at most this many of the lifecycle; ``rate`` and ``key_rate``: at
+    most ``count`` starts per ``period`` (sliding), of the lifecycle and per key.  A slot is
+    a live lease (``lease_expires_at > now``) in one of ``leased`` (the states a lease is
+    held in): a parked entity holds none, and a dead worker's slot frees with its lease."""
+
+    leased: tuple[str, ...]
+    per_key: int | None = None
+    total: int | None = None
+    rate: tuple[int, timedelta] | None = None
+    key_rate: tuple[int, timedelta] | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether anything is counted per key."""
+        return self.per_key is not None or self.key_rate is not None
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimStart:
     """How a claim starts an entity waiting in ``source``: the unguarded worker transition
@@ -252,6 +281,11 @@ class ClaimRequest:
     starts: tuple[ClaimStart, ...] = ()
     resumes: tuple[str, ...] = ()
     budgets: tuple[tuple[str, timedelta], ...] = ()
+    limits: ClaimLimits | None = None
+    """Concurrency and rate limits the claim keeps (``None``: none)."""
+    starve_after: timedelta | None = None
+    """Priorities' answer to starvation: per state, the claim first takes one entity due
+    for at least this long, whatever its priority (``None``: strictly by priority)."""
 
     def budget_for(self, state: str) -> timedelta | None:
         return dict(self.budgets).get(state)
@@ -583,8 +617,10 @@ __all__ = [
     "EFFECT_RENEWALS",
     "EFFECT_SUCCEEDED",
     "MAX_ERROR_MESSAGE",
+    "MAX_PRIORITY",
     "MAX_TRACEBACK",
     "MESSAGE_KEY_PREFIX",
+    "MIN_PRIORITY",
     "PARKED_KEY",
     "PROGRESS_KEY",
     "RENEWALS_KEPT",
@@ -593,6 +629,7 @@ __all__ = [
     "STEP_KEY_PREFIX",
     "Actor",
     "BatchWrite",
+    "ClaimLimits",
     "ClaimRequest",
     "ClaimStart",
     "Condition",

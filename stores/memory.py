@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,6 +53,7 @@ from fsm.records import (
     PARKED_KEY,
     RENEWALS_KEY,
     BatchWrite,
+    ClaimLimits,
     ClaimRequest,
     ClaimStart,
     Condition,
@@ -71,6 +73,7 @@ from fsm.records import (
     condition_holds,
 )
 from stores.feed import counter, feed_args
+from stores.gate import ALL, ClaimGate
 from stores.ledger import (
     LedgerRun,
     appended_log,
@@ -101,6 +104,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         self._keys: dict[tuple[str, str], HistoryRecord] = {}
         self._feed: list[tuple[str, HistoryRecord]] = []  # every history row in commit order
         self._by_concurrency_key: dict[tuple[str, str], list[str]] = {}
+        self._starts: dict[tuple[str, str], deque[datetime]] = {}  # (kind, key): the starts a rate limit counts
 
     def now(self) -> datetime:
         """The clock's time, checked (:func:`fsm.clock.read_clock`): a clock returning
@@ -696,16 +700,23 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     and (r.run_after is None or r.run_after <= now)
                     and (r.state in starts or (r.state in resumes and r.lease_owner is None))
                 ),
-                # resumes first (work already under way), then the longest due
-                key=lambda r: (r.state not in resumes, r.run_after or r.created_at, r.id),
+                # resumes first (work already under way), then the highest priority, then the longest due
+                key=lambda r: (r.state not in resumes, -r.priority, r.run_after or r.created_at, r.id),
             )
+            if request.starve_after is not None:
+                waiting = _starved_first(waiting, now - request.starve_after)
+            gate = None if request.limits is None else self._gate(request.kind, request.limits, now)
             for row in waiting:
                 if len(claimed) >= request.limit:
                     break
                 start = starts.get(row.state)
+                if gate is not None and not gate.admit(row.concurrency_key, start is not None):
+                    continue
                 try:
                     if start is not None:
                         claimed.append(self._start(row, start, request))
+                        if gate is not None:
+                            self._started(request.kind, row.concurrency_key, now)
                     else:
                         budget = request.budget_for(row.state)
                         claimed.append(
@@ -716,6 +727,45 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 except LeaseLost:
                     continue  # its budget is spent: the reaper will fail it
         return claimed
+
+    def _gate(self, kind: str, limits: ClaimLimits, now: datetime) -> ClaimGate:
+        """The counts a limited claim is judged by: live leases in the leased states, and
+        the starts inside each rate window (older ones are forgotten here)."""
+        held: dict[str, int] = {}
+        held_all = 0
+        leased = set(limits.leased)
+        for r in self._rows.values():
+            if (
+                r.kind == kind
+                and not r.deleted
+                and r.state in leased
+                and r.lease_expires_at is not None
+                and r.lease_expires_at > now
+            ):
+                held_all += 1
+                if r.concurrency_key is not None:
+                    held[r.concurrency_key] = held.get(r.concurrency_key, 0) + 1
+        started: dict[str, int] = {}
+        started_all = 0
+        for (k, key), times in self._starts.items():
+            if k != kind:
+                continue
+            period = limits.rate[1] if key == ALL and limits.rate else limits.key_rate[1] if limits.key_rate else None
+            if period is None:
+                continue
+            while times and times[0] <= now - period:
+                times.popleft()
+            if key == ALL:
+                started_all = len(times)
+            else:
+                started[key] = len(times)
+        return ClaimGate(limits, held, held_all, started, started_all)
+
+    def _started(self, kind: str, key: str | None, now: datetime) -> None:
+        """A start a rate limit counts: of the lifecycle, and of its key."""
+        self._starts.setdefault((kind, ALL), deque()).append(now)
+        if key is not None:
+            self._starts.setdefault((kind, key), deque()).append(now)
 
     def _start(self, row: Snapshot, start: ClaimStart, request: ClaimRequest) -> Snapshot:
         return self.apply(request.start_write(start, row.id, row.version))[0]
@@ -784,3 +834,19 @@ def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime 
 
 
 __all__ = ["MemoryStore"]
+
+
+def _starved_first(waiting: list[Snapshot], cut: datetime) -> list[Snapshot]:
+    """The claim's order with, per state, the row due the longest first when it has been
+    due since ``cut`` or earlier (priorities' starvation rule)."""
+    first: dict[str, Snapshot] = {}
+    for r in waiting:
+        due = r.run_after or r.created_at
+        if due <= cut:
+            best = first.get(r.state)
+            if best is None or (due, r.id) < (best.run_after or best.created_at, best.id):
+                first[r.state] = best = r
+    if not first:
+        return waiting
+    chosen = {r.id for r in first.values()}
+    return [*first.values(), *(r for r in waiting if r.id not in chosen)]

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 import signals
 from fsm.clock import Clock
+from fsm.coordination import Limits
 from fsm.engine import Engine, FireResult
 from fsm.engine.joined import held_on, joining
 from fsm.engine.later import Delayed
@@ -135,6 +136,8 @@ class AsyncEngine:
         run_after: datetime | timedelta | None = None,
         unique: bool = False,
         if_active: str = "raise",
+        priority: int = 0,
+        parent: str | None = None,
     ) -> Snapshot:
         """See :meth:`fsm.Engine.create`."""
         return await self._call(
@@ -145,6 +148,8 @@ class AsyncEngine:
             run_after=run_after,
             unique=unique,
             if_active=if_active,
+            priority=priority,
+            parent=parent,
         )
 
     async def create_many(
@@ -228,10 +233,15 @@ class AsyncEngine:
         return await self._call(self.sync.renewals, entity_id)
 
     async def claim(
-        self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None
+        self,
+        limit: int = 1,
+        *,
+        owner: str | None = None,
+        into: Collection[str] | None = None,
+        limits: Limits | None = None,
     ) -> list[Snapshot]:
         """See :meth:`fsm.Engine.claim`."""
-        return await self._call(self.sync.claim, limit, owner=owner, into=into)
+        return await self._call(self.sync.claim, limit, owner=owner, into=into, limits=limits)
 
     async def run(
         self,

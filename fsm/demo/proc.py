@@ -32,6 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from fsm.coordination import Limits
 from fsm.engine import Engine
 from fsm.errors import Fenced, FsmError
 from fsm.lifecycles import GateResult, JobLifecycle
@@ -76,8 +77,15 @@ class ObservedEngine(Engine):
 
     log: Log
 
-    def claim(self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None) -> list[Snapshot]:
-        claimed = super().claim(limit, owner=owner, into=into)
+    def claim(
+        self,
+        limit: int = 1,
+        *,
+        owner: str | None = None,
+        into: Collection[str] | None = None,
+        limits: Limits | None = None,
+    ) -> list[Snapshot]:
+        claimed = super().claim(limit, owner=owner, into=into, limits=limits)
         for snap in claimed:
             expires = snap.lease_expires_at.timestamp() if snap.lease_expires_at else None
             self.log("claimed", job=snap.id, token=snap.lease_token, state=snap.state, expires=expires)

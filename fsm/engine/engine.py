@@ -58,7 +58,7 @@ from fsm.errors import (
 from fsm.guards import HOLDS_LEASE
 from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
-from fsm.limits import MAX_CREATE_MANY, check_run_after, json_copy
+from fsm.limits import MAX_CREATE_MANY, check_priority, check_run_after, json_copy
 from fsm.policy import Policy
 from fsm.records import (
     Actor,
@@ -193,8 +193,16 @@ class Engine(EngineWork):
         run_after: datetime | timedelta | None = None,
         unique: bool = False,
         if_active: str = "raise",
+        priority: int = 0,
+        parent: str | None = None,
     ) -> Snapshot:
         """Create an entity in the lifecycle's initial state; ``data`` is validated first.
+
+        ``priority``: claims take higher priorities first, then the longest due (an int
+        from -100 to 100, default 0; see :class:`fsm.Limits` for the starvation rule).
+        ``parent``: the id of the entity this one is a child of (``job.start_child`` sets
+        it); cancelling the parent cancels it.  With the lifecycle's ``limits.key``, the
+        concurrency key defaults to that data field's value.
 
         ``unique=True``: unique while active, by ``concurrency_key`` (required then): while
         a live entity of this lifecycle with that key is in a state that is not final,
@@ -216,10 +224,14 @@ class Engine(EngineWork):
             raise InvalidArgument(f"unique must be True or False, not {type(unique).__name__}")
         if if_active not in ("raise", "return"):
             raise InvalidArgument(f"if_active must be 'raise' or 'return', not {str(if_active)[:40]!r}")
-        if unique and concurrency_key is None:
-            raise InvalidArgument("create(unique=True) needs a concurrency_key: the key it is unique by")
+        check_priority(priority)
+        optional_text("parent", parent)
         check_arguments(None, None, data)
         clean = self._validate({} if data is None else dict(data), entity_id=None)
+        if concurrency_key is None:
+            concurrency_key = self._data_key(clean)
+        if unique and concurrency_key is None:
+            raise InvalidArgument("create(unique=True) needs a concurrency_key: the key it is unique by")
         try:
             return self.store.create(
                 NewEntity(
@@ -232,6 +244,8 @@ class Engine(EngineWork):
                     run_after=check_run_after(run_after),
                     arm_timer=self.table.arms_on_create(),
                     unique_finals=tuple(sorted(self.table.finals)) if unique else None,
+                    priority=priority,
+                    parent_id=parent,
                 )
             )
         except ActiveDuplicate as err:
@@ -270,6 +284,8 @@ class Engine(EngineWork):
             key = None if concurrency_keys is None else optional_text("concurrency_key", concurrency_keys[i])
             check_arguments(None, None, item)
             clean = self._validate({} if item is None else dict(item), entity_id=None)
+            if key is None:
+                key = self._data_key(clean)
             if entity_id in seen:
                 raise EntityExists(entity_id)
             seen.add(entity_id)
@@ -286,6 +302,17 @@ class Engine(EngineWork):
         # every item was checked above with the store's own limits: the library's stores
         # need not check them again (stores.base.unchecked_create_many)
         return self._create_many(batch)
+
+    def _data_key(self, data: dict[str, Any]) -> str | None:
+        """The concurrency key the lifecycle's ``limits.key`` reads off ``data``."""
+        limits = self.lifecycle.limits
+        if limits is None or limits.key is None:
+            return None
+        try:
+            key = limits.key_of(data)
+        except ValueError as err:
+            raise InvalidArgument(str(err)) from None
+        return None if key is None else optional_text("concurrency_key", key)
 
     def _validate(self, data: dict[str, Any], entity_id: str | None) -> dict[str, Any]:
         return validate_data(self.lifecycle.data_model, self.kind, data, entity_id)

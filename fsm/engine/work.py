@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 import signals
+from fsm.coordination import Limits
 from fsm.engine.arguments import actor_arg, check_arguments, event_arg, lease_arg, text
 from fsm.engine.later import (
     DROPPED,
@@ -47,6 +48,7 @@ from fsm.records import (
     PROGRESS_KEY,
     RESERVED_KEY_PREFIX,
     Actor,
+    ClaimLimits,
     ClaimRequest,
     ClaimStart,
     EffectRecord,
@@ -90,6 +92,35 @@ def claim_plan(
     return chosen, tuple(r for r in resumes if r not in starts and (into is None or r in into))
 
 
+_LEASED: dict[int, tuple[str, ...]] = {}
+
+
+def leased_states(table: CompiledTable) -> tuple[str, ...]:
+    """The states a lease is held in, where a limit counts its slots: where a claim leaves
+    an entity, and every non-final state a worker branch reaches from one of those without
+    giving the lease back (a job's ``running`` and ``finalizing``)."""
+    found = _LEASED.get(id(table))
+    if found is not None:
+        return found
+    starts, resumes = claim_plan(table)
+    held = {s.target for s in starts} | set(resumes)
+    grown = True
+    while grown:
+        grown = False
+        for branch in table.declared:
+            if (
+                branch.actor is Actor.WORKER
+                and branch.lease_effect is not LeaseChange.CLEAR
+                and branch.source in held
+                and branch.target not in held
+                and branch.target not in table.finals
+            ):
+                held.add(branch.target)
+                grown = True
+    found = _LEASED[id(table)] = tuple(sorted(held))
+    return found
+
+
 def _log_claims(kind: str, claimed: list[Snapshot]) -> None:
     """One INFO line per claimed entity, its lease's owner and token as ``extra`` fields."""
     for snap in claimed:
@@ -127,7 +158,14 @@ class EngineWork(EngineLeases):
             raise InvalidArgument(f"into names no leaf state of {self.kind!r}: {', '.join(unknown[:5])}{more}")
         return frozenset(into)
 
-    def claim(self, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None) -> list[Snapshot]:
+    def claim(
+        self,
+        limit: int = 1,
+        *,
+        owner: str | None = None,
+        into: Collection[str] | None = None,
+        limits: Limits | None = None,
+    ) -> list[Snapshot]:
         """Take up to ``limit`` of the oldest claimable entities of this lifecycle.
 
         Queued entities are started (their lease-taking transition fires, token + 1);
@@ -138,6 +176,10 @@ class EngineWork(EngineLeases):
         ``into``: only claims that leave the entity in one of these states (a worker
         passes the states it has handlers for, so it never holds work it cannot do);
         ``None``: every claim the lifecycle allows.
+
+        ``limits``: the concurrency and rate limits to keep (:class:`fsm.Limits`), instead of
+        the lifecycle's own ``limits``.  Claims take higher priorities first, then the
+        longest due.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
             raise InvalidArgument(f"limit must be an integer from 1 to {MAX_CLAIM}, not {limit!r}")
@@ -155,6 +197,8 @@ class EngineWork(EngineLeases):
             budgets=tuple(
                 (state, budget) for state in self.table.leaves if (budget := self.policy.budget_for(state)) is not None
             ),
+            limits=self._claim_limits(limits),
+            starve_after=self._starve_after(limits),
         )
         claimed = self.store.claim(request)
         if claimed and log.isEnabledFor(logging.INFO):
@@ -163,6 +207,21 @@ class EngineWork(EngineLeases):
             for snap in claimed:
                 signals.send(signals.lease_acquired, self.kind, functools.partial(LeasePayload.of, self.kind, snap))
         return claimed
+
+    def _limits(self, given: Limits | None) -> Limits | None:
+        if given is None:
+            return self.lifecycle.limits
+        if not isinstance(given, Limits):
+            raise InvalidArgument(f"limits must be an fsm.Limits, not {type(given).__name__}")
+        return given
+
+    def _claim_limits(self, given: Limits | None) -> ClaimLimits | None:
+        limits = self._limits(given)
+        return None if limits is None else limits.for_claim(leased_states(self.table))
+
+    def _starve_after(self, given: Limits | None) -> timedelta | None:
+        limits = self._limits(given)
+        return None if limits is None else limits.starve_after
 
     def waiting_for_worker(self, entity: Snapshot | str) -> bool:
         """Whether the entity waits for a worker to claim it: in a state a claim starts from

@@ -159,6 +159,8 @@ class Layout:
     binding: TableBinding | None = None
     indexes: dict[str, str] | None = None
     """Quoted names of the entity indexes (``lease``, ``claim``, ``siblings``), when the store knows them."""
+    starts: str = ""
+    """The quoted name of the table of starts a rate limit counts."""
 
     def ref(self, name: str, alias: str) -> str:
         """SQL reading logical column ``name`` of the row aliased ``alias`` ("" = unqualified)."""
@@ -180,6 +182,7 @@ def owned_layout(dialect: sa.Dialect, prefix: str, schema: str | None) -> Layout
         entities=_table(q, f"{prefix}entities", schema),
         history=_table(q, f"{prefix}history", schema),
         effects=_table(q, f"{prefix}effects", schema),
+        starts=_table(q, f"{prefix}starts", schema),
         col={n: q.quote(n) for n in ENTITY_COLUMNS},
         fallback={},
         indexes={name: q.quote(f"ix_{prefix}entities_{name}") for name in ENTITY_INDEXES},
@@ -217,6 +220,7 @@ def bound_layout(dialect: sa.Dialect, prefix: str, binding: TableBinding) -> Lay
         entities=_table(q, binding.table, binding.schema),
         history=_table(q, f"{prefix}history", binding.schema),
         effects=_table(q, f"{prefix}effects", binding.schema),
+        starts=_table(q, f"{prefix}starts", binding.schema),
         col=col,
         fallback=fallback,
         status_col=status_col,

@@ -46,8 +46,34 @@ log = logging.getLogger("fsm.store")
 class ClaimOps(SqlCore):
     """``claim``, ``entities`` and ``count_states`` of :class:`stores.sql.SqlStore`."""
 
-    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...]], str]
-    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode], str]
+    def _ranked(self, where: str, n: str, what: str, lock: str = "", starve: bool = False) -> str:
+        """A state's pick in the claim's order, each part an index walk that stops after
+        ``n`` rows (no sort, whatever the backlog): with ``starve``, the one row due the
+        longest if due since ``now - starve`` (priorities' starvation rule, the ``claim``
+        index); then raised rows, highest first (the partial ``priority`` index); then rows
+        at the default priority in due order (``claim``); then lowered rows (``priority``).
+        ``where`` is the state's filter on rows aliased ``e``; ``what`` the columns."""
+        lay, f, sql = self._sql.L, self._f, self._sql
+        due, prio = lay.ref("run_after", "e"), lay.ref("priority", "e")
+        lock = f" {lock}" if lock else ""
+
+        def part(index: str, extra: str, order: str, limit: str) -> str:
+            return (
+                f"SELECT * FROM (SELECT {what} FROM {sql._indexed(index)} WHERE {where}{extra} "
+                f"ORDER BY {order} LIMIT {limit}{lock}) AS r{len(parts)}"
+            )
+
+        parts: list[str] = []
+        if starve:
+            parts.append(part("claim", f" AND {due} <= {f.now_minus('starve')}", due, "1"))
+        ranked = f"{prio} DESC, {due}"
+        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} > 0", ranked, n))
+        parts.append(part("claim", f" AND {prio} = 0", due, n))
+        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, n))
+        return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
+
+    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool], str]
+    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool], str]
 
     def _claim_sql(self) -> dict[str, str]:
         found: dict[str, str] | None = getattr(self, "_claim_statements", None)
@@ -56,23 +82,23 @@ class ClaimOps(SqlCore):
         lay, f, sql = self._sql.L, self._f, self._sql
         kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
         live = f"{kind} = {f.p('kind')} AND NOT {deleted}"
-        lock = " FOR UPDATE SKIP LOCKED" if f.name == "postgresql" else ""
-        # one state at a time, due the longest first: a range scan on the (kind, state,
-        # run_after) index up to now that stops after ``limit`` unlocked rows, so a claim
-        # costs the same whatever the backlog, and a row not yet due is never looked at.
-        # Ordered by the due time alone, the index order: a tie-break on id would sort.
-        due = lay.ref("run_after", "e")
-        pick = (
-            f"SELECT {lay.ref('id', 'e')}, {state}, {lay.ref('version', 'e')} FROM {sql._indexed('claim')} "
-            f"WHERE {live} AND {state} = {f.p('state')} AND {due} <= {f.now}"
-        )
-        order = f" ORDER BY {due} LIMIT {f.p('limit')}{lock}"
+        lock = "FOR UPDATE OF e SKIP LOCKED" if f.name == "postgresql" else ""
+        # one state at a time, in the claim's order (:meth:`_ranked`): range scans of the
+        # claim and priority indexes up to now that stop after ``limit`` unlocked rows, so
+        # a claim costs the same whatever the backlog, and a row not yet due is never
+        # looked at.  Each part is in its index's order: a tie-break on id would sort.
+        what = f"{lay.ref('id', 'e')} AS id, {state} AS state, {lay.ref('version', 'e')} AS version, "
+        what += f"{lay.ref('concurrency_key', 'e')} AS ck"
+        pick = f"{live} AND {state} = {f.p('state')} AND {lay.ref('run_after', 'e')} <= {f.now}"
+        free = f" AND {lay.ref('lease_owner', 'e')} IS NULL"
         found = {
-            "start": pick + order,
-            "resume": pick + f" AND {lay.ref('lease_owner', 'e')} IS NULL" + order,
             "list": f"SELECT {sql.cols_e} FROM {sql.E} AS e WHERE {live}",
             "count": f"SELECT {state}, COUNT(*) FROM {sql.E} AS e WHERE {live} GROUP BY {state}",
         }
+        for starve in (False, True):
+            mark = "+starve" if starve else ""
+            found["start" + mark] = self._ranked(pick, f.p("limit"), what, lock, starve)
+            found["resume" + mark] = self._ranked(pick + free, f.p("limit"), what, lock, starve)
         self._claim_statements = found
         return found
 
@@ -80,6 +106,8 @@ class ClaimOps(SqlCore):
         """See :meth:`stores.Store.claim`."""
         check_claim_request(request)
         states = [*request.resumes, *(s.source for s in request.starts)]
+        if request.limits is not None and states:
+            return self._claim_limited(request)  # type: ignore[attr-defined,no-any-return]
         if (
             self.binding is not None  # type: ignore[attr-defined]
             or self._children
@@ -103,8 +131,9 @@ class ClaimOps(SqlCore):
         key = (
             tuple(request.budget_for(s) is not None for s in request.resumes),
             tuple((s.bump_attempt, s.timer) for s in request.starts),
+            request.starve_after is not None,
         )
-        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...]], str] | None = getattr(
+        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool], str] | None = getattr(
             self, "_claim_pg_statements", None
         )
         if cache is None:
@@ -123,13 +152,13 @@ class ClaimOps(SqlCore):
         n = 0
 
         def pick(i: int, extra: str) -> str:
-            # the pick of the row-by-row claim (its plan: a range scan of the claim index in
-            # due order, no sort), its LIMIT what the earlier states left
-            return (
-                f"p{i} AS MATERIALIZED (SELECT {lay.ref('id', 'e')} AS id FROM {sql.E} AS e "
-                f"WHERE {kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra} "
-                f"ORDER BY {due} LIMIT GREATEST(%(limit)s - ({taken}), 0) {lock})"
-            )
+            # the pick of the row-by-row claim (its plan: range scans of the claim and
+            # priority indexes in the claim's order, no sort), its LIMIT what the earlier
+            # states left
+            where = f"{kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra}"
+            left = f"GREATEST(%(limit)s - ({taken}), 0)"
+            ranked = self._ranked(where, left, f"{lay.ref('id', 'e')} AS id", lock, key[2])
+            return f"p{i} AS MATERIALIZED ({ranked})"
 
         # the UPDATE finds its rows by primary key from an array (an index probe per row,
         # whatever a prepared plan guesses of the claim's size), and takes only the rows it
@@ -181,6 +210,9 @@ class ClaimOps(SqlCore):
     def _claim_params(self, request: ClaimRequest, now: datetime | None) -> dict[str, Any]:
         params: dict[str, Any] = {"kind": request.kind, "owner": request.owner, "limit": request.limit}
         self._time_params(params, now, request.ttl)
+        if request.starve_after is not None:
+            starve = request.starve_after
+            params["starve"] = self._f.offset(now, -starve) if self._sqlite else starve
         n = 0
         for state in request.resumes:
             params[f"st{n}"] = state
@@ -221,13 +253,16 @@ class ClaimOps(SqlCore):
         if not slot.conn.in_transaction and not self._claimable(slot.cursor, request, params):
             return []
         taken: list[tuple[int, Snapshot]] = []
+        starve = request.starve_after is not None
         try:
             with SqliteWrite(slot, "fsm_claim") as cur:
                 for n, state in enumerate(request.resumes):
                     left = request.limit - len(taken)
                     if left <= 0:
                         break
-                    sql, values = self._qmark(self._claim_sqlite_sql("resume", request.budget_for(state) is not None))
+                    sql, values = self._qmark(
+                        self._claim_sqlite_sql("resume", request.budget_for(state) is not None, starve=starve)
+                    )
                     cur.execute(sql, values({**params, "state": state, "left": left, "bud": params.get(f"bud{n}")}))
                     got = [snapshot_of(r) for r in cur.fetchall()]
                     if got:  # their renewal log entries, in one statement
@@ -241,7 +276,7 @@ class ClaimOps(SqlCore):
                     left = request.limit - len(taken)
                     if left <= 0:
                         break
-                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt, start.timer))
+                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt, start.timer, starve))
                     cur.execute(sql, values({**params, "state": start.source, "target": start.target, "left": left}))
                     got = [snapshot_of(r) for r in cur.fetchall()]
                     if got:
@@ -295,13 +330,14 @@ class ClaimOps(SqlCore):
             found = cache[what] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
         return found
 
-    def _claim_sqlite_sql(self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP) -> str:
+    def _claim_sqlite_sql(self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP, starve: bool = False) -> str:
         """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;
-        ``start``: ``flag`` bumps ``attempt``, ``timer`` is what it does to the timer clock)."""
-        cache: dict[tuple[str, bool, TimerMode], str] | None = getattr(self, "_claim_sqlite_statements", None)
+        ``start``: ``flag`` bumps ``attempt``, ``timer`` is what it does to the timer clock;
+        ``starve``: the starvation rule's pick first)."""
+        cache: dict[tuple[str, bool, TimerMode, bool], str] | None = getattr(self, "_claim_sqlite_statements", None)
         if cache is None:
             cache = self._claim_sqlite_statements = {}
-        found = cache.get((what, flag, timer))
+        found = cache.get((what, flag, timer, starve))
         if found is not None:
             return found
         lay, f, sql = self._sql.L, self._f, self._sql
@@ -330,9 +366,9 @@ class ClaimOps(SqlCore):
             if flag:
                 sets += f", {c['attempt']} = {c['attempt']} + 1, {c['reclaims']} = 0"
             sets += "".join(f", {s}" for s in sql.timer_sets(timer))
-        found = cache[(what, flag, timer)] = (
-            f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN (SELECT {lay.ref('id', 'e')} FROM {sql._indexed('claim')} "
-            f"WHERE {where} ORDER BY {due} LIMIT :left) AND {outer} RETURNING {sql.ret}"
+        pick = self._ranked(where, ":left", f"{lay.ref('id', 'e')} AS id", starve=starve)
+        found = cache[(what, flag, timer, starve)] = (
+            f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN ({pick}) AND {outer} RETURNING {sql.ret}"
         )
         return found
 
@@ -370,9 +406,14 @@ class ClaimOps(SqlCore):
             if left <= 0:
                 break
             params = {"kind": request.kind, "state": state, "limit": left}
-            self._time_params(params, self._now(), None)
-            cur.execute(statements["resume" if start is None else "start"], params)
-            for entity_id, _, version in cur.fetchall():
+            now = self._now()
+            self._time_params(params, now, None)
+            mark = ""
+            if request.starve_after is not None:
+                mark = "+starve"
+                params["starve"] = self._f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
+            cur.execute(statements[("resume" if start is None else "start") + mark], params)
+            for entity_id, _, version, _ in cur.fetchall():
                 taken = self._take(entity_id, state, version, start, request)
                 if taken is not None:
                     claimed.append(taken)
@@ -433,7 +474,7 @@ def _in_order(taken: list[tuple[int, Snapshot]]) -> list[Snapshot]:
     """Claimed rows in the claim's order: by state (resumes first), then the longest due
     (then id: a statement returns its rows in no promised order)."""
     far = datetime.max.replace(tzinfo=UTC)
-    taken.sort(key=lambda t: (t[0], t[1].run_after or far, t[1].id))
+    taken.sort(key=lambda t: (t[0], -t[1].priority, t[1].run_after or far, t[1].id))
     return [snap for _, snap in taken]
 
 

@@ -131,7 +131,7 @@ class CreateOps(WakeOps):
         if (
             self.binding is not None  # type: ignore[attr-defined]
             or self._children
-            or any(e.columns or e.run_after is not None for e in batch)
+            or any(e.columns or e.run_after is not None or e.priority or e.parent_id is not None for e in batch)
             or len({e.arm_timer for e in batch}) > 1
             or any(e.unique_finals is not None for e in batch)
         ):
@@ -282,6 +282,7 @@ class CreateOps(WakeOps):
                 extra: tuple[str, ...] = ()
                 if entity.columns:
                     extra = self._column_params(entity.columns, params)  # type: ignore[attr-defined]
+                extra += self._placement_params(entity, params, len(extra))  # type: ignore[attr-defined]
                 unique = entity.unique_finals is not None
                 if unique:
                     params["finals"] = self._f.ids(entity.unique_finals or ())

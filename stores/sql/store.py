@@ -94,6 +94,7 @@ from stores.sql.effects import EffectOps
 from stores.sql.feed import FeedOps
 from stores.sql.joined import JOINED, Joined, joined_sync
 from stores.sql.leases import LeaseOps
+from stores.sql.limited import LimitedClaimOps
 from stores.sql.migrate import current_revision, ensure_schema
 from stores.sql.reaper_batches import ReaperOps
 from stores.sql.retention import RetentionOps
@@ -176,7 +177,19 @@ class _Refused(Exception):
     """The guarded statement matched no row."""
 
 
-class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, BatchOps, ByIdOps, FeedOps, RetentionOps):
+class SqlStore(
+    LeaseOps,
+    ReaperOps,
+    EffectOps,
+    WaitOps,
+    LimitedClaimOps,
+    ClaimOps,
+    CreateOps,
+    BatchOps,
+    ByIdOps,
+    FeedOps,
+    RetentionOps,
+):
     """A :class:`stores.Store` on SQLite or PostgreSQL (psycopg 3).
 
     ``url_or_engine``: a URL (``sqlite:///fsm.db``, ``postgresql+psycopg://user@host/db``)
@@ -434,6 +447,7 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
             params["status"] = self._status(entity.state)
         if entity.columns:
             extra = self._column_params(entity.columns, params)
+        extra += self._placement_params(entity, params, len(extra))
         unique = entity.unique_finals is not None
         if unique:
             params["finals"] = self._f.ids(entity.unique_finals or ())
@@ -495,6 +509,17 @@ class SqlStore(LeaseOps, ReaperOps, EffectOps, WaitOps, ClaimOps, CreateOps, Bat
         for i, name in enumerate(names):
             params[f"x{i}"] = columns[name]
         return tuple(quote(n) for n in names)
+
+    def _placement_params(self, entity: NewEntity, params: dict[str, Any], first: int) -> tuple[str, ...]:
+        """A create's priority and parent, when not the defaults, as more ``x{i}`` columns
+        (the batch insert writes neither: such a create takes the single-row insert)."""
+        c = self._sql.L.col
+        names: list[str] = []
+        for name, value, default in (("priority", entity.priority, 0), ("parent_id", entity.parent_id, None)):
+            if value != default:
+                params[f"x{first + len(names)}"] = value
+                names.append(c[name])
+        return tuple(names)
 
     def _write(self, sql: str, params: dict[str, Any], entity_id: str, children: dict[str, Any]) -> list[Any]:
         """A single-statement write, plus child rows in the same transaction when given."""

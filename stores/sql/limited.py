@@ -1,0 +1,232 @@
+"""Claims with limits on SQL: concurrency per key and in all, rates per key and in all.
+
+One transaction (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a transaction on the claimer's
+connection):
+
+1. count the live leases in the leased states, per key (one range of the ``lease`` index
+   per state: as many rows as there are live leases, whatever the backlog);
+2. pick candidates in the claim's order (:meth:`stores.sql.claims.ClaimOps._ranked`,
+   index walks, no sort), stepping over the rows of keys already full, a few more than
+   the claim may take (``FOR UPDATE SKIP LOCKED`` on PostgreSQL);
+3. PostgreSQL: take an advisory transaction lock per candidate key, and one for the
+   lifecycle when it counts in all, in one order (no deadlock between claimers), then
+   count again in a new snapshot: every claim that held a lock before has committed and
+   is counted, so two claimers never both take a key's last slot.  SQLite has one writer
+   at a time: its counts are exact already;
+4. count the starts inside each rate window (the ``starts`` table);
+5. admit candidates in order while every count stays under its limit
+   (:class:`stores.gate.ClaimGate`), take each admitted row by the store's own guarded
+   write (the same fence as any claim), and record the starts a rate counts.
+
+The rows picked but not admitted are left as they were (their locks end with the
+transaction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from fsm.records import ClaimLimits, ClaimRequest, ClaimStart, Snapshot
+from stores.gate import ALL, ClaimGate
+from stores.sql.connections import unavailable
+from stores.sql.core import SqlCore
+
+log = logging.getLogger("fsm.store")
+
+OVERPICK = 4
+"""Candidates a limited claim picks per slot it may take: rows of a full key are stepped
+over, so a few more than the slots keep the claim full when keys crowd the line."""
+MAX_PICK = 1000
+
+
+def lock_id(text: str) -> int:
+    """A signed 64-bit advisory lock id for ``text``."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class LimitedClaimOps(SqlCore):
+    """``claim`` with :class:`~fsm.records.ClaimLimits` (see the module doc)."""
+
+    table_prefix: str
+
+    def _claim_limited(self, request: ClaimRequest) -> list[Snapshot]:
+        slot = self._conns.slot()
+        cur = slot.cursor
+        try:
+            if self._sqlite:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    claimed = self._limited_locked(cur, request)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    slot.conn.rollback()
+                    raise
+                return claimed
+            with slot.conn.transaction():
+                return self._limited_locked(cur, request)
+        except self._integrity:
+            raise
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+
+    def _limited_locked(self, cur: Any, request: ClaimRequest) -> list[Snapshot]:
+        limits = request.limits
+        assert limits is not None
+        now = self._now()
+        params: dict[str, Any] = {"kind": request.kind}
+        self._time_params(params, now, None)
+        held, held_all = self._held(cur, limits, params)
+        gate = ClaimGate(limits, held, held_all, {}, 0)
+        if gate.full():
+            return []
+        candidates = self._candidates(cur, request, gate.full_keys(), now)
+        if not candidates:
+            return []
+        keys = sorted({key for _, _, _, key, _ in candidates if key is not None}) if limits.keyed else []
+        if not self._sqlite:  # lock, then count again in a new snapshot (see the module doc)
+            locks = [f"{self.table_prefix}claim:{request.kind}:{key}" for key in keys]
+            if limits.total is not None or limits.rate is not None:
+                locks.append(f"{self.table_prefix}claim:{request.kind}")
+            ids = sorted(lock_id(text) for text in locks)
+            cur.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(%(locks)s::bigint[]) AS t(k)", {"locks": ids})
+            cur.fetchall()
+            held, held_all = self._held(cur, limits, params)
+        started, started_all = self._started(cur, request.kind, limits, keys, now)
+        gate = ClaimGate(limits, held, held_all, started, started_all)
+        claimed: list[Snapshot] = []
+        starts: list[str] = []
+        for entity_id, state, version, key, start in candidates:
+            if len(claimed) >= request.limit:
+                break
+            if not gate.admit(key, start is not None):
+                continue
+            taken = self._take(entity_id, state, version, start, request)  # type: ignore[attr-defined]
+            if taken is not None:
+                claimed.append(taken)
+                if start is not None:
+                    starts.append(ALL)
+                    if key is not None:
+                        starts.append(key)
+        if starts and (limits.rate is not None or limits.key_rate is not None):
+            self._record_starts(cur, request.kind, limits, starts, now)
+        return claimed
+
+    def _held(self, cur: Any, limits: ClaimLimits, params: dict[str, Any]) -> tuple[dict[str, int], int]:
+        """Live leases in the leased states: per key, and in all."""
+        lay, f, sql = self._sql.L, self._f, self._sql
+        marks = ", ".join(f.p(f"ls{i}") for i in range(len(limits.leased)))
+        statement = (
+            f"SELECT {lay.ref('concurrency_key', 'e')}, COUNT(*) FROM {sql._indexed('lease')} "
+            f"WHERE {lay.ref('kind', 'e')} = {f.p('kind')} AND {lay.ref('state', 'e')} IN ({marks}) "
+            f"AND {lay.ref('lease_expires_at', 'e')} > {f.now} AND NOT {lay.ref('deleted', 'e')} "
+            f"GROUP BY {lay.ref('concurrency_key', 'e')}"
+        )
+        cur.execute(statement, {**params, **{f"ls{i}": s for i, s in enumerate(limits.leased)}})
+        held: dict[str, int] = {}
+        total = 0
+        for key, n in cur.fetchall():
+            total += int(n)
+            if key is not None:
+                held[str(key)] = int(n)
+        return held, total
+
+    def _candidates(
+        self, cur: Any, request: ClaimRequest, full: Sequence[str], now: datetime | None
+    ) -> list[tuple[str, str, int, str | None, ClaimStart | None]]:
+        """Rows in the claim's order, resumes first, stepping over the keys in ``full``."""
+        lay, f = self._sql.L, self._f
+        kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
+        where = f"{kind} = {f.p('kind')} AND NOT {deleted} AND {state} = {f.p('state')} "
+        where += f"AND {lay.ref('run_after', 'e')} <= {f.now}"
+        ck = lay.ref("concurrency_key", "e")
+        if full:
+            where += f" AND ({ck} IS NULL OR NOT ({f.in_ids(ck, 'full')}))"
+        what = f"{lay.ref('id', 'e')} AS id, {state} AS state, {lay.ref('version', 'e')} AS version, {ck} AS ck"
+        lock = "" if self._sqlite else "FOR UPDATE OF e SKIP LOCKED"
+        starve = request.starve_after is not None
+        free = f" AND {lay.ref('lease_owner', 'e')} IS NULL"
+        picks: list[tuple[str, ClaimStart | None]] = [(s, None) for s in request.resumes]
+        picks += [(s.source, s) for s in request.starts]
+        budget = min(MAX_PICK, request.limit * OVERPICK)
+        found: list[tuple[str, str, int, str | None, ClaimStart | None]] = []
+        for source, start in picks:
+            left = budget - len(found)
+            if left <= 0:
+                break
+            sql = self._ranked(where + ("" if start is not None else free), f.p("limit"), what, lock, starve)  # type: ignore[attr-defined]
+            params: dict[str, Any] = {"kind": request.kind, "state": source, "limit": left}
+            self._time_params(params, now, None)
+            if full:
+                params["full"] = f.ids(full)
+            if starve:
+                assert request.starve_after is not None
+                params["starve"] = f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
+            cur.execute(sql, params)
+            seen = {row[0] for row in found}
+            for entity_id, st, version, key, *_ in cur.fetchall():
+                if entity_id not in seen:  # the starvation pick may meet its row again
+                    seen.add(entity_id)
+                    found.append((entity_id, st, int(version), key, start))
+        return found
+
+    def _started(
+        self, cur: Any, kind: str, limits: ClaimLimits, keys: Sequence[str], now: datetime | None
+    ) -> tuple[dict[str, int], int]:
+        """Starts inside each rate window: per key, and of the lifecycle."""
+        f, starts = self._f, self._sql.L.starts
+        started: dict[str, int] = {}
+        total = 0
+        for rate, wanted in ((limits.rate, [ALL]), (limits.key_rate, list(keys))):
+            if rate is None or not wanted:
+                continue
+            params: dict[str, Any] = {"kind": kind, "keys": f.ids(wanted)}
+            self._time_params(params, now, None)
+            params["cut"] = f.offset(now, -rate[1]) if self._sqlite else rate[1]
+            cur.execute(
+                f"SELECT key, COUNT(*) FROM {starts} WHERE kind = {f.p('kind')} AND {f.in_ids('key', 'keys')} "
+                f"AND at > {f.now_minus('cut')} GROUP BY key",
+                params,
+            )
+            for key, n in cur.fetchall():
+                if key == ALL:
+                    total = int(n)
+                else:
+                    started[str(key)] = int(n)
+        return started, total
+
+    def _record_starts(
+        self, cur: Any, kind: str, limits: ClaimLimits, keys: Sequence[str], now: datetime | None
+    ) -> None:
+        """The starts of this claim, and the ones their windows no longer count forgotten."""
+        f, starts = self._f, self._sql.L.starts
+        counted = [k for k in keys if (k == ALL and limits.rate) or (k != ALL and limits.key_rate)]
+        if not counted:
+            return
+        params: dict[str, Any] = {"kind": kind, "keys": f.ids(counted)}
+        self._time_params(params, now, None)
+        if self._sqlite:
+            cur.execute(f"INSERT INTO {starts} (kind, key, at) SELECT :kind, value, :now FROM json_each(:keys)", params)
+        else:
+            cur.execute(
+                f"INSERT INTO {starts} (kind, key, at) "
+                f"SELECT %(kind)s, k, {f.now} FROM unnest(%(keys)s::text[]) AS t(k)",
+                params,
+            )
+        for rate, which in ((limits.rate, [ALL]), (limits.key_rate, sorted({k for k in counted if k != ALL}))):
+            if rate is None or not which:
+                continue
+            old = {"kind": kind, "keys": f.ids(which)}
+            self._time_params(old, now, None)
+            old["cut"] = f.offset(now, -rate[1]) if self._sqlite else rate[1]
+            cur.execute(
+                f"DELETE FROM {starts} WHERE kind = {f.p('kind')} AND {f.in_ids('key', 'keys')} "
+                f"AND at <= {f.now_minus('cut')}",
+                old,
+            )
+
+
+__all__ = ["LimitedClaimOps", "lock_id"]
