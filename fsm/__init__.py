@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsm._version import __version__ as __version__
 from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
+from fsm.coordination import Limits, Rate
 from fsm.errors import (
     ActiveDuplicate,
     ConditionFailed,
@@ -145,12 +146,14 @@ __all__ = [
     "LeaseLost",
     "LeaseRenewal",
     "Lifecycle",
+    "Limits",
     "MalformedRow",
     "ManualClock",
     "PipelineData",
     "PipelineLifecycle",
     "Policy",
     "PruneResult",
+    "Rate",
     "ReapPolicy",
     "ReapResult",
     "Reaper",

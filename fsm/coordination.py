@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
+from fsm.errors import ConfigError
 from fsm.limits import MAX_LIMIT, as_duration, duration_problem
 from fsm.policy import config_errors
 from fsm.records import ClaimLimits
@@ -139,4 +140,11 @@ class Limits(BaseModel):
         return str(value)
 
 
-__all__ = ["Limits", "Rate"]
+def check_limits(value: object) -> Limits | None:
+    """A worker's ``limits=``: an :class:`Limits` or ``None``."""
+    if value is not None and not isinstance(value, Limits):
+        raise ConfigError(f"limits must be an fsm.Limits or None, not {type(value).__name__}")
+    return value
+
+
+__all__ = ["Limits", "Rate", "check_limits"]

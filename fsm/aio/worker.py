@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from fsm.aio.engine import AsyncEngine
+from fsm.coordination import Limits, check_limits
 from fsm.engine import FireResult
 from fsm.errors import ConfigError, FsmError, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
@@ -188,8 +189,11 @@ class AsyncWorker(CoreFace):
         reap: bool | ReaperConfig | Mapping[str, object] = False,
         claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
         metrics_port: int | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
+        self.limits = check_limits(limits)
+        """The limits this worker's claims keep instead of the lifecycle's own, or ``None``."""
         self.engine = engine
         self.keeper_period = keeper_period
         # one task renews every lease this worker holds, one transaction a round
@@ -230,7 +234,7 @@ class AsyncWorker(CoreFace):
         if self._stopping or free <= 0:
             return 0
         try:
-            claimed = await self.engine.claim(free, into=self.core.claim_into)
+            claimed = await self.engine.claim(free, into=self.core.claim_into, limits=self.limits)
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from fsm.coordination import Limits, check_limits
 from fsm.engine.many import Fired
 from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
@@ -374,8 +375,11 @@ class Worker(CoreFace):
         claim_gather: timedelta = DEFAULT_CLAIM_GATHER,
         metrics_port: int | None = None,
         handler_connections: int = DEFAULT_HANDLER_CONNECTIONS,
+        limits: Limits | None = None,
     ) -> None:
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
+        self.limits = check_limits(limits)
+        """The limits this worker's claims keep instead of the lifecycle's own (``limits=``), or ``None``."""
         if (
             isinstance(handler_connections, bool)
             or not isinstance(handler_connections, int)
@@ -419,7 +423,7 @@ class Worker(CoreFace):
         if self._stopping.is_set() or free <= 0:
             return 0
         try:
-            claimed = self.engine.claim(free, into=self.core.claim_into)
+            claimed = self.engine.claim(free, into=self.core.claim_into, limits=self.limits)
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0
