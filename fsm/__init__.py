@@ -16,6 +16,7 @@ from fsm.clock import Clock, ManualClock, SystemClock, new_owner_id
 from fsm.coordination import Limits, Rate
 from fsm.errors import (
     ActiveDuplicate,
+    ChildFailed,
     ConditionFailed,
     ConfigError,
     ConstraintViolated,
@@ -113,6 +114,7 @@ __all__ = [
     "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
+    "ChildFailed",
     "Clock",
     "CompiledTable",
     "ConditionFailed",

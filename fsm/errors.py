@@ -271,6 +271,7 @@ class StoreUnavailable(FsmError):
 
 __all__ = [
     "ActiveDuplicate",
+    "ChildFailed",
     "ConditionFailed",
     "ConfigError",
     "ConstraintViolated",
@@ -305,6 +306,19 @@ class WaitTimedOut(FsmError):
         self.name = name
         self.step = step
         super().__init__(f"entity {entity_id!r} waited for message {name!r} and timed out ({step})")
+
+
+class ChildFailed(FsmError):
+    """``job.wait_children()`` (``on_failure="fail"``, the default) saw a child end in a
+    failed state.  Not retried: the parent fails at once (a replay raises it again at the
+    same step: the outcome is recorded).  ``child`` is its :class:`~fsm.work.ChildResult`."""
+
+    retryable = False
+
+    def __init__(self, entity_id: str, *, child: Any) -> None:
+        self.entity_id = entity_id
+        self.child = child
+        super().__init__(f"entity {entity_id!r}: child {child.id!r} ({child.kind}) ended {child.state!r}")
 
 
 class StoreCorrupt(StoreUnavailable):

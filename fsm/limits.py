@@ -533,6 +533,13 @@ def check_claim_limits(limits: object) -> ClaimLimits:
     return limits
 
 
+def check_children_args(parent_id: object, limit: object, after_id: object) -> None:
+    """``Store.children``'s arguments: an id, a page size, a keyset id."""
+    check_id("parent_id", parent_id)
+    check_int("limit", limit, low=1, high=10_000)
+    check_optional_id("after_id", after_id)
+
+
 def check_priority(value: object) -> int:
     """A claim priority: an ``int`` from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`."""
     return check_int("priority", value, low=MIN_PRIORITY, high=MAX_PRIORITY)

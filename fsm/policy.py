@@ -135,8 +135,8 @@ class RetryPolicy(BaseModel):
 
     def retries(self, error: BaseException) -> bool:
         """Whether ``error`` is retried (before counting attempts)."""
-        if not isinstance(error, Exception):
-            return False
+        if not isinstance(error, Exception) or getattr(error, "retryable", True) is False:
+            return False  # an error that says so itself (a failed child) is never retried
         if any(_matches(error, t) for t in self.non_retryable):
             return False
         return not self.retry_on or any(_matches(error, t) for t in self.retry_on)

@@ -303,6 +303,11 @@ class Store(Protocol):
         """How many live entities of ``kind`` are in each state."""
         ...
 
+    def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        """The live entities whose parent is ``parent_id`` (any lifecycle), ordered by id,
+        with id > ``after_id``, at most ``limit`` (SQL: the ``parent`` index)."""
+        ...
+
     def prune(
         self, kind: str, states: Sequence[str], before: datetime, *, limit: int = 500, dry_run: bool = False
     ) -> list[str]:

@@ -30,6 +30,7 @@ from fsm.errors import (
 from fsm.id_write import IdWrite, check_id_write
 from fsm.limits import (
     check_batch_write,
+    check_children_args,
     check_claim_request,
     check_effect_args,
     check_id,
@@ -783,6 +784,19 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     and not r.deleted
                     and (state is None or r.state == state)
                     and (after_id is None or r.id > after_id)
+                ),
+                key=lambda r: r.id,
+            )
+        return found[:limit]
+
+    def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        check_children_args(parent_id, limit, after_id)
+        with self._lock:
+            found = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.parent_id == parent_id and not r.deleted and (after_id is None or r.id > after_id)
                 ),
                 key=lambda r: r.id,
             )

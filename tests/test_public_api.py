@@ -14,6 +14,7 @@ FSM_API = {
     "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
+    "ChildFailed",
     "Clock",
     "CompiledTable",
     "ConditionFailed",
@@ -137,6 +138,7 @@ def test_the_work_package_exports_exactly_its_pinned_names() -> None:
     assert set(fsm.work.__all__) == {
         "AsyncLeaseKeeper",
         "BatchCompleter",
+        "ChildResult",
         "HeldLease",
         "Job",
         "KeepResult",

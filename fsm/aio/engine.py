@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +26,7 @@ import signals
 from fsm.clock import Clock
 from fsm.coordination import Limits
 from fsm.engine import Engine, FireResult
+from fsm.engine.cascade import Cancelled
 from fsm.engine.joined import held_on, joining
 from fsm.engine.later import Delayed
 from fsm.engine.many import Fire, Fired
@@ -262,6 +263,17 @@ class AsyncEngine:
             return resolved(fn(idempotency_key))
 
         return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
+
+    async def cancel(
+        self,
+        entity: str | Snapshot,
+        *,
+        reason: str | None = None,
+        children: bool = True,
+        lifecycles: Iterable[type[Lifecycle]] | None = None,
+    ) -> Cancelled:
+        """See :meth:`fsm.Engine.cancel`."""
+        return await self._call(self.sync.cancel, entity, reason=reason, children=children, lifecycles=lifecycles)
 
     async def fire_later(
         self,

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,6 +39,17 @@ from fsm.engine import FireResult
 from fsm.errors import ConfigError, FsmError, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
+from fsm.work.children import (
+    DEFAULT_POLL,
+    FAILED_STATES,
+    ChildResult,
+    check_child_key,
+    check_wait_args,
+    child_engine,
+    start_child,
+    wait_children,
+    wake_parent,
+)
 from fsm.work.completer import AsyncBatchCompleter
 from fsm.work.keeper import HeldLease
 from fsm.work.keepers import AsyncLeaseKeepers
@@ -169,6 +180,44 @@ class AsyncJob(HeldEntity):
         steps = steps_of(self, self.engine.sync)
         found, payload = await self.engine._call(steps.wait_for, message, limit)
         return wait_result(self, steps, found, payload, default, message)
+
+    async def start_child(
+        self,
+        key: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        lifecycle: Any = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+    ) -> Snapshot:
+        """:meth:`fsm.work.Job.start_child`, awaited."""
+        name = check_child_key(key)
+        engine = child_engine(self.engine.sync, lifecycle)
+        steps = steps_of(self, self.engine.sync)
+        payload = None if data is None else dict(data)
+        made: Snapshot = await self.engine._call(
+            start_child, steps, self.snapshot, engine, name, payload, priority, concurrency_key
+        )
+        return made
+
+    async def wait_children(
+        self,
+        *,
+        on_failure: str = "fail",
+        failed: Collection[str] = FAILED_STATES,
+        poll: timedelta | float = DEFAULT_POLL,
+    ) -> list[ChildResult]:
+        """:meth:`fsm.work.Job.wait_children`, awaited: a durable wait for the children."""
+        states, policy = check_wait_args(failed, on_failure)
+        every = check_duration_arg("poll", poll)
+        assert every is not None
+        steps = steps_of(self, self.engine.sync)
+        found: list[ChildResult] = await self.engine._call(wait_children, steps, states, policy, every)
+        return found
+
+    async def wake_parent(self) -> None:
+        """Wake the parked parent of this entity once it is final (the worker calls it)."""
+        await self.engine._call(wake_parent, self.engine.sync, self.snapshot)
 
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Outcome]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,6 +30,7 @@ from fsm.engine.arguments import (
 )
 from fsm.engine.base import StoreClock
 from fsm.engine.by_id import by_id_of, id_plans, id_write
+from fsm.engine.cascade import Cancelled, cascade, check_lifecycles
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
@@ -302,6 +303,28 @@ class Engine(EngineWork):
         # every item was checked above with the store's own limits: the library's stores
         # need not check them again (stores.base.unchecked_create_many)
         return self._create_many(batch)
+
+    def cancel(
+        self,
+        entity: str | Snapshot,
+        *,
+        reason: str | None = None,
+        children: bool = True,
+        lifecycles: Iterable[type[Lifecycle]] | None = None,
+    ) -> Cancelled:
+        """Fire the lifecycle's ``cancel`` on the entity, then (``children=True``) on each of
+        its live children and theirs, each by its own lifecycle's ``cancel``: a child its
+        lifecycle cannot cancel (a live finalizer) is left to finish and reported in
+        :attr:`Cancelled.left`.  Children of another lifecycle are cancelled by that
+        lifecycle (an imported one, or one of ``lifecycles``).  See :mod:`fsm.engine.cascade`."""
+        given = check_lifecycles(lifecycles)
+        if children is not True and children is not False:
+            raise InvalidArgument(f"children must be True or False, not {type(children).__name__}")
+        result = self.fire(entity, "cancel", reason=reason)
+        if not children:
+            return Cancelled(result, (), ())
+        done, left = cascade(self, result.snapshot.id, given, 0)
+        return Cancelled(result, tuple(done), tuple(left))
 
     def _data_key(self, data: dict[str, Any]) -> str | None:
         """The concurrency key the lifecycle's ``limits.key`` reads off ``data``."""

@@ -18,6 +18,7 @@ store protocol:
 
 from __future__ import annotations
 
+from fsm.work.children import ChildResult
 from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import AsyncLeaseKeeper, HeldLease, KeepResult, LeaseKeeper
 from fsm.work.keepers import LeaseKeepers
@@ -27,6 +28,7 @@ from fsm.work.worker import Job, Worker, WorkerStats
 __all__ = [
     "AsyncLeaseKeeper",
     "BatchCompleter",
+    "ChildResult",
     "HeldLease",
     "Job",
     "KeepResult",

@@ -208,6 +208,8 @@ class JobFace(Protocol):
 
     def release(self) -> Any: ...
 
+    def wake_parent(self) -> Any: ...
+
     @property
     def lost(self) -> bool: ...
 
@@ -420,6 +422,8 @@ class WorkerCore:
             if handler is None:
                 if job.state in self.table.finals:
                     self.count("finished")
+                    if job.snapshot.parent_id is not None:  # a child that ended: its parked parent looks now
+                        yield step(job.wake_parent)
                     return
                 # a state another worker handles (a finalizer pool): give the lease back, so
                 # that worker claims it now instead of after the reaper's reclaim
@@ -467,6 +471,8 @@ class WorkerCore:
                 self.count("failed", f"{job.id}: {type(err).__name__}: {err}")
                 retried = yield from self.after_error(job, err)
                 report(self.kind, job, state, RETRY if retried else FAILED, started, error=err)
+                if job.snapshot.parent_id is not None and job.state in self.table.finals:
+                    yield step(job.wake_parent)
                 return
 
     def after_error(self, job: JobFace, err: Exception) -> Generator[Call, Any, bool]:

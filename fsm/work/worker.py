@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,6 +66,17 @@ from fsm.engine.many import Fired
 from fsm.errors import ConfigError, Fenced, FsmError, LeaseLost, StoreUnavailable
 from fsm.observe.serving import release_worker_metrics, worker_metrics
 from fsm.records import HistoryRecord, Snapshot
+from fsm.work.children import (
+    DEFAULT_POLL,
+    FAILED_STATES,
+    ChildResult,
+    check_child_key,
+    check_wait_args,
+    child_engine,
+    start_child,
+    wait_children,
+    wake_parent,
+)
 from fsm.work.completer import BatchCompleter
 from fsm.work.keeper import HeldLease
 from fsm.work.keepers import LeaseKeepers
@@ -332,6 +343,57 @@ class Job(HeldEntity):
         finally:
             self._given_back()
         return wait_result(self, steps, found, payload, default, message)
+
+    def start_child(
+        self,
+        key: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        lifecycle: Any = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+    ) -> Snapshot:
+        """Start a child entity once per ``key`` (a replay returns the same child): id
+        ``{this id}/{key}``, its ``parent_id`` this entity, recorded in the ledger under
+        this lease.  ``lifecycle``: the child's lifecycle class or engine (default: this
+        one's).  See :mod:`fsm.work.children`."""
+        name = check_child_key(key)
+        engine = child_engine(self.engine, lifecycle)
+        try:
+            return start_child(
+                steps_of(self, self.engine), self.snapshot, engine, name,
+                None if data is None else dict(data), priority, concurrency_key,
+            )  # fmt: skip
+        finally:
+            self._given_back()
+
+    def wait_children(
+        self,
+        *,
+        on_failure: str = "fail",
+        failed: Collection[str] = FAILED_STATES,
+        poll: timedelta | float = DEFAULT_POLL,
+    ) -> list[ChildResult]:
+        """A durable wait for every child started so far to be final: their results
+        (:class:`~fsm.work.ChildResult`: final state and data), in start order.  Until
+        then the entity is parked (no lease, no slot) and :class:`~fsm.errors.Parked` stops
+        the handler; a child's end wakes it (and it looks again every ``poll``).
+        ``on_failure="fail"``: a child ending in one of ``failed`` raises
+        :class:`~fsm.errors.ChildFailed` (never retried); ``"wait"``: wait for all."""
+        states, policy = check_wait_args(failed, on_failure)
+        every = check_duration_arg("poll", poll)
+        assert every is not None
+        try:
+            return wait_children(steps_of(self, self.engine), states, policy, every)
+        finally:
+            self._given_back()
+
+    def wake_parent(self) -> None:
+        """Wake the parked parent of this entity once it is final (the worker calls it)."""
+        try:
+            wake_parent(self.engine, self.snapshot)
+        finally:
+            self._given_back()
 
     def release(self) -> Snapshot:
         """Give the lease back, so another worker can claim the entity at once."""

@@ -179,6 +179,10 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        result: list[Snapshot] = await self._invoke("children", parent_id, limit=limit, after_id=after_id)
+        return result
+
     async def notify_work(self, kind: str) -> None:
         """See :meth:`stores.base.WorkNotices.notify_work`."""
         await self._invoke("notify_work", kind)
@@ -393,6 +397,10 @@ class BridgeStore(LedgerRun):
     ) -> list[Snapshot]:
         kwargs = {"state": state, "limit": limit, "after_id": after_id}
         result: list[Snapshot] = self._call("entities", (kind,), kwargs)
+        return result
+
+    def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        result: list[Snapshot] = self._call("children", (parent_id,), {"limit": limit, "after_id": after_id})
         return result
 
     def count_states(self, kind: str) -> dict[str, int]:

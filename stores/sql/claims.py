@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fsm.errors import LeaseLost, MalformedRow, StaleVersion
-from fsm.limits import check_claim_request, check_id, check_listing
+from fsm.limits import check_children_args, check_claim_request, check_id, check_listing
 from fsm.records import ClaimRequest, ClaimStart, Snapshot, TimerMode
 from stores.ledger import renewal_entry
 from stores.sql.connections import unavailable
@@ -458,6 +458,25 @@ class ClaimOps(SqlCore):
         sql += f" ORDER BY {lay.ref('id', 'e')} LIMIT {f.p('limit')}"
         found = []
         for row in self._run(sql, params):
+            try:
+                found.append(snapshot_of(row))
+            except MalformedRow as err:
+                log.warning("listing left out a malformed row: %s", err)
+        return self._attach(found)
+
+    def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
+        """See :meth:`stores.Store.children`: a range of the ``parent`` index."""
+        check_children_args(parent_id, limit, after_id)
+        lay, f, sql = self._sql.L, self._f, self._sql
+        statement = f"SELECT {sql.cols_e} FROM {sql.E} AS e WHERE {lay.ref('parent_id', 'e')} = {f.p('parent')} "
+        statement += f"AND NOT {lay.ref('deleted', 'e')}"
+        params: dict[str, Any] = {"parent": parent_id, "limit": limit}
+        if after_id is not None:
+            statement += f" AND {lay.ref('id', 'e')} > {f.p('after')}"
+            params["after"] = after_id
+        statement += f" ORDER BY {lay.ref('id', 'e')} LIMIT {f.p('limit')}"
+        found = []
+        for row in self._run(statement, params):
             try:
                 found.append(snapshot_of(row))
             except MalformedRow as err:
