@@ -22,6 +22,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from fsm.coordination import limit_wait
 from fsm.errors import ConfigError, FsmError, UnknownEntity
 from fsm.records import Snapshot
 from stores.base import Store
@@ -212,6 +213,8 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
         "version": snap.version,
         "deleted": snap.deleted,
         "concurrency_key": snap.concurrency_key,
+        "priority": snap.priority,
+        "parent_id": snap.parent_id,
         "attempt": snap.attempt,
         "reclaims": snap.reclaims,
         "state_entered_at": _when(snap.state_entered_at),
@@ -268,6 +271,19 @@ def timer_lines(snap: Snapshot, timers: list[PendingTimer] | None, now: datetime
     return [f"  timer: {t.describe(now)}" for t in timers]
 
 
+SHOWN_CHILDREN = 20
+"""The most children ``fsm show`` lists (``Store.children`` pages through the rest)."""
+
+
+def child_lines(kids: list[Snapshot]) -> list[str]:
+    """``fsm show``'s lines on an entity's children: how many, and each one's state."""
+    if not kids:
+        return []
+    more = len(kids) > SHOWN_CHILDREN
+    head = f"  children ({SHOWN_CHILDREN}+ shown first):" if more else f"  children ({len(kids)}):"
+    return [head, *(f"    {c.id} ({c.kind}): {c.state}" for c in kids[:SHOWN_CHILDREN])]
+
+
 def run_show(args: argparse.Namespace) -> int:
     """Exit codes: 0 shown; 2 a store that cannot be opened, a lifecycle that cannot be
     loaded, or no such entity."""
@@ -292,6 +308,9 @@ def run_show(args: argparse.Namespace) -> int:
         history = store.history(snap.id)
         effects = store.effects(snap.id)
         now = store.now()
+        kids = store.children(snap.id, limit=SHOWN_CHILDREN + 1)
+        lifecycle = lifecycles.get(snap.kind)
+        held_back = None if lifecycle is None else limit_wait(lifecycle, snap, store)
     except FsmError as err:
         print(f"fsm show: error: {err}", file=sys.stderr)
         return 2
@@ -299,11 +318,13 @@ def run_show(args: argparse.Namespace) -> int:
         close = getattr(store, "close", None)
         if callable(close):
             close()
-    lifecycle = lifecycles.get(snap.kind)
     timers = None if lifecycle is None else pending_timers(lifecycle.table, snap)
     if args.json:
         doc = {
             **_entity(snap),
+            "waiting_for": held_back,
+            "children": [{"id": c.id, "kind": c.kind, "state": c.state} for c in kids[:SHOWN_CHILDREN]],
+            "more_children": len(kids) > SHOWN_CHILDREN,
             "timers": None if timers is None else [_timer(t, now) for t in timers],
             "history": [{**r._asdict(), "at": _when(r.at)} for r in history],
             "effects": [{**e._asdict(), "recorded_at": _when(e.recorded_at)} for e in effects],
@@ -322,6 +343,10 @@ def run_show(args: argparse.Namespace) -> int:
             else f"  lease: none (token {snap.lease_token})"
         ),
         *timer_lines(snap, timers, now),
+        *([f"  {held_back}"] if held_back else []),
+        *([f"  priority {snap.priority}"] if snap.priority else []),
+        *([f"  parent: {snap.parent_id}"] if snap.parent_id is not None else []),
+        *child_lines(kids),
         f"  data: {json.dumps(snap.data, sort_keys=True)}",
         f"history ({len(history)}):",
     ]

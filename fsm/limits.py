@@ -540,6 +540,16 @@ def check_children_args(parent_id: object, limit: object, after_id: object) -> N
     check_optional_id("after_id", after_id)
 
 
+def check_slots_args(kind: object, leased: object, key: object) -> None:
+    """``Store.slots``'s arguments: a kind, 1 to 64 state names, an optional key."""
+    check_id("kind", kind)
+    if isinstance(leased, str) or not isinstance(leased, list | tuple) or not 1 <= len(leased) <= 64:
+        raise InvalidArgument(f"leased must be a list of 1 to 64 state names, not {_shown(leased)}")
+    for state in leased:
+        check_id("leased state", state)
+    check_optional_id("key", key)
+
+
 def check_priority(value: object) -> int:
     """A claim priority: an ``int`` from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`."""
     return check_int("priority", value, low=MIN_PRIORITY, high=MAX_PRIORITY)

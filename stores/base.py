@@ -303,6 +303,11 @@ class Store(Protocol):
         """How many live entities of ``kind`` are in each state."""
         ...
 
+    def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
+        """How many live entities of ``kind`` (with concurrency key ``key``, when given)
+        hold a live lease in one of the ``leased`` states: the slots a limit counts."""
+        ...
+
     def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         """The live entities whose parent is ``parent_id`` (any lifecycle), ordered by id,
         with id > ``after_id``, at most ``limit`` (SQL: the ``parent`` index)."""

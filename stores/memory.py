@@ -43,6 +43,7 @@ from fsm.limits import (
     check_page,
     check_park_args,
     check_renewals,
+    check_slots_args,
     check_store_ttl,
     check_timers,
     check_transition_write,
@@ -788,6 +789,12 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 key=lambda r: r.id,
             )
         return found[:limit]
+
+    def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
+        check_slots_args(kind, leased, key)
+        with self._lock:
+            gate = self._gate(kind, ClaimLimits(leased=tuple(leased)), self.now())
+        return gate.held_all if key is None else gate.held.get(key, 0)
 
     def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         check_children_args(parent_id, limit, after_id)

@@ -301,6 +301,7 @@ class _Writer:
                 f"{html(timer_line(t) + timer_needs(t))}: <b>due {html(t.due_text)}</b></font></td></tr>"
                 for t in overlay.timers
             ),
+            *(f'<tr><td align="left" colspan="6">{html(line)}</td></tr>' for line in overlay.family),
             f'<tr><td align="left" colspan="6"><i>{html(overlay.history_title)}</i></td></tr>',
         ]
         if overlay.history:

@@ -15,6 +15,7 @@ among the edge's guards nor in the legend's, which keep the guards a reader decl
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from statemachine import State
@@ -24,6 +25,7 @@ from fsm.diagram.pending import other_guards, pending_timers
 from fsm.diagram.refs import ref_of
 from fsm.engine import Engine
 from fsm.lifecycle import Lifecycle
+from fsm.records import Snapshot
 from fsm.table import Branch
 from stores.base import Store
 
@@ -128,8 +130,32 @@ def entity_overlay(lifecycle: type[Lifecycle], store: Store, entity_id: str, *, 
     rows = tuple(HistoryRow(r.seq, r.event, r.source, r.target, r.actor, r.reason, r.at) for r in shown)
     timers = tuple(pending_timers(lifecycle.table, snap))
     return Overlay(
-        entity_id=snap.id, state=snap.state, version=snap.version, history=rows, total=len(records), timers=timers
+        entity_id=snap.id,
+        state=snap.state,
+        version=snap.version,
+        history=rows,
+        total=len(records),
+        timers=timers,
+        family=family_lines(store, snap),
     )
 
 
-__all__ = ["DEFAULT_LAST", "entity_overlay", "extract"]
+FAMILY_SAMPLE = 1000
+"""The most children a diagram counts (it says so when there are more)."""
+
+
+def family_lines(store: Store, snap: Snapshot) -> tuple[str, ...]:
+    """``parent: ID`` and ``children: N: n1 state1, n2 state2`` for the overlay."""
+    lines: list[str] = []
+    if snap.parent_id is not None:
+        lines.append(f"parent: {snap.parent_id}")
+    kids = store.children(snap.id, limit=FAMILY_SAMPLE + 1)
+    if kids:
+        counts = Counter(k.state for k in kids[:FAMILY_SAMPLE])
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda i: (-i[1], i[0])))
+        many = f"first {FAMILY_SAMPLE}" if len(kids) > FAMILY_SAMPLE else str(len(kids))
+        lines.append(f"children: {many}: {states}")
+    return tuple(lines)
+
+
+__all__ = ["DEFAULT_LAST", "FAMILY_SAMPLE", "entity_overlay", "extract", "family_lines"]

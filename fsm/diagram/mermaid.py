@@ -176,7 +176,7 @@ class _Writer:
         pad = INDENT * depth
         lines = [f"{pad}note right of {self.ids[node.id]}"]
         timers = (f"{timer_line(t)}{timer_needs(t)}: due {t.due_text}" for t in overlay.timers)
-        said = (overlay.title, *timers, overlay.history_title)
+        said = (overlay.title, *timers, *overlay.family, overlay.history_title)
         lines += [f"{pad}{INDENT}{_text(t)}" for t in said]
         lines += [f"{pad}{INDENT}{_text(row.short)}" for row in overlay.history]
         lines.append(f"{pad}end note")

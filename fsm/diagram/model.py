@@ -154,6 +154,9 @@ class Overlay:
     """How many transitions the entity has in all (``history`` may show only the last few)."""
     timers: tuple[PendingTimer, ...] = ()
     """The timers its current leaf is waiting out, soonest first (:mod:`fsm.diagram.pending`)."""
+    family: tuple[str, ...] = ()
+    """Its parent and children, one line each (``parent: build-7``, ``children: 50: 48
+    completed, 2 running``)."""
 
     @property
     def title(self) -> str:

@@ -160,8 +160,21 @@ def create_app(
         lifecycle = by_kind.get(snap.kind)
         timers = None if lifecycle is None else pending_timers(lifecycle.table, snap)
         now = data.now()
+        family = pages.Family(
+            data.children(entity_id, pages.SHOWN_CHILDREN + 1),
+            None if lifecycle is None else data.limit_wait(lifecycle, snap),
+        )
         body = pages.entity_page(
-            now, snap, history, effects, progress, renewals, diagram_of(snap, timers or [], now), starts, timers
+            now,
+            snap,
+            history,
+            effects,
+            progress,
+            renewals,
+            diagram_of(snap, timers or [], now),
+            starts,
+            timers,
+            family,
         )
         body = pages.with_retry_links(body, *retry.links(snap, history, lifecycle, data.history))  # ops: retries
         if allow_actions and lifecycle is not None:

@@ -434,6 +434,16 @@ class InspectorData:
     def history(self, entity_id: str) -> list[HistoryRecord]:
         return self.store.history(entity_id)
 
+    def children(self, entity_id: str, limit: int) -> list[Snapshot]:
+        """The entity's first ``limit`` children, by id."""
+        return self.store.children(entity_id, limit=limit)
+
+    def limit_wait(self, lifecycle: Any, snap: Snapshot) -> str | None:
+        """What limit holds a waiting entity back (:func:`fsm.coordination.limit_wait`)."""
+        from fsm.coordination import limit_wait
+
+        return limit_wait(lifecycle, snap, self.store)
+
     def effects(self, entity_id: str) -> tuple[list[EffectRecord], EffectRecord | None]:
         """The entity's recorded effects, and its keeper's progress row (renewals) if any."""
         every = self.store.effects(entity_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import NamedTuple
 from urllib.parse import urlencode
 
 from fsm.diagram.pending import PendingTimer
@@ -283,11 +284,13 @@ def entity_page(
     diagram: str,
     starts: frozenset[str] = frozenset(),
     timers: Sequence[PendingTimer] | None = (),
+    family: Family | None = None,
 ) -> str:
     """One entity; ``diagram`` is the markup of its diagram section (image, fallback, or why
     none); ``starts`` the events that begin an attempt; ``timers`` the ones it is waiting out
     (:func:`fsm.diagram.pending.pending_timers`), ``None`` when its lifecycle is not known
-    here (then only its clock, if it runs, is said)."""
+    here (then only its clock, if it runs, is said); ``family`` its children and the limit
+    that holds it back, if any."""
     deleted = " <span class=expired>deleted</span>" if snap.deleted else ""
     reserved = snap.kind in RESERVED_KINDS  # the library's own row: no lifecycle, no attempts
     if reserved:
@@ -296,6 +299,8 @@ def entity_page(
     waiting = ""
     if snap.lease_owner is None and snap.reclaims and snap.state not in {"completed", "failed", "queued"}:
         waiting = " <span class=alert>waiting for a worker</span>"
+    if family is not None and family.held_back:
+        waiting += f" <span class=alert data-limit>{esc(family.held_back)}</span>"
     facts = [
         ("lifecycle", esc(snap.kind)),
         ("state", f"<span class='state s-{esc(snap.state)}'>{esc(snap.state)}</span>{deleted}{waiting}"),
@@ -307,6 +312,8 @@ def entity_page(
         ("created", f"{esc(age(now, snap.created_at))} <span class=muted>{esc(stamp(snap.created_at))}</span>"),
         ("updated", f"{esc(age(now, snap.updated_at))} <span class=muted>{esc(stamp(snap.updated_at))}</span>"),
         ("concurrency key", esc(snap.concurrency_key or "")),
+        *([("priority", str(snap.priority))] if snap.priority else []),
+        *family_facts(snap, family),
         ("last renewal", last_renewal(now, renewals)),
     ]
     titles = {"attempt": f" title='{esc(ATTEMPT_HELP)}'", "timers": f" title='{esc(TIMER_HELP)}'"}
@@ -337,6 +344,34 @@ def entity_page(
         f"<section class=diagram-box><h2>Diagram</h2>{diagram}</section>"
         f"<section><h2>Recorded effects</h2>{effect_table}</section>"
     )
+
+
+SHOWN_CHILDREN = 50
+"""The most children an entity's page lists."""
+
+
+class Family(NamedTuple):
+    """An entity's children (its first ones, by id) and the limit that holds it back."""
+
+    children: list[Snapshot]
+    held_back: str | None = None
+
+
+def family_facts(snap: Snapshot, family: Family | None) -> list[tuple[str, str]]:
+    """The facts table's ``parent`` and ``children`` rows, each a link to the entity."""
+    facts: list[tuple[str, str]] = []
+    if snap.parent_id is not None:
+        facts.append(("parent", f"<a href='{esc(entity_url(snap.parent_id))}' data-parent>{esc(snap.parent_id)}</a>"))
+    if family is not None and family.children:
+        kids = family.children[:SHOWN_CHILDREN]
+        links = "".join(
+            f"<div data-child><a href='{esc(entity_url(c.id))}'>{esc(c.id)}</a> "
+            f"<span class='state s-{esc(c.state)}'>{esc(c.state)}</span></div>"
+            for c in kids
+        )
+        more = f"<div class=muted>first {SHOWN_CHILDREN} shown</div>" if len(family.children) > SHOWN_CHILDREN else ""
+        facts.append((f"children ({len(kids)}{'+' if more else ''})", links + more))
+    return facts
 
 
 def timer_facts(now: datetime, snap: Snapshot, timers: Sequence[PendingTimer] | None) -> list[tuple[str, str]]:
@@ -415,12 +450,15 @@ def not_found(entity_id: str) -> str:
 __all__ = [
     "NO_LIFECYCLE",
     "RESERVED_ROW",
+    "SHOWN_CHILDREN",
+    "Family",
     "age",
     "attempt_fact",
     "diagram_image",
     "entity_page",
     "error_page",
     "esc",
+    "family_facts",
     "not_found",
     "overview",
     "page",

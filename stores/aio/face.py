@@ -179,6 +179,10 @@ class AsyncFace:
         result: dict[str, int] = await self._invoke("count_states", kind)
         return result
 
+    async def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
+        result: int = await self._invoke("slots", kind, leased, key)
+        return result
+
     async def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:
         result: list[Snapshot] = await self._invoke("children", parent_id, limit=limit, after_id=after_id)
         return result
@@ -397,6 +401,10 @@ class BridgeStore(LedgerRun):
     ) -> list[Snapshot]:
         kwargs = {"state": state, "limit": limit, "after_id": after_id}
         result: list[Snapshot] = self._call("entities", (kind,), kwargs)
+        return result
+
+    def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
+        result: int = self._call("slots", (kind, leased, key), {})
         return result
 
     def children(self, parent_id: str, *, limit: int = 100, after_id: str | None = None) -> list[Snapshot]:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from fsm.limits import check_slots_args
 from fsm.records import ClaimLimits, ClaimRequest, ClaimStart, Snapshot
 from stores.gate import ALL, ClaimGate
 from stores.sql.connections import unavailable
@@ -114,6 +115,20 @@ class LimitedClaimOps(SqlCore):
         if starts and (limits.rate is not None or limits.key_rate is not None):
             self._record_starts(cur, request.kind, limits, starts, now)
         return claimed
+
+    def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
+        """See :meth:`stores.Store.slots`: the limited claim's own count."""
+        check_slots_args(kind, leased, key)
+        params: dict[str, Any] = {"kind": kind}
+        self._time_params(params, self._now(), None)
+        slot = self._conns.slot()
+        try:
+            held, total = self._held(slot.cursor, ClaimLimits(leased=tuple(leased)), params)
+            if self._sqlite:
+                slot.conn.commit()  # end the read
+        except self._errors as err:
+            raise unavailable(err, self._conns) from err
+        return total if key is None else held.get(key, 0)
 
     def _held(self, cur: Any, limits: ClaimLimits, params: dict[str, Any]) -> tuple[dict[str, int], int]:
         """Live leases in the leased states: per key, and in all."""
