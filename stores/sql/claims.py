@@ -72,7 +72,7 @@ class ClaimOps(SqlCore):
         parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, n))
         return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
 
-    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool], str]
+    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str]
     _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool], str]
 
     def _claim_sql(self) -> dict[str, str]:
@@ -126,14 +126,17 @@ class ClaimOps(SqlCore):
 
     # -- one statement (PostgreSQL) ------------------------------------------------------
 
-    def _claim_pg_sql(self, request: ClaimRequest) -> str:
-        """The whole claim of ``request``'s shape as one statement (see the module doc)."""
+    def _claim_pg_sql(self, request: ClaimRequest, given: bool = False) -> str:
+        """The whole claim of ``request``'s shape as one statement (see the module doc).
+        ``given``: the rows are picked already (and locked, in this transaction): each
+        state's are the array parameter ``ids{n}`` (a limited claim's admitted rows)."""
         key = (
             tuple(request.budget_for(s) is not None for s in request.resumes),
             tuple((s.bump_attempt, s.timer) for s in request.starts),
             request.starve_after is not None,
+            given,
         )
-        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool], str] | None = getattr(
+        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str] | None = getattr(
             self, "_claim_pg_statements", None
         )
         if cache is None:
@@ -155,6 +158,8 @@ class ClaimOps(SqlCore):
             # the pick of the row-by-row claim (its plan: range scans of the claim and
             # priority indexes in the claim's order, no sort), its LIMIT what the earlier
             # states left
+            if given:
+                return f"p{i} AS (SELECT unnest(CAST(%(ids{i})s AS text[])) AS id)"
             where = f"{kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra}"
             left = f"GREATEST(%(limit)s - ({taken}), 0)"
             ranked = self._ranked(where, left, f"{lay.ref('id', 'e')} AS id", lock, key[2])
@@ -230,7 +235,10 @@ class ClaimOps(SqlCore):
         connection (inside the caller's, the joined cursor's savepoint)."""
         cur = self._conns.slot().cursor
         cur.execute(self._claim_pg_sql(request), self._claim_params(request, self._now()))
-        rows = cur.fetchall()
+        return self._claimed_pg(cur.fetchall())
+
+    def _claimed_pg(self, rows: list[Any]) -> list[Snapshot]:
+        """The rows a PostgreSQL claim statement returned, as snapshots in the claim's order."""
         taken: list[tuple[int, Snapshot]] = []
         for row in rows:
             try:

@@ -8,15 +8,17 @@ connection):
 2. pick candidates in the claim's order (:meth:`stores.sql.claims.ClaimOps._ranked`,
    index walks, no sort), stepping over the rows of keys already full, a few more than
    the claim may take (``FOR UPDATE SKIP LOCKED`` on PostgreSQL);
-3. PostgreSQL: take an advisory transaction lock per candidate key, and one for the
-   lifecycle when it counts in all, in one order (no deadlock between claimers), then
-   count again in a new snapshot: every claim that held a lock before has committed and
-   is counted, so two claimers never both take a key's last slot.  SQLite has one writer
-   at a time: its counts are exact already;
+3. PostgreSQL: take the lifecycle's advisory transaction lock when it counts in all (a
+   wait: such claims go one at a time), and *try* one per candidate key (never a wait:
+   a key another claimer holds is its to serve, and its rows are left for the next
+   claim), then count again in a new snapshot: every claim that held a lock before has
+   committed and is counted, so two claimers never both take a key's last slot.  SQLite
+   has one writer at a time: its counts are exact already;
 4. count the starts inside each rate window (the ``starts`` table);
 5. admit candidates in order while every count stays under its limit
-   (:class:`stores.gate.ClaimGate`), take each admitted row by the store's own guarded
-   write (the same fence as any claim), and record the starts a rate counts.
+   (:class:`stores.gate.ClaimGate`) and take the admitted rows with the same guarded
+   writes as any claim (PostgreSQL: the claim's own statement over the admitted ids;
+   SQLite: row by row), then record the starts a rate counts.
 
 The rows picked but not admitted are left as they were (their locks end with the
 transaction).
@@ -38,7 +40,7 @@ from stores.sql.core import SqlCore
 
 log = logging.getLogger("fsm.store")
 
-OVERPICK = 4
+OVERPICK = 2
 """Candidates a limited claim picks per slot it may take: rows of a full key are stepped
 over, so a few more than the slots keep the claim full when keys crowd the line."""
 MAX_PICK = 1000
@@ -89,32 +91,100 @@ class LimitedClaimOps(SqlCore):
             return []
         keys = sorted({key for _, _, _, key, _ in candidates if key is not None}) if limits.keyed else []
         if not self._sqlite:  # lock, then count again in a new snapshot (see the module doc)
-            locks = [f"{self.table_prefix}claim:{request.kind}:{key}" for key in keys]
-            if limits.total is not None or limits.rate is not None:
-                locks.append(f"{self.table_prefix}claim:{request.kind}")
-            ids = sorted(lock_id(text) for text in locks)
-            cur.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(%(locks)s::bigint[]) AS t(k)", {"locks": ids})
-            cur.fetchall()
+            keys = self._lock_keys(cur, request, gate, candidates)
+            candidates = [c for c in candidates if c[3] is None or not limits.keyed or c[3] in keys]
             held, held_all = self._held(cur, limits, params)
         started, started_all = self._started(cur, request.kind, limits, keys, now)
         gate = ClaimGate(limits, held, held_all, started, started_all)
-        claimed: list[Snapshot] = []
-        starts: list[str] = []
-        for entity_id, state, version, key, start in candidates:
-            if len(claimed) >= request.limit:
+        admitted: list[tuple[str, str, int, str | None, ClaimStart | None]] = []
+        for candidate in candidates:
+            if len(admitted) >= request.limit:
                 break
-            if not gate.admit(key, start is not None):
-                continue
-            taken = self._take(entity_id, state, version, start, request)  # type: ignore[attr-defined]
-            if taken is not None:
-                claimed.append(taken)
-                if start is not None:
-                    starts.append(ALL)
-                    if key is not None:
-                        starts.append(key)
-        if starts and (limits.rate is not None or limits.key_rate is not None):
-            self._record_starts(cur, request.kind, limits, starts, now)
+            if gate.admit(candidate[3], candidate[4] is not None):
+                admitted.append(candidate)
+        claimed = self._take_admitted(cur, request, admitted, now)
+        if limits.rate is not None or limits.key_rate is not None:
+            keyed = {c[0]: c[3] for c in admitted}
+            starts: list[str] = []
+            for snap in claimed:
+                if snap.state in {s.target for s in request.starts} and snap.id in keyed:
+                    key = keyed[snap.id]
+                    starts += [ALL] if key is None else [ALL, key]
+            if starts:
+                self._record_starts(cur, request.kind, limits, starts, now)
         return claimed
+
+    def _lock_keys(
+        self,
+        cur: Any,
+        request: ClaimRequest,
+        stale: ClaimGate,
+        candidates: list[tuple[str, str, int, str | None, ClaimStart | None]],
+    ) -> list[str]:
+        """PostgreSQL: the lifecycle's lock (waited for) when it counts in all, then a try
+        of the keys' locks, the oldest candidate's key first, only as many keys as the
+        claim may fill its limit with (by the counts read before the locks): claimers
+        that pick at once then share the keys instead of the first one holding them all.
+        Returns the keys this claim holds."""
+        limits, kind = stale.limits, request.kind
+        if limits.total is not None or limits.rate is not None:
+            cur.execute("SELECT pg_advisory_xact_lock(%(k)s)", {"k": lock_id(f"{self.table_prefix}claim:{kind}")})
+            cur.fetchall()
+        if not limits.keyed:
+            return []
+        gate = ClaimGate(limits, stale.held, stale.held_all, {}, 0)
+        gate.held_all, gate.limits = 0, ClaimLimits(limits.leased, per_key=limits.per_key)  # per key only
+        worth: dict[str | None, int] = {}  # what each key may add, in the order of its oldest candidate
+        for _, _, _, key, _ in candidates:
+            worth.setdefault(key, 0)
+            if gate.admit(key, False):
+                worth[key] += 1
+        have = worth.pop(None, 0)
+        order = [(k, n) for k, n in worth.items() if k is not None and n > 0]
+        locked: list[str] = []
+        while order and have < request.limit:
+            take, need = [], request.limit - have
+            while order and need > 0:
+                key, n = order.pop(0)
+                take.append((key, n))
+                need -= n
+            ids = {lock_id(f"{self.table_prefix}claim:{kind}:{key}"): (key, n) for key, n in take}
+            cur.execute(
+                "SELECT k FROM unnest(CAST(%(locks)s AS bigint[])) AS t(k) WHERE pg_try_advisory_xact_lock(k)",
+                {"locks": list(ids)},
+            )
+            for (k,) in cur.fetchall():
+                key, n = ids[k]
+                locked.append(key)
+                have += n
+        return locked
+
+    def _take_admitted(
+        self,
+        cur: Any,
+        request: ClaimRequest,
+        admitted: list[tuple[str, str, int, str | None, ClaimStart | None]],
+        now: datetime | None,
+    ) -> list[Snapshot]:
+        """Take the admitted rows with the claim's own guarded writes."""
+        if not admitted:
+            return []
+        if self._sqlite:
+            claimed: list[Snapshot] = []
+            for entity_id, state, version, _, start in admitted:
+                one = self._take(entity_id, state, version, start, request)  # type: ignore[attr-defined]
+                if one is not None:
+                    claimed.append(one)
+            return claimed
+        # PostgreSQL: the claim statement over the admitted ids (locked by the pick), one
+        # array per state in the claim's order: resumes, then starts
+        parts = [*request.resumes, *(s.source for s in request.starts)]
+        params = self._claim_params(request, now)  # type: ignore[attr-defined]
+        for n, state in enumerate(parts):
+            params[f"ids{n}"] = [c[0] for c in admitted if c[1] == state]
+        cur.execute(self._claim_pg_sql(request, given=True), params)  # type: ignore[attr-defined]
+        rows = cur.fetchall()
+        return list(self._claimed_pg(rows))  # type: ignore[attr-defined]
 
     def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
         """See :meth:`stores.Store.slots`: the limited claim's own count."""

@@ -23,6 +23,9 @@ machine's load (the machine is shared: a busy round shows in the spread).
   queue table empty: its acknowledgement deletes the row), polled every 5 ms on a
   connection of the parent's; a contender still short at ``CAP`` seconds is stopped and
   its rate is what it finished by then (printed as "capped");
+- **limited**: the same drain over jobs spread across 20 concurrency keys, with
+  ``Limits(per_key=concurrency)`` (a limit that never binds one process: the cost of
+  keeping it) and without (target: at least 0.8x);
 - **idle pickup**: an idle worker process, then one job created at a time; the latency
   runs from just before the create call to the handler's first line (``time.monotonic``
   is one clock for every process on Linux), ``SAMPLES`` samples per round, a random
@@ -36,7 +39,7 @@ pgqueuer and asyncpg); the suite says what is missing and skips otherwise.  pgqu
 tables are made with a prefix of their own (``PGQUEUER_PREFIX``) and dropped after.
 Run alone: ``python tests/benchmarks/run.py --only work --pg-url URL``; ``--rounds``,
 ``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run, and
-``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,pickup``) to run some parts only.
+``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,limited,pickup``) to run some parts only.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from harness import Measurement, Report, load
 
 JOBS = int(os.environ.get("FSM_BENCH_WORK_JOBS", "5000"))
 CAP = float(os.environ.get("FSM_BENCH_WORK_CAP", "10"))
-PARTS = os.environ.get("FSM_BENCH_WORK_PARTS", "enqueue,drain,pickup").split(",")
+PARTS = os.environ.get("FSM_BENCH_WORK_PARTS", "enqueue,drain,limited,pickup").split(",")
 ENQUEUE_ONE = 500
 SAMPLES = 8
 POLL_DONE = 0.005
@@ -67,7 +70,11 @@ LABEL = {
     "aio": "fsm.aio.AsyncWorker (shipped defaults)",
     "loop": "fsm raw claim loop (claim 10 + 2 fires held)",
     "pgq": "pgqueuer PgQueuer.run() (defaults)",
+    "keyed": "fsm.Worker, no limit",
+    "limited": "fsm.Worker, Limits(per_key=its concurrency)",
 }
+KEYS = 20
+"""The concurrency keys of the limited drain's jobs."""
 
 
 def _plain(url: str) -> str:
@@ -98,12 +105,17 @@ def _fsm_child(
     store.now()  # connected before the clock starts
     ready.put(os.getpid())
     go.wait()
-    if mode == "worker":
+    if mode in ("worker", "keyed", "limited"):
 
         def running(job: Any) -> str:
             first_line(job)
             return "exited"
 
+        if mode == "limited":  # a per-key limit at the worker's concurrency: it never binds one process
+            from fsm import Limits
+            from fsm.work.loop import DEFAULT_CONCURRENCY
+
+            knobs = {**knobs, "limits": Limits(per_key=knobs.get("concurrency", DEFAULT_CONCURRENCY))}
         worker = Worker(engine, {"running": running, "finalizing": lambda job: "complete"}, **knobs)
         threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
         worker.run(install_signals=False)
@@ -223,12 +235,14 @@ class _Tables:
         self.conn.execute(f"TRUNCATE {p}history, {p}effects, {p}entities")
         self.conn.execute(f"TRUNCATE {self.pgq_queue}, {self.pgq_prefix}pgqueuer_log")
 
-    def fill_fsm(self, n: int) -> None:
+    def fill_fsm(self, n: int, keys: int = 0) -> None:
+        """``n`` queued jobs, due in id order; ``keys``: spread over that many concurrency keys."""
+        key = f"'key-' || (i %% {keys})" if keys else "NULL"
         self.conn.execute(
             f"""INSERT INTO {self.prefix}entities (id, kind, state, version, lease_token, state_entered_at,
-                    created_at, updated_at, deleted, attempt, reclaims, data, run_after)
+                    created_at, updated_at, deleted, concurrency_key, attempt, reclaims, data, run_after)
                 SELECT 'job-' || lpad(i::text, 7, '0'), 'job', 'queued', 0, 0, now(), now(),
-                    now() - (interval '1 microsecond' * (%s - i)), false, 0, 0, '{{}}'::jsonb,
+                    now() - (interval '1 microsecond' * (%s - i)), false, {key}, 0, 0, '{{}}'::jsonb,
                     now() - (interval '1 microsecond' * (%s - i))
                 FROM generate_series(1, %s) AS i""",
             (n, n, n),
@@ -339,7 +353,7 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
             procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, None), n)
             left = tables.pgq_left
         else:
-            tables.fill_fsm(JOBS)
+            tables.fill_fsm(JOBS, keys=KEYS if who in ("keyed", "limited") else 0)
             procs = _Procs(_fsm_child, lambda r, g, s: (tables.url, tables.prefix, who, r, g, s, None, {}), n)
             left = tables.fsm_left
         try:
@@ -484,7 +498,7 @@ def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
     print(f"  pgqueuer {version('pgqueuer')}, asyncpg {version('asyncpg')}; {load()}", flush=True)
     tables = _Tables(pg_url)
     try:
-        for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("pickup", _pickup)):
+        for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("limited", _limited), ("pickup", _pickup)):
             if part in PARTS:
                 measure(report, tables)
     finally:
@@ -520,6 +534,17 @@ def _drain(report: Report, tables: _Tables) -> None:
         for who in FSM_MODES:
             target = 1.0 if who == "worker" else 0.0
             report.ratio(f"drain {n}p: {LABEL[who]} vs pgqueuer", names[who], names["pgq"], target)
+
+
+def _limited(report: Report, tables: _Tables) -> None:
+    """The drain with a per-key limit at the worker's concurrency (so the limit never binds
+    one process: what is measured is what keeping it costs) next to the same drain without
+    one, over the same jobs spread across ``KEYS`` keys."""
+    for n in PROCS:
+        print(f"  drain {JOBS:,} no-op jobs over {KEYS} keys, {n} worker process{'es' if n > 1 else ''}:", flush=True)
+        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("keyed", "limited")}
+        _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
+        report.ratio(f"drain {n}p: per-key limit vs no limit", names["limited"], names["keyed"], 0.8)
 
 
 def _pickup(report: Report, tables: _Tables) -> None:
