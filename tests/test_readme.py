@@ -56,6 +56,9 @@ RUNS = {
     "# schedules.py": "test_the_schedules_block_runs",
     "# later.py": "test_the_delayed_fire_block_runs",
     "# unique.py": "test_the_unique_block_runs",
+    "# limits.py": "test_the_limits_block_runs",
+    "# queues.py": "test_the_queues_block_runs",
+    "# children.py": "test_the_children_block_runs",
 }
 CANNOT_RUN = {
     "from fsm import Engine, JobLifecycle": "connects to a placeholder PostgreSQL host (app@db-host)",
@@ -283,3 +286,30 @@ def test_the_unique_block_runs(tmp_path: Path) -> None:
     done = run_script(script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["refused: active run-1", "run-1", "run-4"]
+
+
+def test_the_limits_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "limits.py"
+    script.write_text(block_starting("# limits.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['hotfix', 'acme-0', 'acme-1', 'other-0']", "[]"]
+
+
+def test_the_queues_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "queues.py"
+    script.write_text(block_starting("# queues.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["completed completed"]
+
+
+def test_the_children_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "children.py"
+    script.write_text(block_starting("# children.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "[('build-7/lint', 'completed', 12), ('build-7/test', 'completed', 12), ('build-7/docs', 'completed', 12)]",
+        "completed",
+    ]

@@ -46,6 +46,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--data", default=None, metavar="JSON", help="add: each run's data, a JSON object")
     parser.add_argument("--overlap", default="skip", help="add: skip, allow or cancel (default: skip)")
     parser.add_argument("--catch-up", default="latest", help="add: none, latest or all (default: latest)")
+    parser.add_argument("--priority", type=int, default=0, help="add: each run's claim priority, -100 to 100")
     parser.add_argument("--replace", action="store_true", help="add: replace a schedule with other settings")
     parser.add_argument("--json", action="store_true", help="list: one JSON object per schedule")
     parser.set_defaults(func=run)
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 data=data,
                 overlap=args.overlap,
                 catch_up=args.catch_up,
+                priority=args.priority,
             )
             state = schedules.add(schedule, replace=args.replace)
         elif args.action == "pause":

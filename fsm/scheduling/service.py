@@ -292,7 +292,7 @@ class Schedules:
                 except FsmError as err:  # not cancellable (a finalizer): the new run still starts
                     log.warning("schedule %s could not cancel %s: %s", spec.id, last_run, err)
             try:
-                self.engine.create(run_id, data=spec.data)
+                self.engine.create(run_id, data=spec.data, priority=spec.priority)
                 step.created.append(run_id)
                 done.append(f"created {run_id}")
             except EntityExists:

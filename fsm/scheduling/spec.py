@@ -24,7 +24,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from fsm.errors import ConfigError, FsmError
-from fsm.limits import check_id, check_json
+from fsm.limits import check_id, check_json, check_priority
 
 MAX_SCHEDULE_ID = 160
 """A schedule id's longest form: an entity id adds ``@`` and a 20-character time (255 in all)."""
@@ -64,10 +64,11 @@ class Schedule:
 
     ``data`` is each run's data (validated by the lifecycle when a run is created);
     ``overlap`` and ``catch_up`` are the policies above; ``start`` anchors a fixed interval
-    (default: when the schedule is added) and no run is due before it.  Every value is
+    (default: when the schedule is added) and no run is due before it; ``priority`` is each
+    run's claim priority (``Engine.create(priority=...)``).  Every value is
     checked here: a bad one is a ``ConfigError`` naming each problem."""
 
-    __slots__ = ("catch_up", "cron", "data", "every", "grace", "id", "overlap", "start", "timezone")
+    __slots__ = ("catch_up", "cron", "data", "every", "grace", "id", "overlap", "priority", "start", "timezone")
 
     def __init__(
         self,
@@ -81,6 +82,7 @@ class Schedule:
         catch_up: CatchUp | str = CatchUp.LATEST,
         grace: timedelta | float = DEFAULT_GRACE,
         start: datetime | None = None,
+        priority: int = 0,
     ) -> None:
         problems: list[str] = []
         try:
@@ -132,6 +134,11 @@ class Schedule:
             problems.append(f"catch_up must be one of {', '.join(c.value for c in CatchUp)}, not {catch_up!r:.40}")
             self.catch_up = CatchUp.LATEST
         self.grace = _duration("grace", grace, timedelta(seconds=1), timedelta(days=366), problems) or DEFAULT_GRACE
+        self.priority = 0
+        try:
+            self.priority = check_priority(priority)
+        except ValueError as err:
+            problems.append(str(err))
         self.start = None
         if start is not None:
             if not isinstance(start, datetime) or start.tzinfo is None:
@@ -154,6 +161,7 @@ class Schedule:
             "catch_up": self.catch_up.value,
             "grace": self.grace.total_seconds(),
             "start": None if self.start is None else _iso(self.start),
+            "priority": self.priority,
         }
 
     @classmethod
@@ -170,6 +178,7 @@ class Schedule:
             catch_up=stored.get("catch_up", CatchUp.LATEST),
             grace=stored.get("grace", DEFAULT_GRACE),
             start=None if start is None else datetime.fromisoformat(start),
+            priority=stored.get("priority", 0),
         )
 
     __hash__ = None  # type: ignore[assignment]  # compared by value, mutable data: not hashable

@@ -19,7 +19,13 @@ Both write what the checks need into ``DIR`` with one unbuffered ``os.write`` pe
 - ``parked t entity token step``   ``job.sleep``/``job.wait_for`` parked the job (``end`` follows,
   how ``parked``): the lease is back in the store, the handler stopped;
 - ``got    t entity token payload``  ``job.wait_for`` returned (the payload as JSON; at every
-  replay too: a recorded wait returns its recorded message).
+  replay too: a recorded wait returns its recorded message);
+- ``leaving t entity token``        the handler is about to make a call that may end its hold
+  (the ``complete`` fire, a wait, a sleep): the lease is still held, so ``claim`` to
+  ``leaving`` lies inside the hold, which the per-key limit check relies on.
+
+With ``--per-key N`` the worker keeps ``Limits(per_key=N)`` (the runner gives every job a
+concurrency key).
 
 A store that is down (``StoreUnavailable``) is retried, never fatal: the worker's claim
 loop and the reaper's tick already log and go on; the handlers here retry their own
@@ -43,7 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fsm import Engine, JobLifecycle, Policy
+from fsm import Engine, JobLifecycle, Limits, Policy
 from fsm.errors import Fenced, StoreUnavailable
 from fsm.work import Job, Parked, Worker
 
@@ -163,6 +169,7 @@ class Handlers:
 
         def body() -> None:
             if parks(job.id, self.waits) == WAIT:
+                self.log.write("leaving", job.id, job.held.lease.token)
                 payload = retrying(job, lambda: job.wait_for(MESSAGE, timeout=WAIT_TIMEOUT_S, default=None), "wait")
                 self.log.write("got", job.id, job.held.lease.token, json.dumps(payload, sort_keys=True))
             time.sleep(random.uniform(0, 2 * self.run_s))  # the agent's work
@@ -187,7 +194,9 @@ class Handlers:
                 key = f"effect-{i}"
                 retrying(job, lambda key=key: job.run(key, effect(key)), key)  # type: ignore[misc]
                 if i == 0 and parks(job.id, self.waits) == SLEEP:
+                    self.log.write("leaving", job.id, token)
                     retrying(job, lambda: job.sleep(random.uniform(*SLEEP_S)), "sleep")
+            self.log.write("leaving", job.id, token)
             self._fire(job, "complete")
             self.log.write("end", job.id, token, "done")
 
@@ -205,6 +214,7 @@ def worker_main(args: argparse.Namespace) -> None:
         concurrency=args.concurrency,
         poll_interval=timedelta(seconds=args.poll),
         grace=timedelta(seconds=2),
+        limits=Limits(per_key=args.per_key) if args.per_key else None,
     )
     log.write("start", args.index)
     stats = worker.run()
@@ -243,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--effect-ms", type=float, default=20)
     parser.add_argument("--run-ms", type=float, default=20)
     parser.add_argument("--waits", type=float, default=0.0, help="the fraction of jobs that park (see parks())")
+    parser.add_argument("--per-key", type=int, default=0, help="Limits(per_key=N) on the workers (0: none)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s {args.role}{args.index} %(name)s: %(message)s"

@@ -31,6 +31,12 @@ At the end it checks and prints (see :class:`Summary`):
   payload; a sleeping job ran no effect after its sleep before its wake time (the store's
   clock) and recorded its sleep once; a job that never parks recorded no step; each job
   parked by a worker that was then killed was resumed by another;
+- the per-key limit (L): jobs are spread over ``--keys`` concurrency keys and the workers
+  keep ``Limits(per_key=...)`` (2 of their 12 slots per key: it binds); at no instant did
+  more jobs of one key hold their leases than the limit, by intervals read from the
+  workers' logs that lie inside each lease (see :func:`_limit_problems`); a SIGKILLed
+  worker's limited slots free with its leases: each job it held is claimed again, within
+  the bound below;
 - no worker or reaper process died of its own (a store outage is never fatal);
 - the longest time from a holder's death (the kill or stop) to the reaper moving its
   entity (I2) and to a worker claiming it again, against ``TTL + interval``.  The claim
@@ -102,6 +108,11 @@ class Config:
     """The fraction of jobs that park (durable waits; see the module doc); 0: none."""
     send_within: float = 2.5
     """A waiting job's message is sent up to this many seconds after the job is created."""
+    keys: int = 4
+    """Jobs are spread over this many concurrency keys (0: none, and no limit)."""
+    per_key: int = 2
+    """The workers keep ``Limits(per_key=...)``: fewer slots than the workers have, so the
+    limit binds, and a killed or paused worker holds limited slots."""
 
     @classmethod
     def short(cls, store: str) -> Config:
@@ -160,6 +171,12 @@ class Summary:
     parked_at_kill: int = 0
     """Jobs asleep or waiting, parked by a worker, when that worker was SIGKILLed."""
     parked_at_stop: int = 0
+    slots_at_kill: int = 0
+    """Jobs (each holding a limited slot) held by a worker when it was SIGKILLed."""
+    limited_holds: int = 0
+    """Holds (claim to leaving) the per-key limit check looked at."""
+    most_held: int = 0
+    """The most jobs of one key held at once, among them."""
 
     @property
     def claim_bound_s(self) -> float:
@@ -204,6 +221,14 @@ class Summary:
             f"{self.replays} resumes; {self.parked_at_kill} jobs parked by a worker when it was SIGKILLed, "
             f"{self.parked_at_stop} when it was SIGSTOPped: "
             + ("each resumed, no W problem" if not any(p.startswith("W") for p in self.problems) else "PROBLEMS"),
+            (
+                f"  per-key limit (L): {c.per_key} per key over {c.keys} keys; at most {self.most_held} of one key "
+                f"held at once over {self.limited_holds} holds; {self.slots_at_kill} limited slots held by SIGKILLed "
+                f"workers, each freed with its lease (its job claimed again)"
+                + ("" if not any(p.startswith("L:") for p in self.problems) else ": LIMIT EXCEEDED")
+                if c.keys
+                else "  per-key limit: none"
+            ),
             f"  store outages absorbed: {self.store_retries} handler retries logged, "
             f"{self.tick_failures} reaper ticks failed and were retried",
             f"  death -> reaped (I2): worst {_s(self.worst_reap_s)}, TTL + interval = {c.ttl + c.interval:.1f} s "
@@ -259,6 +284,7 @@ class Fleet:
         argv += ["--ttl", str(c.ttl), "--interval", str(c.interval), "--poll", str(c.poll)]
         argv += ["--concurrency", str(c.concurrency), "--effects", str(c.effects)]
         argv += ["--effect-ms", str(c.effect_ms), "--run-ms", str(c.run_ms), "--waits", str(c.waits)]
+        argv += ["--per-key", str(c.per_key if c.keys else 0)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
         stderr = open(self.dir / f"{role}{index}-{self.spawned}.err", "wb")  # noqa: SIM115 - the child owns it
         self.spawned += 1
@@ -419,7 +445,7 @@ def run(config: Config, *, out: Any = None) -> Summary:
                 for _ in range(min(backlog, config.jobs - created)):
                     entity_id = f"job-{created:06d}"
                     with contextlib.suppress(EntityExists):  # an ambiguous create, retried
-                        _retry(engine.create, entity_id)
+                        _retry(engine.create, entity_id, concurrency_key=key_of(created, config))
                     created += 1
                     if parks(entity_id, config.waits) == WAIT:
                         first = time.time() + rng.uniform(0, config.send_within)
@@ -474,6 +500,48 @@ def run(config: Config, *, out: Any = None) -> Summary:
     return summary
 
 
+def key_of(n: int, config: Config) -> str | None:
+    """The concurrency key of the ``n``-th job."""
+    return f"key-{n % config.keys}" if config.keys else None
+
+
+def _limit_problems(
+    config: Config, logs: dict[str, list[tuple[int, list[str]]]], keys: dict[str, str | None], summary: Summary
+) -> list[str]:
+    """L: at no instant did more than ``per_key`` jobs of one key run their handlers.
+
+    Each hold is taken from the workers' logs as ``claim`` (written once the claim had
+    committed) to the first ``leaving`` of that lease (written while it is still held):
+    an interval inside the lease, so any overlap found is real.  Holds that end otherwise
+    (the worker killed or paused, the lease lost) are left out: the check may miss some
+    overlaps, never report one that did not happen."""
+    if not config.keys:
+        return []
+    leaving: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for _, (t, entity, token) in logs["leaving"]:
+        leaving[entity, int(token)].append(float(t))
+    edges: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for _, (t, entity, token, _state) in logs["claim"]:
+        start = float(t)
+        ends = sorted(x for x in leaving.get((entity, int(token)), []) if x >= start)
+        key = keys.get(entity)
+        if not ends or key is None:
+            continue
+        edges[key] += [(start, 1), (ends[0], -1)]
+        summary.limited_holds += 1
+    problems = []
+    for key, points in edges.items():
+        points.sort(key=lambda p: (p[0], p[1]))  # an end and a start at one instant do not overlap
+        now = 0
+        for at, step in points:
+            now += step
+            summary.most_held = max(summary.most_held, now)
+            if now > config.per_key:
+                problems.append(f"L: {now} jobs of {key} held at once at {at:.6f} (limit {config.per_key})")
+                break
+    return problems
+
+
 def _read_lines(directory: Path) -> dict[str, list[tuple[int, list[str]]]]:
     """Every worker log line by kind: ``(pid, fields)`` with fields[0] the time."""
     lines: dict[str, list[tuple[int, list[str]]]] = defaultdict(list)
@@ -514,6 +582,7 @@ def _analyse(
 
     states: dict[str, int] = defaultdict(int)
     histories: dict[str, list[Any]] = {}
+    keys: dict[str, str | None] = {}
     seen_ids: set[str] = set()
     after: str | None = None
     while True:
@@ -523,6 +592,7 @@ def _analyse(
         after = page[-1].id
         for snap in page:
             seen_ids.add(snap.id)
+            keys[snap.id] = snap.concurrency_key
             states[snap.state] += 1
             if snap.state not in FINALS:
                 summary.problems.append(f"not final: {snap.id} is in {snap.state!r}")
@@ -610,6 +680,8 @@ def _analyse(
                 summary.problems.append(
                     f"I2: {entity} claimed again {claim_s:.2f} s after its holder's {death.how} (bound {bound:.1f} s)"
                 )
+    summary.slots_at_kill = sum(len(d.held) for d in deaths if d.how == "kill")
+    summary.problems += _limit_problems(config, logs, keys, summary)
     summary.worst_reap_s = worst_reap
     summary.worst_claim_s = worst_claim
     summary.worst_claim_in_outage_s = worst_outage
@@ -750,11 +822,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--allowance", type=float)
     parser.add_argument("--waits", type=float, help="the fraction of jobs that park (0.3; 0: none)")
+    parser.add_argument("--keys", type=int, help="concurrency keys the jobs are spread over (4; 0: no limit)")
+    parser.add_argument("--per-key", type=int, help="the workers' per-key limit (2)")
     args = parser.parse_args(argv)
     failed = False
     for store in ["sqlite", "postgres"] if args.store == "both" else [args.store]:
         config = Config.long(store) if args.long else Config.short(store)
-        for name in ("jobs", "workers", "seed", "allowance", "waits"):
+        for name in ("jobs", "workers", "seed", "allowance", "waits", "keys", "per_key"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         summary = run(config, out=sys.stdout)

@@ -58,5 +58,6 @@ def test_workers_and_reapers_survive_kills_pauses_and_a_server_restart(
     assert sum(n for s, n in summary.states.items() if s in {"completed", "failed"}) == config.jobs
     assert summary.kills + summary.stops > 0, "the chaos loop did nothing"
     assert summary.parks > 0 and summary.replays == summary.parks, "no job parked, or one never resumed"
+    assert summary.limited_holds > 0 and 0 < summary.most_held <= config.per_key, "the per-key limit went unchecked"
     if store == "postgres":
         assert summary.server_restart_s is not None
