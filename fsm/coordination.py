@@ -40,6 +40,8 @@ from fsm.limits import MAX_LIMIT, as_duration, duration_problem
 from fsm.policy import config_errors
 from fsm.records import ClaimLimits
 
+_UNSET: Any = object()
+
 
 def _duration(value: Any, name: str) -> timedelta:
     problem = duration_problem(value)
@@ -61,8 +63,9 @@ class Rate(BaseModel):
     count: int = Field(ge=1, le=MAX_LIMIT, description="starts allowed per window")
     per: timedelta = Field(description="the window's length")
 
-    def __init__(self, count: int, per: timedelta | float, **extra: Any) -> None:
-        super().__init__(count=count, per=per, **extra)
+    def __init__(self, count: int = _UNSET, per: timedelta | float = _UNSET, **extra: Any) -> None:
+        given = {name: value for name, value in (("count", count), ("per", per)) if value is not _UNSET}
+        super().__init__(**given, **extra)  # a missing field is pydantic's to name (a ConfigError)
 
     @field_validator("per", mode="before")
     @classmethod

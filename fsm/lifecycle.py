@@ -232,6 +232,13 @@ class LifecycleMeta(StateMachineMetaclass):
             return
         _add_timer_guards(name, cls)
         refuse_unsupported(name, cls, cls.guards, Lifecycle)
+        for attr, wanted, what in (
+            ("limits", (Limits, type(None)), "an fsm.Limits or None"),
+            ("policy", Policy, "a Policy"),
+        ):
+            value = getattr(cls, attr, None)
+            if not isinstance(value, wanted):
+                raise InvalidDefinition(f"{name}: {attr} must be {what}, not {type(value).__name__}")
         if "kind" not in attrs and getattr(cls, "kind", None) is None:
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()

@@ -500,11 +500,20 @@ def check_claim_request(request: object) -> ClaimRequest:
         check_id("resume state", state)
     for state, budget in request.budgets:
         check_id("budget state", state)
-        check_duration("budget", budget)
+        check_store_duration("budget", budget)
     if request.limits is not None:
         check_claim_limits(request.limits)
-    check_optional_duration("starve_after", request.starve_after)
+    if request.starve_after is not None:
+        check_store_duration("starve_after", request.starve_after)
     return request
+
+
+def check_store_duration(name: str, value: object) -> timedelta:
+    """A duration a store computes with: a ``timedelta`` (seconds are the engine's to turn
+    into one), valid as :func:`check_duration` says."""
+    if not isinstance(value, timedelta):
+        raise InvalidArgument(f"a store takes {name} as a timedelta, not {_shown(value)}")
+    return check_duration(name, value)
 
 
 MAX_LIMIT = 1_000_000
@@ -529,7 +538,7 @@ def check_claim_limits(limits: object) -> ClaimLimits:
             if not isinstance(value, tuple) or len(value) != 2:
                 raise InvalidArgument(f"limits.{name} must be (count, period), not {_shown(value)}")
             check_int(f"limits.{name} count", value[0], low=1, high=MAX_LIMIT)
-            check_duration(f"limits.{name} period", value[1])
+            check_store_duration(f"limits.{name} period", value[1])
     return limits
 
 

@@ -235,7 +235,7 @@ class ClaimLimits:
     ``per_key``: at most this many entities with one ``concurrency_key`` hold a live lease
     at once; ``total``: at most this many of the lifecycle; ``rate`` and ``key_rate``: at
     most ``count`` starts per ``period`` (sliding), of the lifecycle and per key.  A slot is
-    a live lease (``lease_expires_at > now``) in one of ``leased`` (the states a lease is
+    a live lease (``lease_expires_at >= now``, as a holder's write sees it) in one of ``leased`` (the states a lease is
     held in): a parked entity holds none, and a dead worker's slot frees with its lease."""
 
     leased: tuple[str, ...]

@@ -693,21 +693,27 @@ class MemoryStore(LedgerRun, MemoryRetention):
         claimed: list[Snapshot] = []
         with self._lock:
             now = self.now()
-            waiting = sorted(
-                (
-                    r
-                    for r in self._rows.values()
-                    if r.kind == request.kind
-                    and not r.deleted
-                    and (r.run_after is None or r.run_after <= now)
-                    and (r.state in starts or (r.state in resumes and r.lease_owner is None))
-                ),
-                # resumes first (work already under way), then the highest priority, then the longest due
-                key=lambda r: (r.state not in resumes, -r.priority, r.run_after or r.created_at, r.id),
-            )
-            if request.starve_after is not None:
-                waiting = _starved_first(waiting, now - request.starve_after)
+            due = [
+                r
+                for r in self._rows.values()
+                if r.kind == request.kind
+                and not r.deleted
+                and (r.run_after is None or r.run_after <= now)
+                and (r.state in starts or (r.state in resumes and r.lease_owner is None))
+            ]
             gate = None if request.limits is None else self._gate(request.kind, request.limits, now)
+            full = set(gate.full_keys()) if gate is not None else set()
+            cut = None if request.starve_after is None else now - request.starve_after
+            waiting: list[Snapshot] = []
+            # the SQL stores' order: each state in the claim's order (resumes first: work
+            # already under way), its starved row first, then the highest priority, then the
+            # longest due; a full key's rows are stepped over before the starved row is chosen
+            for state in [*request.resumes, *(s.source for s in request.starts if s.source not in resumes)]:
+                rows = [
+                    r for r in due if r.state == state and (r.concurrency_key is None or r.concurrency_key not in full)
+                ]
+                rows.sort(key=lambda r: (-r.priority, r.run_after or r.created_at, r.id))
+                waiting += _starved_first(rows, cut) if cut is not None else rows
             for row in waiting:
                 if len(claimed) >= request.limit:
                     break
@@ -718,7 +724,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     if start is not None:
                         claimed.append(self._start(row, start, request))
                         if gate is not None:
-                            self._started(request.kind, row.concurrency_key, now)
+                            self._started(request.kind, row.concurrency_key, gate.limits, now)
                     else:
                         budget = request.budget_for(row.state)
                         claimed.append(
@@ -742,7 +748,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 and not r.deleted
                 and r.state in leased
                 and r.lease_expires_at is not None
-                and r.lease_expires_at > now
+                and r.lease_expires_at >= now
             ):
                 held_all += 1
                 if r.concurrency_key is not None:
@@ -763,10 +769,12 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 started[key] = len(times)
         return ClaimGate(limits, held, held_all, started, started_all)
 
-    def _started(self, kind: str, key: str | None, now: datetime) -> None:
-        """A start a rate limit counts: of the lifecycle, and of its key."""
-        self._starts.setdefault((kind, ALL), deque()).append(now)
-        if key is not None:
+    def _started(self, kind: str, key: str | None, limits: ClaimLimits, now: datetime) -> None:
+        """A start the claim's rates count: of the lifecycle, and of its key (the SQL
+        stores' ``starts`` rows; nothing when no rate counts it)."""
+        if limits.rate is not None:
+            self._starts.setdefault((kind, ALL), deque()).append(now)
+        if key is not None and limits.key_rate is not None:
             self._starts.setdefault((kind, key), deque()).append(now)
 
     def _start(self, row: Snapshot, start: ClaimStart, request: ClaimRequest) -> Snapshot:
@@ -857,17 +865,12 @@ def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime 
 __all__ = ["MemoryStore"]
 
 
-def _starved_first(waiting: list[Snapshot], cut: datetime) -> list[Snapshot]:
-    """The claim's order with, per state, the row due the longest first when it has been
-    due since ``cut`` or earlier (priorities' starvation rule)."""
-    first: dict[str, Snapshot] = {}
-    for r in waiting:
-        due = r.run_after or r.created_at
-        if due <= cut:
-            best = first.get(r.state)
-            if best is None or (due, r.id) < (best.run_after or best.created_at, best.id):
-                first[r.state] = best = r
-    if not first:
-        return waiting
-    chosen = {r.id for r in first.values()}
-    return [*first.values(), *(r for r in waiting if r.id not in chosen)]
+def _starved_first(rows: list[Snapshot], cut: datetime) -> list[Snapshot]:
+    """One state's rows in the claim's order with the row due the longest first when it has
+    been due since ``cut`` or earlier (priorities' starvation rule)."""
+    if not rows:
+        return rows
+    oldest = min(rows, key=lambda r: (r.run_after or r.created_at, r.id))
+    if (oldest.run_after or oldest.created_at) > cut:
+        return rows
+    return [oldest, *(r for r in rows if r is not oldest)]

@@ -43,6 +43,7 @@ from fsm.work.children import (
     DEFAULT_POLL,
     FAILED_STATES,
     ChildResult,
+    check_child_data,
     check_child_key,
     check_wait_args,
     child_engine,
@@ -194,7 +195,7 @@ class AsyncJob(HeldEntity):
         name = check_child_key(key)
         engine = child_engine(self.engine.sync, lifecycle)
         steps = steps_of(self, self.engine.sync)
-        payload = None if data is None else dict(data)
+        payload = check_child_data(data)
         made: Snapshot = await self.engine._call(
             start_child, steps, self.snapshot, engine, name, payload, priority, concurrency_key
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -73,6 +74,15 @@ def check_child_key(key: object) -> str:
     return text
 
 
+def check_child_data(data: object) -> dict[str, Any] | None:
+    """A child's ``data``: a mapping (copied) or ``None``, as ``Engine.create`` takes it."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise InvalidArgument(f"a child's data must be a mapping, not {type(data).__name__}")
+    return dict(data)
+
+
 def child_id(parent_id: str, key: str) -> str:
     """The child's id: ``{parent}/{key}``, or, when that is too long, a prefix of it and a
     digest of the whole (the same for every replay)."""
@@ -97,8 +107,8 @@ def start_child(
     record_key = CHILD_KEY_PREFIX + key
     store = steps.store
     recorded = store.effect(parent.id, record_key)
-    if recorded is not None:
-        found: Snapshot = store.get(recorded.result["id"])
+    if recorded is not None:  # a replay: the child as it is now (soft-deleted ones too)
+        found: Snapshot = store.get(recorded.result["id"], include_deleted=True)
         return found
     cid = child_id(parent.id, key)
     try:
@@ -106,17 +116,19 @@ def start_child(
             cid, data=data, parent=parent.id, priority=priority, concurrency_key=concurrency_key
         )
     except EntityExists:
-        snap = engine.get(cid)
-        if snap.parent_id != parent.id:
+        snap = store.get(cid, include_deleted=True)  # whatever its lifecycle
+        if snap.parent_id != parent.id or snap.kind != engine.kind:
             raise  # an entity of someone else's holds the id
-    steps._record(record_key, {"id": cid, "kind": engine.kind, "finals": sorted(engine.table.finals)})
+    # numbered in start order: the ledger's times may tie (a coarse clock), the number not
+    order = len(started(store, parent.id)) + 1
+    steps._record(record_key, {"id": cid, "kind": engine.kind, "finals": sorted(engine.table.finals), "n": order})
     return snap
 
 
 def started(store: Any, parent_id: str) -> list[EffectRecord]:
     """The parent's started children as recorded, in the order they were started."""
     found = [e for e in store.effects(parent_id) if e.key.startswith(CHILD_KEY_PREFIX)]
-    found.sort(key=lambda e: (e.recorded_at.timestamp() if e.recorded_at else 0.0, e.key))
+    found.sort(key=lambda e: (int(e.result.get("n", 0)), e.recorded_at.timestamp() if e.recorded_at else 0.0, e.key))
     return found
 
 
@@ -194,9 +206,11 @@ def child_engine(parent: Any, lifecycle: Any) -> Any:
     from fsm.lifecycle import Lifecycle
 
     if isinstance(lifecycle, Engine):
-        if lifecycle.store is not parent.store:
+        if _store_of(lifecycle) is not _store_of(parent):
             raise InvalidArgument("a child's engine must use the parent's store (the children index is per store)")
-        return lifecycle
+        if lifecycle.store is parent.store:
+            return lifecycle
+        lifecycle = lifecycle.lifecycle  # the same store behind another bridge: an engine on the parent's
     sync = getattr(lifecycle, "sync", None)  # an AsyncEngine: its sync twin
     if isinstance(sync, Engine):
         return child_engine(parent, sync)
@@ -207,6 +221,13 @@ def child_engine(parent: Any, lifecycle: Any) -> Any:
     if engine is None:
         engine = made[lifecycle] = Engine(lifecycle, parent.store, clock=parent.clock)
     return engine
+
+
+def _store_of(engine: Any) -> Any:
+    """The store behind an engine's (an async store's sync bridge: the async store)."""
+    store = engine.store
+    face = getattr(store, "face", None)
+    return store if face is None else face
 
 
 def wake_parent(engine: Any, snapshot: Snapshot) -> None:
@@ -227,6 +248,7 @@ __all__ = [
     "DEFAULT_POLL",
     "FAILED_STATES",
     "ChildResult",
+    "check_child_data",
     "check_child_key",
     "check_wait_args",
     "child_engine",

@@ -70,6 +70,7 @@ from fsm.work.children import (
     DEFAULT_POLL,
     FAILED_STATES,
     ChildResult,
+    check_child_data,
     check_child_key,
     check_wait_args,
     child_engine,
@@ -362,7 +363,7 @@ class Job(HeldEntity):
         try:
             return start_child(
                 steps_of(self, self.engine), self.snapshot, engine, name,
-                None if data is None else dict(data), priority, concurrency_key,
+                check_child_data(data), priority, concurrency_key,
             )  # fmt: skip
         finally:
             self._given_back()

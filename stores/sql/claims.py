@@ -52,28 +52,34 @@ class ClaimOps(SqlCore):
         longest if due since ``now - starve`` (priorities' starvation rule, the ``claim``
         index); then raised rows, highest first (the partial ``priority`` index); then rows
         at the default priority in due order (``claim``); then lowered rows (``priority``).
-        ``where`` is the state's filter on rows aliased ``e``; ``what`` the columns."""
+        ``where`` is the state's filter on rows aliased ``e``; ``what`` the columns, the
+        first named ``id``.  The starved row is picked once (a CTE the other parts step
+        over), so the claim still takes up to ``n``."""
         lay, f, sql = self._sql.L, self._f, self._sql
         due, prio = lay.ref("run_after", "e"), lay.ref("priority", "e")
         lock = f" {lock}" if lock else ""
+        head, skip = "", ""
+        parts: list[str] = []
 
         def part(index: str, extra: str, order: str, limit: str) -> str:
             return (
-                f"SELECT * FROM (SELECT {what} FROM {sql._indexed(index)} WHERE {where}{extra} "
+                f"SELECT * FROM (SELECT {what} FROM {sql._indexed(index)} WHERE {where}{extra}{skip} "
                 f"ORDER BY {order} LIMIT {limit}{lock}) AS r{len(parts)}"
             )
 
-        parts: list[str] = []
         if starve:
-            parts.append(part("claim", f" AND {due} <= {f.now_minus('starve')}", due, "1"))
+            starved = part("claim", f" AND {due} <= {f.now_minus('starve')}", due, "1")
+            head = f"WITH starved AS MATERIALIZED ({starved}) "
+            skip = f" AND {lay.ref('id', 'e')} NOT IN (SELECT id FROM starved)"
+            parts.append("SELECT * FROM starved")
         ranked = f"{prio} DESC, {due}"
         parts.append(part("priority", f" AND {prio} <> 0 AND {prio} > 0", ranked, n))
         parts.append(part("claim", f" AND {prio} = 0", due, n))
         parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, n))
-        return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
+        return f"{head}SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
 
     _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str]
-    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool], str]
+    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool, bool], str]
 
     def _claim_sql(self) -> dict[str, str]:
         found: dict[str, str] | None = getattr(self, "_claim_statements", None)
@@ -260,48 +266,69 @@ class ClaimOps(SqlCore):
         slot = self._conns.slot()
         if not slot.conn.in_transaction and not self._claimable(slot.cursor, request, params):
             return []
-        taken: list[tuple[int, Snapshot]] = []
-        starve = request.starve_after is not None
         try:
             with SqliteWrite(slot, "fsm_claim") as cur:
-                for n, state in enumerate(request.resumes):
-                    left = request.limit - len(taken)
-                    if left <= 0:
-                        break
-                    sql, values = self._qmark(
-                        self._claim_sqlite_sql("resume", request.budget_for(state) is not None, starve=starve)
-                    )
-                    cur.execute(sql, values({**params, "state": state, "left": left, "bud": params.get(f"bud{n}")}))
-                    got = [snapshot_of(r) for r in cur.fetchall()]
-                    if got:  # their renewal log entries, in one statement
-                        entries = [[snap.id, snap.lease_token, renewal_entry(snap, now, acquired=True)] for snap in got]
-                        log_sql, log_values = self._qmark(self._log_many_sql())  # type: ignore[attr-defined]
-                        cur.execute(
-                            log_sql, log_values({"rows": json.dumps(entries, ensure_ascii=False), "now": params["now"]})
-                        )
-                    taken += [(n, s) for s in got]
-                for n, start in enumerate(request.starts, len(request.resumes)):
-                    left = request.limit - len(taken)
-                    if left <= 0:
-                        break
-                    sql, values = self._qmark(self._claim_sqlite_sql("start", start.bump_attempt, start.timer, starve))
-                    cur.execute(sql, values({**params, "state": start.source, "target": start.target, "left": left}))
-                    got = [snapshot_of(r) for r in cur.fetchall()]
-                    if got:
-                        history = [
-                            (s.id, s.version, start.event, start.source, start.target, "worker", s.lease_token,
-                             None, None, params["now"], None, request.owner, None)
-                            for s in got
-                        ]  # fmt: skip
-                        cur.execute(
-                            self._history_sql(),  # type: ignore[attr-defined]
-                            (json.dumps(history, ensure_ascii=False, separators=(",", ":")),),
-                        )
-                    taken += [(n, s) for s in got]
+                taken = self._sqlite_parts(cur, request, params, now)
         except MalformedRow as err:
             log.info("claim undone (%s); claiming row by row", err)
             return self._claim_each(request)
         return self._attach(_in_order(taken))
+
+    def _sqlite_parts(
+        self,
+        cur: Any,
+        request: ClaimRequest,
+        params: dict[str, Any],
+        now: datetime,
+        given: list[list[str]] | None = None,
+    ) -> list[tuple[int, Snapshot]]:
+        """SQLite, inside the claim's write lock: per state (resumes, then starts) the
+        update of its pick, then the history rows (or renewal log entries) of what it took.
+        ``given``: the rows each state takes, picked already (a limited claim's admitted
+        rows), instead of the pick."""
+        taken: list[tuple[int, Snapshot]] = []
+        starve = request.starve_after is not None
+        picked = given is not None
+        for n, state in enumerate(request.resumes):
+            left = request.limit - len(taken)
+            if left <= 0 or (given is not None and not given[n]):
+                continue
+            budget = request.budget_for(state) is not None
+            sql, values = self._qmark(self._claim_sqlite_sql("resume", budget, starve=starve, given=picked))
+            ids = None if given is None else json.dumps(given[n])
+            cur.execute(sql, values({**params, "state": state, "left": left, "bud": params.get(f"bud{n}"), "ids": ids}))
+            got = [snapshot_of(r) for r in cur.fetchall()]
+            if got:  # their renewal log entries, in one statement
+                entries = [[snap.id, snap.lease_token, renewal_entry(snap, now, acquired=True)] for snap in got]
+                log_sql, log_values = self._qmark(self._log_many_sql())  # type: ignore[attr-defined]
+                cur.execute(
+                    log_sql, log_values({"rows": json.dumps(entries, ensure_ascii=False), "now": params["now"]})
+                )
+            taken += [(n, s) for s in got]
+        for n, start in enumerate(request.starts, len(request.resumes)):
+            left = request.limit - len(taken)
+            if left <= 0 or (given is not None and not given[n]):
+                continue
+            sql, values = self._qmark(
+                self._claim_sqlite_sql("start", start.bump_attempt, start.timer, starve, given=picked)
+            )
+            ids = None if given is None else json.dumps(given[n])
+            cur.execute(
+                sql, values({**params, "state": start.source, "target": start.target, "left": left, "ids": ids})
+            )
+            got = [snapshot_of(r) for r in cur.fetchall()]
+            if got:
+                history = [
+                    (s.id, s.version, start.event, start.source, start.target, "worker", s.lease_token,
+                     None, None, params["now"], None, request.owner, None)
+                    for s in got
+                ]  # fmt: skip
+                cur.execute(
+                    self._history_sql(),  # type: ignore[attr-defined]
+                    (json.dumps(history, ensure_ascii=False, separators=(",", ":")),),
+                )
+            taken += [(n, s) for s in got]
+        return taken
 
     def _claimable(self, cur: Any, request: ClaimRequest, params: dict[str, Any]) -> bool:
         """SQLite: whether anything may be claimable now, read without the write lock.
@@ -338,14 +365,19 @@ class ClaimOps(SqlCore):
             found = cache[what] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
         return found
 
-    def _claim_sqlite_sql(self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP, starve: bool = False) -> str:
+    def _claim_sqlite_sql(
+        self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP, starve: bool = False, given: bool = False
+    ) -> str:
         """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;
         ``start``: ``flag`` bumps ``attempt``, ``timer`` is what it does to the timer clock;
-        ``starve``: the starvation rule's pick first)."""
-        cache: dict[tuple[str, bool, TimerMode, bool], str] | None = getattr(self, "_claim_sqlite_statements", None)
+        ``starve``: the starvation rule's pick first; ``given``: the rows are the JSON array
+        ``:ids``, picked already, and still in the state)."""
+        cache: dict[tuple[str, bool, TimerMode, bool, bool], str] | None = getattr(
+            self, "_claim_sqlite_statements", None
+        )
         if cache is None:
             cache = self._claim_sqlite_statements = {}
-        found = cache.get((what, flag, timer, starve))
+        found = cache.get((what, flag, timer, starve, given))
         if found is not None:
             return found
         lay, f, sql = self._sql.L, self._f, self._sql
@@ -375,7 +407,10 @@ class ClaimOps(SqlCore):
                 sets += f", {c['attempt']} = {c['attempt']} + 1, {c['reclaims']} = 0"
             sets += "".join(f", {s}" for s in sql.timer_sets(timer))
         pick = self._ranked(where, ":left", f"{lay.ref('id', 'e')} AS id", starve=starve)
-        found = cache[(what, flag, timer, starve)] = (
+        if given:  # the admitted rows, re-checked against the pick's filter (same write lock)
+            ids = f.in_ids(lay.ref("id", "e"), "ids")
+            pick = f"SELECT {lay.ref('id', 'e')} FROM {sql.E} AS e WHERE {where} AND {ids}"
+        found = cache[(what, flag, timer, starve, given)] = (
             f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN ({pick}) AND {outer} RETURNING {sql.ret}"
         )
         return found

@@ -35,6 +35,7 @@ from typing import Any
 from fsm.limits import check_slots_args
 from fsm.records import ClaimLimits, ClaimRequest, ClaimStart, Snapshot
 from stores.gate import ALL, ClaimGate
+from stores.sql.claims import _in_order
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore
 
@@ -104,11 +105,11 @@ class LimitedClaimOps(SqlCore):
                 admitted.append(candidate)
         claimed = self._take_admitted(cur, request, admitted, now)
         if limits.rate is not None or limits.key_rate is not None:
-            keyed = {c[0]: c[3] for c in admitted}
+            started_keys = {c[0]: c[3] for c in admitted if c[4] is not None}  # starts, not resumes
             starts: list[str] = []
             for snap in claimed:
-                if snap.state in {s.target for s in request.starts} and snap.id in keyed:
-                    key = keyed[snap.id]
+                if snap.id in started_keys:
+                    key = started_keys[snap.id]
                     starts += [ALL] if key is None else [ALL, key]
             if starts:
                 self._record_starts(cur, request.kind, limits, starts, now)
@@ -169,19 +170,18 @@ class LimitedClaimOps(SqlCore):
         """Take the admitted rows with the claim's own guarded writes."""
         if not admitted:
             return []
-        if self._sqlite:
-            claimed: list[Snapshot] = []
-            for entity_id, state, version, _, start in admitted:
-                one = self._take(entity_id, state, version, start, request)  # type: ignore[attr-defined]
-                if one is not None:
-                    claimed.append(one)
-            return claimed
-        # PostgreSQL: the claim statement over the admitted ids (locked by the pick), one
-        # array per state in the claim's order: resumes, then starts
+        # the claim's own statements over the admitted ids, one array per state in the
+        # claim's order (resumes, then starts), with the claim's time: the history rows
+        # say when the limits were counted
         parts = [*request.resumes, *(s.source for s in request.starts)]
         params = self._claim_params(request, now)  # type: ignore[attr-defined]
-        for n, state in enumerate(parts):
-            params[f"ids{n}"] = [c[0] for c in admitted if c[1] == state]
+        given = [[c[0] for c in admitted if c[1] == state] for state in parts]
+        if self._sqlite:
+            assert now is not None  # SQLite's time is always this process's
+            taken = self._sqlite_parts(cur, request, params, now, given)  # type: ignore[attr-defined]
+            return list(self._attach(_in_order(taken)))
+        for n, ids in enumerate(given):
+            params[f"ids{n}"] = ids
         cur.execute(self._claim_pg_sql(request, given=True), params)  # type: ignore[attr-defined]
         rows = cur.fetchall()
         return list(self._claimed_pg(rows))  # type: ignore[attr-defined]
@@ -201,13 +201,14 @@ class LimitedClaimOps(SqlCore):
         return total if key is None else held.get(key, 0)
 
     def _held(self, cur: Any, limits: ClaimLimits, params: dict[str, Any]) -> tuple[dict[str, int], int]:
-        """Live leases in the leased states: per key, and in all."""
+        """Live leases in the leased states: per key, and in all.  Live as a holder's
+        write sees it: ``lease_expires_at >= now`` (:meth:`fsm.records.Lease.is_fresh`)."""
         lay, f, sql = self._sql.L, self._f, self._sql
         marks = ", ".join(f.p(f"ls{i}") for i in range(len(limits.leased)))
         statement = (
             f"SELECT {lay.ref('concurrency_key', 'e')}, COUNT(*) FROM {sql._indexed('lease')} "
             f"WHERE {lay.ref('kind', 'e')} = {f.p('kind')} AND {lay.ref('state', 'e')} IN ({marks}) "
-            f"AND {lay.ref('lease_expires_at', 'e')} > {f.now} AND NOT {lay.ref('deleted', 'e')} "
+            f"AND {lay.ref('lease_expires_at', 'e')} >= {f.now} AND NOT {lay.ref('deleted', 'e')} "
             f"GROUP BY {lay.ref('concurrency_key', 'e')}"
         )
         cur.execute(statement, {**params, **{f"ls{i}": s for i, s in enumerate(limits.leased)}})
