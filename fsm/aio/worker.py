@@ -244,6 +244,8 @@ class AsyncWorker(CoreFace):
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.limits = check_limits(limits)
         """The limits this worker's claims keep instead of the lifecycle's own, or ``None``."""
+        kept = self.limits if self.limits is not None else engine.lifecycle.limits
+        self.core.limited = kept is not None and kept.counts
         self.engine = engine
         self.keeper_period = keeper_period
         # one task renews every lease this worker holds, one transaction a round

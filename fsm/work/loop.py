@@ -75,6 +75,9 @@ MIN_POLL_INTERVAL = timedelta(milliseconds=5)
 """The shortest poll interval a worker accepts: a drained worker claims once per interval,
 and a zero would spin a core."""
 MIN_DUE_WAIT = 0.001
+LIMITED_WAIT = 0.005
+"""Seconds a worker with limits waits after a claim that took less than its room but
+something (see :meth:`WorkerCore.limited_wait`)."""
 """The shortest wait for a due time (a row due now but not claimed is another claimer's)."""
 OUTAGE_PAUSE = 0.05
 """The first wait before a handler error's record is written again after the store failed
@@ -404,7 +407,25 @@ class WorkerCore:
             claimed = yield step(face.run_once)
             if claimed < free:  # the queue had less than the room (or the claim failed)
                 due = yield step(face.next_due)
-                yield step(face.wait_work, self.work_wait(due))
+                wait = self.work_wait(due)
+                if self.limited:  # a limit may have held due rows back: look again soon
+                    wait = min(wait, self.limited_wait(claimed))
+                yield step(face.wait_work, wait)
+
+    limited = False
+    """The worker's claims keep limits (its own or its lifecycle's): a short claim may have
+    left due rows behind a limit, whose slots free in any process, with no wake-up."""
+    _limited_wait = LIMITED_WAIT
+
+    def limited_wait(self, claimed: int) -> float:
+        """How long a limited worker waits after a short claim: :data:`LIMITED_WAIT` after
+        a claim that took something, doubling after each that took nothing (up to the poll
+        interval), so a limit that binds is polled, never spun on."""
+        if claimed:
+            self._limited_wait = LIMITED_WAIT
+        else:
+            self._limited_wait = min(self.poll_interval, self._limited_wait * 2)
+        return self._limited_wait
 
     def work_wait(self, due: float | None) -> float:
         """How long a drained worker waits for work: the poll interval, or less when a row

@@ -443,6 +443,8 @@ class Worker(CoreFace):
         self.core = WorkerCore.of(engine, handlers, concurrency, poll_interval, grace, claim_gather, self.wake)
         self.limits = check_limits(limits)
         """The limits this worker's claims keep instead of the lifecycle's own (``limits=``), or ``None``."""
+        kept = self.limits if self.limits is not None else engine.lifecycle.limits
+        self.core.limited = kept is not None and kept.counts
         if (
             isinstance(handler_connections, bool)
             or not isinstance(handler_connections, int)

@@ -46,7 +46,7 @@ log = logging.getLogger("fsm.store")
 class ClaimOps(SqlCore):
     """``claim``, ``entities`` and ``count_states`` of :class:`stores.sql.SqlStore`."""
 
-    def _ranked(self, where: str, n: str, what: str, lock: str = "", starve: bool = False) -> str:
+    def _ranked(self, where: str, n: str, what: str, lock: str = "", starve: bool = False, raised: str = "") -> str:
         """A state's pick in the claim's order, each part an index walk that stops after
         ``n`` rows (no sort, whatever the backlog): with ``starve``, the one row due the
         longest if due since ``now - starve`` (priorities' starvation rule, the ``claim``
@@ -54,7 +54,9 @@ class ClaimOps(SqlCore):
         at the default priority in due order (``claim``); then lowered rows (``priority``).
         ``where`` is the state's filter on rows aliased ``e``; ``what`` the columns, the
         first named ``id``.  The starved row is picked once (a CTE the other parts step
-        over), so the claim still takes up to ``n``."""
+        over), so the claim still takes up to ``n``.  ``raised``: a smaller limit of the
+        raised and lowered parts (a limited claim picks more rows at the default priority
+        than it may take; the planner walks the small partial index for a small limit)."""
         lay, f, sql = self._sql.L, self._f, self._sql
         due, prio = lay.ref("run_after", "e"), lay.ref("priority", "e")
         lock = f" {lock}" if lock else ""
@@ -73,9 +75,9 @@ class ClaimOps(SqlCore):
             skip = f" AND {lay.ref('id', 'e')} NOT IN (SELECT id FROM starved)"
             parts.append("SELECT * FROM starved")
         ranked = f"{prio} DESC, {due}"
-        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} > 0", ranked, n))
+        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} > 0", ranked, raised or n))
         parts.append(part("claim", f" AND {prio} = 0", due, n))
-        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, n))
+        parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, raised or n))
         return f"{head}SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
 
     _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str]

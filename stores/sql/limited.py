@@ -41,7 +41,7 @@ from stores.sql.core import SqlCore
 
 log = logging.getLogger("fsm.store")
 
-OVERPICK = 2
+OVERPICK = 4
 """Candidates a limited claim picks per slot it may take: rows of a full key are stepped
 over, so a few more than the slots keep the claim full when keys crowd the line."""
 MAX_PICK = 1000
@@ -83,12 +83,9 @@ class LimitedClaimOps(SqlCore):
         now = self._now()
         params: dict[str, Any] = {"kind": request.kind}
         self._time_params(params, now, None)
-        held, held_all = self._held(cur, limits, params)
+        held, held_all, candidates = self._held_and_candidates(cur, request, now)
         gate = ClaimGate(limits, held, held_all, {}, 0)
-        if gate.full():
-            return []
-        candidates = self._candidates(cur, request, gate.full_keys(), now)
-        if not candidates:
+        if gate.full() or not candidates:
             return []
         keys = sorted({key for _, _, _, key, _ in candidates if key is not None}) if limits.keyed else []
         if not self._sqlite:  # lock, then count again in a new snapshot (see the module doc)
@@ -143,6 +140,7 @@ class LimitedClaimOps(SqlCore):
         have = worth.pop(None, 0)
         order = [(k, n) for k, n in worth.items() if k is not None and n > 0]
         locked: list[str] = []
+        missed: list[tuple[str, int]] = []
         while order and have < request.limit:
             take, need = [], request.limit - have
             while order and need > 0:
@@ -154,10 +152,22 @@ class LimitedClaimOps(SqlCore):
                 "SELECT k FROM unnest(CAST(%(locks)s AS bigint[])) AS t(k) WHERE pg_try_advisory_xact_lock(k)",
                 {"locks": list(ids)},
             )
-            for (k,) in cur.fetchall():
-                key, n = ids[k]
-                locked.append(key)
-                have += n
+            got = {k for (k,) in cur.fetchall()}
+            for k, (key, n) in ids.items():
+                if k in got:
+                    locked.append(key)
+                    have += n
+                else:
+                    missed.append((key, n))
+        if not locked and missed:
+            # every key this claim could fill is another claimer's right now: wait for the
+            # first one (its holder commits within a statement or two) rather than come
+            # back empty while rows are due.  Holding no key lock while it waits, this
+            # claim closes no cycle of waits.
+            key = missed[0][0]
+            cur.execute("SELECT pg_advisory_xact_lock(%(k)s)", {"k": lock_id(f"{self.table_prefix}claim:{kind}:{key}")})
+            cur.fetchall()
+            locked.append(key)
         return locked
 
     def _take_admitted(
@@ -220,43 +230,91 @@ class LimitedClaimOps(SqlCore):
                 held[str(key)] = int(n)
         return held, total
 
-    def _candidates(
-        self, cur: Any, request: ClaimRequest, full: Sequence[str], now: datetime | None
-    ) -> list[tuple[str, str, int, str | None, ClaimStart | None]]:
-        """Rows in the claim's order, resumes first, stepping over the keys in ``full``."""
-        lay, f = self._sql.L, self._f
+    def _held_and_candidates(
+        self, cur: Any, request: ClaimRequest, now: datetime | None
+    ) -> tuple[dict[str, int], int, list[tuple[str, str, int, str | None, ClaimStart | None]]]:
+        """One statement: the live leases per key (as :meth:`_held` counts them), and the
+        candidates in the claim's order (each state's pick, resumes first), stepping over
+        the rows of keys already full, at most ``OVERPICK`` times the claim's limit (of the rows
+        at the default priority: raised and lowered ones, at most the claim's limit)."""
+        limits = request.limits
+        assert limits is not None
+        f = self._f
+        params: dict[str, Any] = {
+            "kind": request.kind,
+            "limit": min(MAX_PICK, request.limit * OVERPICK),
+            "raised": request.limit,
+        }
+        self._time_params(params, now, None)
+        params.update({f"ls{i}": s for i, s in enumerate(limits.leased)})
+        parts = [*request.resumes, *(s.source for s in request.starts)]
+        params.update({f"st{i}": s for i, s in enumerate(parts)})
+        if limits.per_key is not None:
+            params["per_key"] = limits.per_key
+        if request.starve_after is not None:
+            params["starve"] = f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
+        cur.execute(self._held_and_candidates_sql(request), params)
+        held: dict[str, int] = {}
+        total = 0
+        starts: list[ClaimStart | None] = [*(None for _ in request.resumes), *request.starts]
+        found: list[tuple[str, str, int, str | None, ClaimStart | None]] = []
+        seen: set[str] = set()
+        for part, entity_id, state, number, key in cur.fetchall():
+            if part < 0:  # a key's live leases
+                total += int(number)
+                if key is not None:
+                    held[str(key)] = int(number)
+            elif entity_id not in seen:
+                seen.add(entity_id)
+                found.append((entity_id, state, int(number), key, starts[int(part)]))
+        return held, total, found
+
+    def _held_and_candidates_sql(self, request: ClaimRequest) -> str:
+        limits = request.limits
+        assert limits is not None
+        key = (
+            "held+candidates",
+            len(request.resumes),
+            len(request.starts),
+            len(limits.leased),
+            limits.per_key is not None,
+            request.starve_after is not None,
+        )
+        cache = self._sql._shapes
+        found: str | None = cache.get(key)
+        if found is not None:
+            return found
+        lay, f, sql = self._sql.L, self._f, self._sql
         kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
-        where = f"{kind} = {f.p('kind')} AND NOT {deleted} AND {state} = {f.p('state')} "
-        where += f"AND {lay.ref('run_after', 'e')} <= {f.now}"
         ck = lay.ref("concurrency_key", "e")
-        if full:
-            where += f" AND ({ck} IS NULL OR NOT ({f.in_ids(ck, 'full')}))"
+        marks = ", ".join(f.p(f"ls{i}") for i in range(len(limits.leased)))
+        held = (
+            f"SELECT {ck} AS ck, COUNT(*) AS n FROM {sql._indexed('lease')} "
+            f"WHERE {kind} = {f.p('kind')} AND {state} IN ({marks}) "
+            f"AND {lay.ref('lease_expires_at', 'e')} >= {f.now} AND NOT {deleted} GROUP BY {ck}"
+        )
+        ctes = [f"held AS ({held})"]
+        skip = ""
+        if limits.per_key is not None:
+            ctes.append(f"full_keys AS (SELECT ck FROM held WHERE ck IS NOT NULL AND n >= {f.p('per_key')})")
+            skip = f" AND ({ck} IS NULL OR {ck} NOT IN (SELECT ck FROM full_keys))"
         what = f"{lay.ref('id', 'e')} AS id, {state} AS state, {lay.ref('version', 'e')} AS version, {ck} AS ck"
         lock = "" if self._sqlite else "FOR UPDATE OF e SKIP LOCKED"
         starve = request.starve_after is not None
         free = f" AND {lay.ref('lease_owner', 'e')} IS NULL"
-        picks: list[tuple[str, ClaimStart | None]] = [(s, None) for s in request.resumes]
-        picks += [(s.source, s) for s in request.starts]
-        budget = min(MAX_PICK, request.limit * OVERPICK)
-        found: list[tuple[str, str, int, str | None, ClaimStart | None]] = []
-        for source, start in picks:
-            left = budget - len(found)
-            if left <= 0:
-                break
-            sql = self._ranked(where + ("" if start is not None else free), f.p("limit"), what, lock, starve)  # type: ignore[attr-defined]
-            params: dict[str, Any] = {"kind": request.kind, "state": source, "limit": left}
-            self._time_params(params, now, None)
-            if full:
-                params["full"] = f.ids(full)
-            if starve:
-                assert request.starve_after is not None
-                params["starve"] = f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
-            cur.execute(sql, params)
-            seen = {row[0] for row in found}
-            for entity_id, st, version, key, *_ in cur.fetchall():
-                if entity_id not in seen:  # the starvation pick may meet its row again
-                    seen.add(entity_id)
-                    found.append((entity_id, st, int(version), key, start))
+        picks = []
+        for i in range(len(request.resumes) + len(request.starts)):
+            where = f"{kind} = {f.p('kind')} AND NOT {deleted} AND {state} = {f.p(f'st{i}')} "
+            where += f"AND {lay.ref('run_after', 'e')} <= {f.now}{skip}"
+            if i < len(request.resumes):
+                where += free
+            ranked = self._ranked(where, f.p("limit"), what, lock, starve, f.p("raised"))  # type: ignore[attr-defined]
+            picks.append(f"SELECT {i} AS part, c{i}.* FROM ({ranked}) AS c{i}")
+        candidates = f"SELECT * FROM ({' UNION ALL '.join(picks)}) AS c LIMIT {f.p('limit')}"
+        found = cache[key] = (
+            f"WITH {', '.join(ctes)} SELECT * FROM ({candidates}) AS picked "
+            f"UNION ALL SELECT -1, NULL, NULL, n, ck FROM held"
+        )
         return found
 
     def _started(
