@@ -176,7 +176,12 @@ class Instrumentation:
         tracer, ins = self.tracer, self.instruments
 
         def claim(
-            engine: EngineWork, limit: int = 1, *, owner: str | None = None, into: Collection[str] | None = None
+            engine: EngineWork,
+            limit: int = 1,
+            *,
+            owner: str | None = None,
+            into: Collection[str] | None = None,
+            limits: Any = None,
         ) -> list[Snapshot]:
             who = engine.owner if owner is None else owner
             attrs: dict[str, Any] = {
@@ -190,7 +195,7 @@ class Instrumentation:
             from opentelemetry.trace import SpanKind
 
             with tracer.start_as_current_span(f"claim {engine.kind}", kind=SpanKind.CONSUMER, attributes=attrs) as span:
-                claimed: list[Snapshot] = original(engine, limit, owner=owner, into=into)
+                claimed: list[Snapshot] = original(engine, limit, owner=owner, into=into, limits=limits)
                 span.set_attribute(a.MESSAGING_BATCH_COUNT, len(claimed))
                 if len(claimed) == 1:
                     span.set_attribute(a.MESSAGING_MESSAGE_ID, claimed[0].id)
