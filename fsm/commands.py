@@ -22,7 +22,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fsm.coordination import limit_wait
+from fsm.engine.held_back import limit_wait
 from fsm.errors import ConfigError, FsmError, UnknownEntity
 from fsm.records import Snapshot
 from stores.base import Store

@@ -67,6 +67,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.errors",
             "fsm.policy",
             "fsm.limits",
+            "fsm.coordination",
             "fsm.ids",
             "fsm._version",
         ),

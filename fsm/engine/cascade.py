@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm.errors import FsmError, InvalidArgument
+from fsm.records import Snapshot
 
 if TYPE_CHECKING:
     from fsm.engine.engine import Engine
@@ -54,12 +55,27 @@ def lifecycle_for(kind: str, given: Iterable[Any]) -> Any:
     return found.pop() if len(found) == 1 else None
 
 
+PAGE = 1000
+"""Children read per page."""
+
+
+def children_of(store: Any, parent_id: str) -> dict[str, Snapshot]:
+    """Every live child of the parent, by id (paged through the store)."""
+    found: dict[str, Snapshot] = {}
+    after: str | None = None
+    while True:
+        page = store.children(parent_id, limit=PAGE, after_id=after)
+        found.update((s.id, s) for s in page)
+        if len(page) < PAGE:
+            return found
+        after = page[-1].id
+
+
 def cascade(
     engine: Engine, parent_id: str, given: tuple[Any, ...], depth: int
 ) -> tuple[list[str], list[tuple[str, str]]]:
     """Cancel the live children of ``parent_id`` (and theirs)."""
     from fsm.engine.engine import Engine
-    from fsm.work.children import children_of
 
     cancelled: list[str] = []
     left: list[tuple[str, str]] = []
@@ -103,4 +119,4 @@ def check_lifecycles(value: object) -> tuple[Any, ...]:
     return found
 
 
-__all__ = ["MAX_DEPTH", "Cancelled", "cascade", "check_lifecycles", "lifecycle_for"]
+__all__ = ["MAX_DEPTH", "PAGE", "Cancelled", "cascade", "check_lifecycles", "children_of", "lifecycle_for"]

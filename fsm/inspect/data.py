@@ -440,7 +440,7 @@ class InspectorData:
 
     def limit_wait(self, lifecycle: Any, snap: Snapshot) -> str | None:
         """What limit holds a waiting entity back (:func:`fsm.coordination.limit_wait`)."""
-        from fsm.coordination import limit_wait
+        from fsm.engine.held_back import limit_wait
 
         return limit_wait(lifecycle, snap, self.store)
 

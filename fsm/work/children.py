@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
+from fsm.engine.cascade import children_of
 from fsm.errors import ChildFailed, EntityExists, FsmError, InvalidArgument
 from fsm.limits import MAX_ID_LENGTH, check_id
 from fsm.records import STEP_KEY_PREFIX, EffectRecord, Snapshot
@@ -46,7 +47,6 @@ DEFAULT_POLL = timedelta(seconds=10)
 """How often a parked parent looks at its children when no child's end woke it."""
 FAILED_STATES = ("failed",)
 """The final states a wait counts as a child's failure by default."""
-PAGE = 1000
 
 
 class ChildResult(NamedTuple):
@@ -130,18 +130,6 @@ def started(store: Any, parent_id: str) -> list[EffectRecord]:
     found = [e for e in store.effects(parent_id) if e.key.startswith(CHILD_KEY_PREFIX)]
     found.sort(key=lambda e: (int(e.result.get("n", 0)), e.recorded_at.timestamp() if e.recorded_at else 0.0, e.key))
     return found
-
-
-def children_of(store: Any, parent_id: str) -> dict[str, Snapshot]:
-    """Every live child of the parent, by id (paged through the store)."""
-    found: dict[str, Snapshot] = {}
-    after: str | None = None
-    while True:
-        page = store.children(parent_id, limit=PAGE, after_id=after)
-        found.update((s.id, s) for s in page)
-        if len(page) < PAGE:
-            return found
-        after = page[-1].id
 
 
 def _look(store: Any, parent_id: str, failed: frozenset[str]) -> tuple[list[ChildResult], int]:
