@@ -313,3 +313,13 @@ def test_the_children_block_runs(tmp_path: Path) -> None:
         "[('build-7/lint', 'completed', 12), ('build-7/test', 'completed', 12), ('build-7/docs', 'completed', 12)]",
         "completed",
     ]
+
+
+def test_the_install_section_names_every_extra() -> None:
+    import tomllib
+
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())
+    text = README.read_text()
+    install = text[text.index("## Install") : text.index("\n## ", text.index("## Install") + 1)]
+    missing = [e for e in project["project"]["optional-dependencies"] if f"`{e}`" not in install.split("Extras:")[1]]
+    assert not missing, f"extras the Install section does not explain: {missing}"
