@@ -47,6 +47,17 @@ over, so a few more than the slots keep the claim full when keys crowd the line.
 MAX_PICK = 1000
 
 
+def _counted(rows: Any) -> tuple[dict[str, int], int]:
+    """``(key, count)`` rows as the counts per key and their total."""
+    held: dict[str, int] = {}
+    total = 0
+    for key, n in rows:
+        total += int(n)
+        if key is not None:
+            held[str(key)] = int(n)
+    return held, total
+
+
 def lock_id(text: str) -> int:
     """A signed 64-bit advisory lock id for ``text``."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
@@ -199,36 +210,33 @@ class LimitedClaimOps(SqlCore):
     def slots(self, kind: str, leased: Sequence[str], key: str | None = None) -> int:
         """See :meth:`stores.Store.slots`: the limited claim's own count."""
         check_slots_args(kind, leased, key)
-        params: dict[str, Any] = {"kind": kind}
+        params: dict[str, Any] = {"kind": kind, **{f"ls{i}": s for i, s in enumerate(leased)}}
         self._time_params(params, self._now(), None)
-        slot = self._conns.slot()
-        try:
-            held, total = self._held(slot.cursor, ClaimLimits(leased=tuple(leased)), params)
-            if self._sqlite:
-                slot.conn.commit()  # end the read
-        except self._errors as err:
-            raise unavailable(err, self._conns) from err
+        held, total = _counted(self._run(self._held_sql(len(leased)), params))  # one autocommit read
         return total if key is None else held.get(key, 0)
 
     def _held(self, cur: Any, limits: ClaimLimits, params: dict[str, Any]) -> tuple[dict[str, int], int]:
         """Live leases in the leased states: per key, and in all.  Live as a holder's
         write sees it: ``lease_expires_at >= now`` (:meth:`fsm.records.Lease.is_fresh`)."""
-        lay, f, sql = self._sql.L, self._f, self._sql
-        marks = ", ".join(f.p(f"ls{i}") for i in range(len(limits.leased)))
-        statement = (
-            f"SELECT {lay.ref('concurrency_key', 'e')}, COUNT(*) FROM {sql._indexed('lease')} "
-            f"WHERE {lay.ref('kind', 'e')} = {f.p('kind')} AND {lay.ref('state', 'e')} IN ({marks}) "
-            f"AND {lay.ref('lease_expires_at', 'e')} >= {f.now} AND NOT {lay.ref('deleted', 'e')} "
-            f"GROUP BY {lay.ref('concurrency_key', 'e')}"
+        cur.execute(
+            self._held_sql(len(limits.leased)), {**params, **{f"ls{i}": s for i, s in enumerate(limits.leased)}}
         )
-        cur.execute(statement, {**params, **{f"ls{i}": s for i, s in enumerate(limits.leased)}})
-        held: dict[str, int] = {}
-        total = 0
-        for key, n in cur.fetchall():
-            total += int(n)
-            if key is not None:
-                held[str(key)] = int(n)
-        return held, total
+        return _counted(cur.fetchall())
+
+    def _held_sql(self, states: int) -> str:
+        """Live leases per key in ``states`` leased states (parameters ``ls0``...)."""
+        key = ("held", states)
+        found: str | None = self._sql._shapes.get(key)
+        if found is None:
+            lay, f, sql = self._sql.L, self._f, self._sql
+            marks = ", ".join(f.p(f"ls{i}") for i in range(states))
+            found = self._sql._shapes[key] = (
+                f"SELECT {lay.ref('concurrency_key', 'e')}, COUNT(*) FROM {sql._indexed('lease')} "
+                f"WHERE {lay.ref('kind', 'e')} = {f.p('kind')} AND {lay.ref('state', 'e')} IN ({marks}) "
+                f"AND {lay.ref('lease_expires_at', 'e')} >= {f.now} AND NOT {lay.ref('deleted', 'e')} "
+                f"GROUP BY {lay.ref('concurrency_key', 'e')}"
+            )
+        return found
 
     def _held_and_candidates(
         self, cur: Any, request: ClaimRequest, now: datetime | None
