@@ -1,10 +1,15 @@
-"""MkDocs hooks: the guide pages are README.md's sections, generated at build time.
+"""MkDocs hooks and a Griffe extension for the documentation site.
 
-Each ``## `` section of the README becomes one page (its ``### `` headings one level up),
-in the README's order; links to another section's anchor point at that section's page,
-and links into ``diagrams/`` at the copies of the diagrams and screenshots added to the
-site.  CHANGELOG.md is the changelog page.  So the README stays the one source of the
-guide, and ``mkdocs build --strict`` fails on a link that no longer resolves.
+The pages are written under ``docs/pages/``; the hooks only add what lives elsewhere in the
+repository: ``CHANGELOG.md`` as the changelog page, and the diagrams and screenshots of
+``diagrams/`` that pages link to (``../diagrams/job.svg``).  ``mkdocs build --strict`` fails
+on a link that does not resolve.
+
+:class:`SphinxRoles` (loaded by mkdocstrings, ``extensions: [hooks.py:SphinxRoles]``) turns
+the docstrings' Sphinx roles (``:class:`Job```, ``:meth:`Engine.run```) into cross-references
+that mkdocstrings renders as links where the target is documented (plain code elsewhere),
+and drops the project's internal references (seed document numbers, issue numbers, design
+sections), which mean nothing to a reader of the site.
 """
 
 from __future__ import annotations
@@ -13,60 +18,86 @@ import re
 from pathlib import Path
 from typing import Any
 
+from griffe import Extension, Object
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
-_HEADING = re.compile(r"^## (.+)$", re.M)
+
+_ROLE = re.compile(r":(?:py:)?(?:meth|class|func|mod|attr|data|exc|obj|const):`(~?)([^`<>]+)`")
+_INTERNAL = [
+    (re.compile(r" \((?:DESIGN sections? [\d, and]+|issues? \d+)\)"), ""),
+    (re.compile(r"\(seeds/000\)"), "(the zombie-pipeline incident)"),
+    (re.compile(r"\(seeds/002(?: [A-Z]+-\d+)?\)"), "(the live-finalizer incident)"),
+    (re.compile(r"seeds/000's"), "the zombie-pipeline incident's"),
+    (re.compile(r"seeds/000"), "the zombie-pipeline incident"),
+    (re.compile(r"seeds/002"), "the live-finalizer incident"),
+    (re.compile(r"DESIGN sections? [\d, and]+"), "the design"),
+    (re.compile(r"\(issue \d+\)"), ""),
+]
 
 
-def slug(title: str) -> str:
-    """The anchor GitHub and Python-Markdown's toc give a heading (lower case, dashes)."""
-    text = re.sub(r"[^\w\- ]", "", title.strip().lower())
-    return re.sub(r"[ ]+", "-", text)
+def clean(text: str) -> str:
+    """A docstring without the project's internal references."""
+    for pattern, replacement in _INTERNAL:
+        text = pattern.sub(replacement, text)
+    return text
 
 
-def sections(readme: str) -> tuple[str, list[tuple[str, str]]]:
-    """The README's intro, and its ``## `` sections as (title, body)."""
-    parts = _HEADING.split(readme)
-    intro, rest = parts[0], parts[1:]
-    return intro, [(rest[i].strip(), rest[i + 1]) for i in range(0, len(rest), 2)]
+def roles(text: str, obj: Object | None = None) -> str:
+    """``:meth:`x``` as an optional cross-reference to ``x`` (resolved in ``obj``'s scope)."""
+
+    def link(m: re.Match[str]) -> str:
+        target = m.group(2).strip().removesuffix("()")
+        shown = target.rsplit(".", 1)[-1] if m.group(1) else target
+        identifier = target
+        if obj is not None:
+            try:
+                identifier = obj.resolve(target)
+            except Exception:  # a name Griffe cannot resolve: autorefs tries it as written
+                identifier = target
+        return f'<autoref identifier="{identifier}" optional><code>{shown}</code></autoref>'
+
+    return _ROLE.sub(link, text)
 
 
-def page(title: str, body: str, pages: dict[str, str], depth: int) -> str:
-    """One section as a page: its title the page's, links fixed for where the page lives."""
-    up = "../" * depth
-    body = re.sub(r"^### ", "## ", body, flags=re.M)
-    body = re.sub(r"^#### ", "### ", body, flags=re.M)
+class SphinxRoles(Extension):
+    """Rewrites each docstring once it is loaded (see the module's docstring)."""
 
-    def anchor(m: re.Match[str]) -> str:
-        target = pages.get(m.group(1))
-        return f"]({up}{target})" if target is not None else m.group(0)
-
-    body = re.sub(r"\]\(#([\w\-]+)\)", anchor, body)
-    body = body.replace("](diagrams/", f"]({up}diagrams/")
-    return f"# {title}\n{body}"
+    def on_package(self, *, pkg: Object, **kwargs: Any) -> None:
+        """Once the whole package is loaded, so that every name resolves."""
+        todo = [pkg]
+        while todo:
+            obj = todo.pop()
+            if obj.docstring is not None:
+                obj.docstring.value = roles(clean(obj.docstring.value), obj)
+            todo.extend(member for member in obj.members.values() if not member.is_alias)  # type: ignore[misc]
 
 
 def on_files(files: Files, config: Any) -> Files:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    intro, found = sections(readme)
-    pages = {slug(title): f"guide/{i:02d}-{slug(title)}.md" for i, (title, _) in enumerate(found, 1)}
-    for (title, body), path in zip(found, pages.values(), strict=True):
-        files.append(File.generated(config, path, content=page(title, body, pages, 1)))
-    overview = re.sub(r"^# .*\n", "", intro, count=1)
-    files.append(File.generated(config, "guide/00-overview.md", content=page("Overview", overview, pages, 1)))
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    files.append(File.generated(config, "changelog.md", content=changelog))
+    files.append(File.generated(config, "changelog.md", content=clean(changelog)))
     for picture in sorted((ROOT / "diagrams").rglob("*")):
         if picture.suffix in {".svg", ".png"}:
             uri = "diagrams/" + picture.relative_to(ROOT / "diagrams").as_posix()
             files.append(File.generated(config, uri, content=picture.read_bytes()))
-    config["nav"] = [
-        {"Home": "index.md"},
-        {"Guide": ["guide/00-overview.md", *pages.values()]},
-        {"Scenarios": sorted(f"scenarios/{p.name}" for p in (Path(config["docs_dir"]) / "scenarios").glob("*.md"))},
-        {"Diagrams": "diagrams.md"},
-        {"API reference": sorted(f"reference/{p.name}" for p in (Path(config["docs_dir"]) / "reference").glob("*.md"))},
-        {"Changelog": "changelog.md"},
-    ]
     return files
+
+
+_CDN = re.compile(r"https://unpkg\.com/[^\"'\\\s]*")
+_SOURCE_MAP = re.compile(r"\n?//# sourceMappingURL=\S+\.map")
+
+
+def on_post_build(config: Any) -> None:
+    """Keep the built site offline: the theme's bundle names two scripts it would load from
+    a CDN, Mermaid (for a page with a mermaid fence: these pages have none, the diagrams are
+    SVG files) and a ResizeObserver polyfill (for browsers without one); both become empty
+    ``data:`` scripts, so nothing is ever fetched from elsewhere.  The bundles' source maps
+    (a debugging aid that quotes the theme's sources) are left out."""
+    for path in (Path(config["site_dir"]) / "assets").rglob("*.js*"):
+        if path.suffix == ".map":
+            path.unlink()
+            continue
+        text = path.read_text(encoding="utf-8")
+        cleaned = _SOURCE_MAP.sub("", _CDN.sub("data:,", text))
+        if cleaned != text:
+            path.write_text(cleaned, encoding="utf-8")
