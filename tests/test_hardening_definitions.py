@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from statemachine import State
+from tests_support import guide_text
 
 from fsm import (
     ConfigError,
@@ -132,7 +133,7 @@ def test_actor_reaper_passed_by_hand_is_still_held_to_the_reapers_guards() -> No
     with pytest.raises(GuardRejected):
         jobs.fire("j1", "expire", actor="reaper")
     assert jobs.get("j1").state == "finalizing"
-    readme = (ROOT / "README.md").read_text()
+    readme = guide_text()
     assert '`actor="reaper"` is for the reaper' in readme
 
 

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests_support import guide_block_after
 
 from fsm import Engine, JobLifecycle, ManualClock, PipelineLifecycle
 from fsm.errors import (
@@ -155,11 +155,7 @@ def test_the_manual_clock_refuses_a_naive_jump() -> None:
 
 
 def _binding_block() -> str:
-    text = README.read_text()
-    start = text.index("### Running a lifecycle on your existing table")
-    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert match is not None
-    return match.group(1)
+    return guide_block_after("# Run a lifecycle on your existing table")
 
 
 def test_the_readme_binding_block_raises_store_unavailable_for_its_placeholder_url() -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests_support import guide_block_after, guide_text
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -26,19 +27,19 @@ def python_blocks() -> list[tuple[str, str]]:
 
 
 def python_block_after(marker: str) -> str:
-    text = README.read_text()
-    start = text.index(marker)
-    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert match is not None, f"no python block after {marker!r}"
-    return match.group(1)
+    return guide_block_after(marker)
 
 
 def block_starting(first: str) -> str:
-    [found] = [text for line, text in python_blocks() if line.startswith(first)]
+    """The one block of the README or the site whose first line starts with ``first``."""
+    blocks = re.findall(r"```python\n(.*?)```", guide_text(), re.S)
+    [found] = {text for text in blocks if text.splitlines()[0].startswith(first)}
     return found
 
 
 RUNS = {
+    "# service.py": "test_the_service_block_runs",
+    "# zombie.py": "test_the_zombie_block_runs",
     "from fsm import Engine, Fenced, JobLifecycle": "test_the_readme_example_runs_as_written_and_again",
     "import functools": "test_the_readme_example_runs_as_written_and_again",
     "import asyncio": "test_the_async_example_runs",
@@ -87,7 +88,7 @@ def test_every_python_block_is_run_or_named_why_not() -> None:
         assert runs or cannot, f"README block {first!r} is neither run by a test nor named in CANNOT_RUN"
 
 
-@pytest.mark.parametrize("marker", ["## Using the engine", "A complete finalizer app"])
+@pytest.mark.parametrize("marker", ["# Use the engine", "A complete finalizer app"])
 def test_the_readme_example_runs_as_written_and_again(marker: str, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(python_block_after(marker))
@@ -95,7 +96,7 @@ def test_the_readme_example_runs_as_written_and_again(marker: str, tmp_path: Pat
         done = run_script(script, tmp_path)
         assert done.returncode == 0, done.stderr
         last = done.stdout.splitlines()[-1]
-        if marker == "## Using the engine":
+        if marker == "# Use the engine":
             assert last == "completed"
             continue
         # the counts: every job of every run completed
@@ -323,3 +324,29 @@ def test_the_install_section_names_every_extra() -> None:
     install = text[text.index("## Install") : text.index("\n## ", text.index("## Install") + 1)]
     missing = [e for e in project["project"]["optional-dependencies"] if f"`{e}`" not in install.split("Extras:")[1]]
     assert not missing, f"extras the Install section does not explain: {missing}"
+
+
+def test_the_readme_is_short_and_starts_with_a_worker() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    first = python_blocks()[0][1]
+    assert "Worker(" in first and text.index("```python") < len("\n".join(text.splitlines()[:100]))
+
+
+def test_the_service_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "service.py"
+    script.write_text(block_starting("# service.py"))
+    for _ in (1, 2):  # a second run works too, on the store the first left
+        done = run_script(script, tmp_path)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout  # the handlers' threads print at once: counted in the whole text
+        assert out.count("notified once: ") == 3 and out.count("complete -> completed") == 3  # three new builds
+        assert out.splitlines()[-1] == "3"
+
+
+def test_the_zombie_block_runs(tmp_path: Path) -> None:
+    script = tmp_path / "zombie.py"
+    script.write_text(block_starting("# zombie.py"))
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["failed expired"]

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests_support import guide_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,8 +118,8 @@ def main() -> None:
 
 
 def readme_modules() -> dict[str, str]:
-    """Every README Python block as a module: name -> source."""
-    text = (ROOT / "README.md").read_text()
+    """Every Python block of the README and the site as a module: name -> source."""
+    text = guide_text()
     named = {
         "# lifecycles.py": "lifecycles",
         "import pytest": "test_deploy",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SqlTarget
+from tests_support import guide_block_after
 
 from fsm import ConfigError, Engine, InvalidArgument, JobLifecycle, PipelineLifecycle
 from fsm.records import FeedEntry
@@ -172,13 +173,9 @@ def test_on_postgresql_a_notify_wakes_the_watch_long_before_its_poll(sql_target:
 
 
 def test_the_readme_watch_example_runs_as_written(tmp_path: Path) -> None:
-    import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text[text.index("## A live feed across processes") :], re.S)
-    assert block is not None
     script = tmp_path / "watch_example.py"
-    script.write_text(block.group(1))
+    script.write_text(guide_block_after("# A live feed across processes"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, str(script)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, env=env)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from tests_support import guide_text
 
 from fsm import Engine, Fenced, JobLifecycle, ManualClock
 from fsm.observe import LOGGERS
@@ -105,6 +106,6 @@ def test_every_logger_named_in_the_docs_is_one_the_library_uses() -> None:
     sources = "".join(p.read_text() for folder in ("fsm", "signals", "stores") for p in (root / folder).rglob("*.py"))
     for name in LOGGERS:
         assert f'getLogger("{name}")' in sources, name
-    readme = (root / "README.md").read_text()
+    readme = guide_text()
     for name in LOGGERS:
         assert f"`{name}`" in readme, name

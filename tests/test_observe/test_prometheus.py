@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from tests_support import guide_block_after
 
 pytest.importorskip("prometheus_client")
 pytest.importorskip("opentelemetry.exporter.prometheus")
@@ -112,13 +113,9 @@ def test_fsm_reaper_metrics_port_in_use_is_a_clear_error_not_a_traceback(capsys:
 
 
 def test_the_readme_observability_example_runs_as_written(tmp_path: Path) -> None:
-    import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text[text.index("## Observability") :], re.S)
-    assert block is not None
     script = tmp_path / "observe_example.py"
-    script.write_text(block.group(1))
+    script.write_text(guide_block_after("# Metrics, traces and logs"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env, check=False
