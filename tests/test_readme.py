@@ -340,7 +340,7 @@ def test_the_service_block_runs(tmp_path: Path) -> None:
         done = run_script(script, tmp_path)
         assert done.returncode == 0, done.stderr
         out = done.stdout  # the handlers' threads print at once: counted in the whole text
-        assert out.count("notified once: ") == 3 and out.count("complete -> completed") == 3  # three new builds
+        assert out.count("notified once:") == 3 and out.count("complete -> completed") == 3  # three new builds
         assert out.splitlines()[-1] == "3"
 
 

@@ -171,6 +171,7 @@ def wait_children(steps: Steps, failed: frozenset[str], on_failure: str, poll: t
         failure = next((c for c in done if c.failed), None) if on_failure == "fail" else None
         outcome = {"failed": failure.dump()} if failure is not None else {"children": [c.dump() for c in done]}
         record = steps._record(key, outcome)
+    steps._done(CHILDREN, None)
     if "failed" in record.result:
         raise ChildFailed(steps.entity_id, child=ChildResult.of(record.result["failed"]))
     return [ChildResult.of(c) for c in record.result["children"]]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from fsm.errors import FsmError, InvalidArgument, WaitTimedOut
 from fsm.limits import MAX_DURATION, check_id
@@ -48,6 +48,7 @@ FOREVER = timedelta(days=36500)
 """How far a wait without a timeout parks: until a message wakes it."""
 SLEEP, WAIT = "sleep", "wait"
 MISSING: Any = object()
+T = TypeVar("T")
 
 
 def step_key(kind: str, n: int, state: str) -> str:
@@ -88,11 +89,23 @@ class Steps:
         self.state = state
         self.lease = lease
         self.counts: dict[tuple[str, str], int] = {}
+        self.unfinished: dict[tuple[str, str], str] = {}
+        """A step that raised before it finished (a store outage): the handler's retry of
+        the same call is the same step, not the next one."""
 
     def _next(self, kind: str) -> str:
         state = self.state()
+        again = self.unfinished.get((state, kind))
+        if again is not None:
+            return again
         n = self.counts[(state, kind)] = self.counts.get((state, kind), 0) + 1
-        return step_key(kind, n, state)
+        key = self.unfinished[(state, kind)] = step_key(kind, n, state)
+        return key
+
+    def _done(self, kind: str, value: T) -> T:
+        """``value``, the outcome of the step of ``kind`` under way: the next call is the next step."""
+        self.unfinished.pop((self.state(), kind), None)
+        return value
 
     def count(self, kind: str) -> int:
         """How many steps of ``kind`` the current state's handler has reached."""
@@ -129,6 +142,7 @@ class Steps:
             record = self._record(key, {"until": (now + duration).isoformat()})
         until = _time(record.result["until"])
         if now >= until:
+            self._done(SLEEP, None)
             return
         raise self._park(until, key)
 
@@ -141,7 +155,7 @@ class Steps:
         if record is not None:
             if record.result.get("name", name) != name:  # the handler reached another wait here
                 raise ReplayMismatch(self.entity_id, step=key, recorded=record.result["name"], now=name)
-            return _outcome(record)
+            return self._done(WAIT, _outcome(record))
         now = self.engine.clock.now()
         deadline = self.store.effect(self.entity_id, key + ":until")
         if deadline is None:
@@ -151,9 +165,9 @@ class Steps:
         message = self._message(name)
         if message is not None:
             taken = {"message": message.key, "payload": message.result["payload"], "name": name}
-            return _outcome(self._record(key, taken))
+            return self._done(WAIT, _outcome(self._record(key, taken)))
         if now >= until:
-            return _outcome(self._record(key, {"timed_out": True, "name": name}))
+            return self._done(WAIT, _outcome(self._record(key, {"timed_out": True, "name": name})))
         parked = self._park(until, key)
         if self._message(name) is not None:  # sent between the read above and the park
             self.store.wake(self.entity_id)

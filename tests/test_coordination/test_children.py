@@ -59,8 +59,9 @@ class TwinB(JobLifecycle):
 
 
 def _turn(worker: Worker) -> None:
-    """Claim what is due and let every handler it started finish (or park)."""
-    for _ in range(500):
+    """Claim what is due and let every handler it started finish (or park); patient, as a
+    loaded machine (the whole suite in parallel) runs handlers late."""
+    for _ in range(3000):
         worker.run_once()
         if worker.running == 0:
             return
@@ -71,7 +72,7 @@ def _turn(worker: Worker) -> None:
 def _once(worker: Worker) -> None:
     """One claim (of up to the free slots), and wait until its handlers finish or park."""
     worker.run_once()
-    for _ in range(500):
+    for _ in range(3000):
         if worker.running == 0:
             return
         threading.Event().wait(0.01)
@@ -324,7 +325,8 @@ def test_long_parent_ids_and_odd_keys_give_distinct_stable_child_ids(any_store: 
     assert all(i.startswith(parent_id[:200]) for i in first)
     assert sorted(children_ids(any_store, parent_id)) == sorted(first)
     assert sorted(all_ids(any_store, "job")) == sorted([parent_id, *first])
-    (results,) = got
+    results = got[-1]  # once, or again after a replay: always the recorded answer
+    assert all(run == results for run in got)
     assert sorted((r.id, r.state, r.data["exit_code"]) for r in results) == sorted(
         (i, "completed", n) for n, i in enumerate(first)
     )
