@@ -74,6 +74,10 @@ class SphinxRoles(Extension):
 
 
 def on_files(files: Files, config: Any) -> Files:
+    # the home page is the README (one text for both front doors: nothing said twice),
+    # its links into the site made relative to the site
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    files.append(File.generated(config, "index.md", content=clean(readme.replace("](docs/pages/", "]("))))
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     files.append(File.generated(config, "changelog.md", content=clean(changelog)))
     for picture in sorted((ROOT / "diagrams").rglob("*")):

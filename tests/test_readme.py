@@ -350,3 +350,8 @@ def test_the_zombie_block_runs(tmp_path: Path) -> None:
     done = run_script(script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["failed expired"]
+
+
+def test_the_readme_names_no_internal_documents() -> None:
+    text = README.read_text()
+    assert not re.search(r"seeds/0|\bissue \d|DESIGN section", text, re.I), "the README names an internal document"
