@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -421,20 +422,27 @@ class ClaimOps(SqlCore):
 
     def _claim_each(self, request: ClaimRequest) -> list[Snapshot]:
         """The pick, then each row through the store's own guarded writes, in one transaction."""
+        return self._in_claim_transaction(self._claim_locked, request)
+
+    def _in_claim_transaction(
+        self, body: Callable[[Any, ClaimRequest], list[Snapshot]], request: ClaimRequest
+    ) -> list[Snapshot]:
+        """``body(cursor, request)`` in one transaction: SQLite's ``BEGIN IMMEDIATE`` (the
+        write lock from the first read), PostgreSQL's on the claimer's connection."""
         slot = self._conns.slot()
         cur = slot.cursor
         try:
             if self._sqlite:
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    claimed = self._claim_locked(cur, request)
+                    claimed = body(cur, request)
                     cur.execute("COMMIT")
                 except BaseException:
                     slot.conn.rollback()
                     raise
                 return claimed
             with slot.conn.transaction():
-                return self._claim_locked(cur, request)
+                return body(cur, request)
         except self._integrity:
             raise
         except self._errors as err:

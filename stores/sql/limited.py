@@ -36,7 +36,6 @@ from fsm.limits import check_slots_args
 from fsm.records import ClaimLimits, ClaimRequest, ClaimStart, Snapshot
 from stores.gate import ALL, ClaimGate
 from stores.sql.claims import _in_order
-from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore
 
 log = logging.getLogger("fsm.store")
@@ -69,24 +68,8 @@ class LimitedClaimOps(SqlCore):
     table_prefix: str
 
     def _claim_limited(self, request: ClaimRequest) -> list[Snapshot]:
-        slot = self._conns.slot()
-        cur = slot.cursor
-        try:
-            if self._sqlite:
-                cur.execute("BEGIN IMMEDIATE")
-                try:
-                    claimed = self._limited_locked(cur, request)
-                    cur.execute("COMMIT")
-                except BaseException:
-                    slot.conn.rollback()
-                    raise
-                return claimed
-            with slot.conn.transaction():
-                return self._limited_locked(cur, request)
-        except self._integrity:
-            raise
-        except self._errors as err:
-            raise unavailable(err, self._conns) from err
+        claimed: list[Snapshot] = self._in_claim_transaction(self._limited_locked, request)  # type: ignore[attr-defined]
+        return claimed
 
     def _limited_locked(self, cur: Any, request: ClaimRequest) -> list[Snapshot]:
         limits = request.limits
