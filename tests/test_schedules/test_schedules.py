@@ -288,3 +288,16 @@ def test_pause_and_delete_retry_when_a_reaper_step_moved_the_row_first(any_store
     assert raced == ["race"] and _runs(any_store) == ["race@2026-12-05T12:01:00Z"]
     schedules.delete("race")
     assert schedules.list() == []
+
+
+def test_a_schedules_priority_is_each_runs_and_a_bad_one_is_refused(any_store: Store, clock: ManualClock) -> None:
+    _at(clock, START)
+    engine, schedules = _jobs(any_store, clock)
+    schedules.add(Schedule("urgent", every=timedelta(minutes=1), priority=7))
+    assert schedules.get("urgent").schedule.priority == 7  # kept in the stored row
+    clock.advance(timedelta(minutes=1))
+    [run] = schedules.run_due().created
+    assert any_store.get(run).priority == 7
+    for bad in (101, -101, 1.5, True, "7", None):
+        with pytest.raises(ConfigError, match="priority"):
+            Schedule("bad", every=timedelta(minutes=1), priority=bad)  # type: ignore[arg-type]
