@@ -136,7 +136,9 @@ def test_the_testing_blocks_run_under_pytest(page: str, tmp_path: Path) -> None:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mkdocs = shutil.which("mkdocs")
     if mkdocs is None:
-        pytest.skip("mkdocs is not installed (pip install '.[docs]')")
+        if os.environ.get("FSM_REQUIRE_DOCS"):
+            pytest.fail("FSM_REQUIRE_DOCS is set but mkdocs is not installed (pip install '.[test]')")
+        pytest.skip("mkdocs is not installed (pip install '.[test]' or '.[docs]')")
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [mkdocs, "build", "--strict", "-f", str(ROOT / "docs" / "mkdocs.yml"), "-d", str(out)],

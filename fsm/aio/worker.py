@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -285,6 +286,7 @@ class AsyncWorker(CoreFace):
         free = self.core.free()
         if self._stopping or free <= 0:
             return 0
+        asked_at = time.monotonic()  # each lease's TTL counts from the claim's write
         try:
             claimed = await self.engine.claim(free, into=self.core.claim_into, limits=self.limits)
         except FsmError as err:  # the store is down: try again at the next poll
@@ -293,7 +295,7 @@ class AsyncWorker(CoreFace):
         for snap in claimed:
             lease = snap.lease
             assert lease is not None
-            held = self.keepers.keep(lease)
+            held = self.keepers.keep(lease, asked_at=asked_at)
             self.core.count("claimed")
             self.core.running += 1
             job = AsyncJob(self.engine, snap, held, self.completer)

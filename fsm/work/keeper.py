@@ -9,6 +9,14 @@ keep an entity forever).  It stops, and sends ``lease_lost``, when
 - a renewal is refused (taken over, expired, budget spent): ``reason`` says which;
 - renewals keep failing (the store is down) until the lease would lapse.
 
+The holder's own clock has the last word: ``held.lost`` also turns True, by itself, once the
+lease as last confirmed would lapse (its TTL from just before the write that granted or
+renewed it, on this process's monotonic clock), whatever the keeper is doing: a renewal
+stuck in a dead connection, a keeper thread starved of the interpreter lock, or the whole
+process paused (SIGSTOP, a VM freeze) cannot leave a holder working on a lease that the
+store already counts as free (the reaper may take the entity over, and a concurrency
+limit gives its slot to another entity).  A holder that cannot prove its lease stops.
+
 The holder finds out at its next step: ``held.lost`` is a flag it can read,
 ``held.check()`` raises, and leaving ``with LeaseKeeper(engine, lease) as held:`` raises the
 fencing error if the lease was lost inside the block.  Progress details given to
@@ -62,8 +70,9 @@ class KeepResult:
 class HeldLease:
     """What the holder reads while its keeper runs: the latest lease and whether it is lost."""
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: Lease, deadline: float = float("inf")) -> None:
         self._lease = lease
+        self._deadline = deadline
         self._lost = False
         self._lost_event: threading.Event | None = None
         """Made by the first :meth:`wait_lost` only: an Event is two more objects per
@@ -84,9 +93,23 @@ class HeldLease:
         return self._lease.entity_id
 
     @property
+    def deadline(self) -> float:
+        """When the lease, as last confirmed, lapses at the latest, on :func:`time.monotonic`:
+        the TTL from just before the write that granted or renewed it, so never after the
+        store's own expiry (``inf`` for a lease no keeper tracks)."""
+        return self._deadline
+
+    @property
     def lost(self) -> bool:
-        """True once the keeper learnt the lease is no longer the holder's: stop working."""
-        return self._lost
+        """True once the lease is no longer the holder's: the keeper learnt it (taken over,
+        refused, given up), or this process's clock passed :attr:`deadline` with no renewal
+        confirmed.  Stop working."""
+        if self._lost:
+            return True
+        if time.monotonic() < self._deadline:
+            return False
+        self._lapse()
+        return True
 
     @property
     def reason(self) -> str | None:
@@ -102,19 +125,26 @@ class HeldLease:
 
     def check(self) -> Lease:
         """The latest lease, or the fencing error if it was lost: call it between steps."""
-        if self._error is not None:
+        if self._error is not None or self.lost:
+            assert self._error is not None
             raise self._error
         return self._lease
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the lease is lost or ``timeout`` seconds pass; True if lost."""
+        end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if self._lost:
-                return True
             if self._lost_event is None:
                 self._lost_event = threading.Event()
             event = self._lost_event
-        return event.wait(timeout)
+        while not self.lost:
+            # woken by the keeper's verdict, or at the deadline to lapse by the clock
+            now = time.monotonic()
+            wait = self._deadline - now if end is None else min(end, self._deadline) - now
+            if end is not None and now >= end:
+                return False
+            event.wait(None if wait == float("inf") else max(wait, 0.0))
+        return True
 
     def progress(self, details: Any) -> None:
         """Progress details for the next renewal to record (JSON); the next owner reads them."""
@@ -128,9 +158,24 @@ class HeldLease:
             details, self._progress = self._progress, _NO_PROGRESS
             return details
 
-    def _renewed(self, lease: Lease) -> None:
+    def _renewed(self, lease: Lease, deadline: float) -> None:
+        """A renewal confirmed (asked for at ``deadline - ttl``); a lease already lapsed by
+        the clock stays lost: the store may have freed it in between."""
         self._lease = lease
+        self._deadline = max(self._deadline, deadline)
         self.renewals += 1
+
+    def _lapse(self) -> None:
+        lease = self._lease
+        self._lose(
+            LeaseLost(
+                lease.entity_id,
+                expected_token=lease.token,
+                found_token=None,
+                owner=lease.owner,
+                detail="no renewal was confirmed before the lease would lapse (this process's clock)",
+            )
+        )
 
     def _lose(self, error: Fenced, reason: str | None = None) -> None:
         with self._lock:
@@ -159,10 +204,10 @@ class KeeperCore:
         if not isinstance(period, timedelta) or period <= timedelta() or period >= ttl:
             raise ConfigError(f"the keeper's period must be positive and below the lease TTL ({ttl}), not {period!r}")
         self.engine = engine
-        self.held = HeldLease(lease)
         self.period = period.total_seconds()
         self.ttl = ttl.total_seconds()
-        self.deadline = time.monotonic() + self.ttl  # when the lease we hold lapses, at the latest
+        # from when keeping starts: the caller got the lease earlier, at a time unknown here
+        self.held = HeldLease(lease, time.monotonic() + self.ttl)
 
     def renew(self) -> KeepResult:
         """One renewal with the latest lease (and pending progress); the unit of test."""
@@ -186,7 +231,7 @@ class KeeperCore:
         except FsmError as err:
             if details is not _NO_PROGRESS:
                 held.progress(details)  # try it again with the next renewal
-            if time.monotonic() + self.period / RETRY_FRACTION >= self.deadline:
+            if time.monotonic() + self.period / RETRY_FRACTION >= held.deadline:
                 lost = LeaseLost(
                     held.entity_id,
                     expected_token=held.lease.token,
@@ -200,8 +245,7 @@ class KeeperCore:
                 return KeepResult(renewed=False, lost=True, reason=str(lost))
             log.info("renewal of %s failed, retrying: %s", held.entity_id, err)
             return KeepResult(renewed=False, retry=True, reason=str(err))
-        held._renewed(lease)
-        self.deadline = started + self.ttl
+        held._renewed(lease, started + self.ttl)
         return KeepResult(renewed=True)
 
     def _finished_by_holder(self) -> bool:
@@ -216,7 +260,7 @@ class KeeperCore:
     def next_delay(self, result: KeepResult | None) -> float:
         """Seconds until the next renewal step."""
         if result is not None and result.retry:
-            return max(0.0, min(self.period / RETRY_FRACTION, self.deadline - time.monotonic()))
+            return max(0.0, min(self.period / RETRY_FRACTION, self.held.deadline - time.monotonic()))
         return self.period
 
     def _announce_lost(self, err: Fenced) -> None:

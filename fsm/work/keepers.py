@@ -55,8 +55,6 @@ queue, and one read per long-held lease per period otherwise."""
 class _Kept:
     held: HeldLease
     due: float
-    deadline: float
-    """When the lease as last renewed lapses (this process's monotonic clock)."""
     check: float
     """When the keeper next reads the row to see whether the entity moved on."""
     failing: bool = False
@@ -90,18 +88,22 @@ class LeaseKeepers:
 
     # -- the holders' side ---------------------------------------------------------------
 
-    def keep(self, lease: Lease) -> HeldLease:
-        """Keep ``lease`` renewed from now on; the holder reads the returned ``HeldLease``."""
+    def keep(self, lease: Lease, *, asked_at: float | None = None) -> HeldLease:
+        """Keep ``lease`` renewed from now on; the holder reads the returned ``HeldLease``.
+
+        ``asked_at`` is when (on :func:`time.monotonic`) the claim that granted it was sent:
+        its TTL counts from there, as the store's does, so the holder's :attr:`HeldLease.lost`
+        never trusts a lease longer than the store keeps it (from now when not given)."""
         if not isinstance(lease, Lease):
             raise InvalidArgument(f"keep needs a Lease, not {lease!r}")
-        held = HeldLease(lease)
         now = time.monotonic()
+        held = HeldLease(lease, (now if asked_at is None else min(asked_at, now)) + self.ttl)
         with self._changed:
             # the thread sleeps until the earliest due lease, and at most a period when none
             # is due; a new lease is due a period from now, after every kept one (and after
             # an idle thread's next look), so keeping it never wakes the thread: no thread
             # switch on the way from a claim to its handler
-            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.ttl, now + self.fence_check)
+            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.fence_check)
             if not self._stopped:
                 self._ensure_running()
         return held
@@ -153,8 +155,7 @@ class LeaseKeepers:
         held = kept.held
         kept.failing = not isinstance(answer, Lease | Fenced)
         if isinstance(answer, Lease):
-            held._renewed(answer)
-            kept.deadline = started + self.ttl
+            held._renewed(answer, started + self.ttl)
             kept.due = time.monotonic() + self.period
             if details is not _NO_PROGRESS:
                 try:
@@ -173,7 +174,7 @@ class LeaseKeepers:
             log.warning("lease of %s lost: %s", held.entity_id, answer)
             return KeepResult(renewed=False, lost=True, reason=str(answer))
         retry = self.period / RETRY_FRACTION
-        if time.monotonic() + retry >= kept.deadline:
+        if time.monotonic() + retry >= held.deadline:
             lost = LeaseLost(
                 held.entity_id,
                 expected_token=held.lease.token,
@@ -186,7 +187,7 @@ class LeaseKeepers:
             self.engine._lease_lost(held.lease, lost, "renew")
             log.warning("lease of %s given up: %s", held.entity_id, lost)
             return KeepResult(renewed=False, lost=True, reason=str(lost))
-        kept.due = time.monotonic() + max(0.0, min(retry, kept.deadline - time.monotonic()))
+        kept.due = time.monotonic() + max(0.0, min(retry, held.deadline - time.monotonic()))
         log.info("renewal of %s failed, retrying: %s", held.entity_id, answer)
         return KeepResult(renewed=False, retry=True, reason=str(answer))
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -487,19 +488,20 @@ class Worker(CoreFace):
             free = self.core.free()
         if self._stopping.is_set() or free <= 0:
             return 0
+        asked_at = time.monotonic()  # each lease's TTL counts from the claim's write
         try:
             claimed = self.engine.claim(free, into=self.core.claim_into, limits=self.limits)
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0
         for snap in claimed:
-            self._start(snap)
+            self._start(snap, asked_at)
         return len(claimed)
 
-    def _start(self, snap: Snapshot) -> None:
+    def _start(self, snap: Snapshot, asked_at: float) -> None:
         lease = snap.lease
         assert lease is not None
-        held = self.keepers.keep(lease)
+        held = self.keepers.keep(lease, asked_at=asked_at)
         with self._changed:
             self.core.count("claimed")
             self.core.running += 1

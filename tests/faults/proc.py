@@ -20,9 +20,12 @@ Both write what the checks need into ``DIR`` with one unbuffered ``os.write`` pe
   how ``parked``): the lease is back in the store, the handler stopped;
 - ``got    t entity token payload``  ``job.wait_for`` returned (the payload as JSON; at every
   replay too: a recorded wait returns its recorded message);
-- ``leaving t entity token``        the handler is about to make a call that may end its hold
-  (the ``complete`` fire, a wait, a sleep): the lease is still held, so ``claim`` to
-  ``leaving`` lies inside the hold, which the per-key limit check relies on.
+- ``leaving t entity token until``  the handler is about to make a call that may end its hold
+  (the ``complete`` fire, a wait, a sleep), its lease not lost; ``until`` is when that lease
+  lapses at the latest (``job.held.deadline`` on the wall clock).  The hold runs from
+  ``claim`` to the earlier of the two, inside the lease, which the per-key limit check
+  relies on: a handler that ran on past its lease (its keeper stuck in an outage, the
+  process paused) holds no slot in the store's eyes, and writes no ``leaving``.
 
 With ``--per-key N`` the worker keeps ``Limits(per_key=N)`` (the runner gives every job a
 concurrency key).
@@ -144,6 +147,13 @@ class Handlers:
             self._seen[job.id] = token
         self.log.write("claim", job.id, token, job.state)
 
+    def _leaving(self, job: Job) -> None:
+        held = job.held
+        if held.lost:
+            return
+        until = time.time() + (held.deadline - time.monotonic())
+        self.log.write("leaving", job.id, held.lease.token, f"{until:.6f}")
+
     def _guarded(self, job: Job, body: Callable[[], None]) -> None:
         token = job.held.lease.token
         try:
@@ -169,7 +179,7 @@ class Handlers:
 
         def body() -> None:
             if parks(job.id, self.waits) == WAIT:
-                self.log.write("leaving", job.id, job.held.lease.token)
+                self._leaving(job)
                 payload = retrying(job, lambda: job.wait_for(MESSAGE, timeout=WAIT_TIMEOUT_S, default=None), "wait")
                 self.log.write("got", job.id, job.held.lease.token, json.dumps(payload, sort_keys=True))
             time.sleep(random.uniform(0, 2 * self.run_s))  # the agent's work
@@ -194,9 +204,9 @@ class Handlers:
                 key = f"effect-{i}"
                 retrying(job, lambda key=key: job.run(key, effect(key)), key)  # type: ignore[misc]
                 if i == 0 and parks(job.id, self.waits) == SLEEP:
-                    self.log.write("leaving", job.id, token)
+                    self._leaving(job)
                     retrying(job, lambda: job.sleep(random.uniform(*SLEEP_S)), "sleep")
-            self.log.write("leaving", job.id, token)
+            self._leaving(job)
             self._fire(job, "complete")
             self.log.write("end", job.id, token, "done")
 

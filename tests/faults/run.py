@@ -511,15 +511,16 @@ def _limit_problems(
     """L: at no instant did more than ``per_key`` jobs of one key run their handlers.
 
     Each hold is taken from the workers' logs as ``claim`` (written once the claim had
-    committed) to the first ``leaving`` of that lease (written while it is still held):
-    an interval inside the lease, so any overlap found is real.  Holds that end otherwise
-    (the worker killed or paused, the lease lost) are left out: the check may miss some
-    overlaps, never report one that did not happen."""
+    committed) to the first ``leaving`` of that lease (written while it is not lost), or
+    the lease's deadline written with it if that is earlier (the handler was preempted or
+    paused between its check and the write): an interval inside the lease, so any overlap
+    found is real.  Holds that end otherwise (the worker killed, the lease lost or lapsed)
+    are left out: the check may miss some overlaps, never report one that did not happen."""
     if not config.keys:
         return []
     leaving: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for _, (t, entity, token) in logs["leaving"]:
-        leaving[entity, int(token)].append(float(t))
+    for _, (t, entity, token, until) in logs["leaving"]:
+        leaving[entity, int(token)].append(min(float(t), float(until)))
     edges: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for _, (t, entity, token, _state) in logs["claim"]:
         start = float(t)

@@ -15,7 +15,7 @@ from fsm.errors import ConfigError, Fenced, StoreUnavailable
 from fsm.reaping import Reaper, ReaperConfig
 from fsm.records import Lease
 from fsm.work import AsyncLeaseKeeper, LeaseKeeper
-from fsm.work.keeper import KeeperCore
+from fsm.work.keeper import RETRY_FRACTION, KeeperCore
 from stores import MemoryStore, Store
 
 
@@ -137,7 +137,7 @@ def test_failing_renewals_are_retried_sooner_and_given_up_when_the_lease_would_l
     first = core.renew()
     assert first.retry and not first.lost
     assert core.next_delay(first) < core.next_delay(None)  # retried sooner than the period
-    core.deadline = time.monotonic()  # ... until the lease, as last renewed, would lapse
+    core.held._deadline = time.monotonic() + core.period / RETRY_FRACTION / 2  # ... until it would lapse
     assert core.renew().lost and "kept failing" in (core.held.reason or "")
 
 

@@ -4,6 +4,7 @@ transaction, and each holder hears only its own answer."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -11,10 +12,11 @@ from typing import Any
 import pytest
 
 import signals
-from fsm import ConfigError, Engine, JobLifecycle, LeaseLost, ManualClock
+from fsm import ConfigError, Engine, JobLifecycle, LeaseLost, ManualClock, Policy
 from fsm.errors import StoreUnavailable
 from fsm.records import Lease
 from fsm.work import LeaseKeepers
+from fsm.work.keeper import RETRY_FRACTION
 from stores import MemoryStore
 
 WAIT = 10.0
@@ -78,7 +80,7 @@ def test_a_store_outage_is_retried_until_the_lease_would_lapse(clock: ManualCloc
     store.down = True
     first = keepers.run_once(all_of_them=True)[held.entity_id]
     assert first.retry and not held.lost
-    keepers._kept[held.entity_id].deadline = 0.0  # the lease, as last renewed, has lapsed
+    held._deadline = time.monotonic() + keepers.period / RETRY_FRACTION / 2  # lapses before the next retry
     last = keepers.run_once(all_of_them=True)[held.entity_id]
     assert last.lost and held.lost
     keepers.stop()
@@ -158,3 +160,61 @@ def test_a_lease_kept_after_the_keeper_went_idle_is_renewed_in_time(clock: Manua
         assert renewed.wait(min(WAIT, jobs.policy.lease_ttl.total_seconds()))
     keepers.stop()
     assert later.renewals >= 1 and store.calls and store.calls[0] == 1
+
+
+class Stuck(MemoryStore):
+    """A store whose renewals hang (a connection to a server that went away) until let go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck = threading.Event()
+        self.go = threading.Event()
+
+    def renew_leases(self, leases: Sequence[Lease], **kw: Any) -> Any:
+        self.stuck.set()
+        self.go.wait(WAIT)
+        return super().renew_leases(leases, **kw)
+
+
+SHORT = Policy(
+    lease_ttl=timedelta(milliseconds=300),
+    renewal_budget={"running": timedelta(hours=1), "finalizing": timedelta(hours=1)},
+)
+
+
+def test_a_holder_whose_renewal_hangs_is_told_by_its_own_clock_when_the_lease_lapses() -> None:
+    store = Stuck()
+    jobs = Engine(JobLifecycle, store, policy=SHORT, owner="w1")
+    keepers = LeaseKeepers(jobs, period=timedelta(milliseconds=50))
+    asked_at = time.monotonic()
+    (lease,) = claimed(jobs, 1)
+    held = keepers.keep(lease, asked_at=asked_at)
+    assert held.deadline == pytest.approx(asked_at + 0.3) and not held.lost
+    assert store.stuck.wait(WAIT)  # the keeper's renewal is on its way, and hangs
+    assert held.wait_lost(WAIT)  # woken at the deadline, though no verdict came
+    assert time.monotonic() >= held.deadline
+    with pytest.raises(LeaseLost, match="no renewal was confirmed"):
+        held.check()
+    store.go.set()  # the renewal lands at last (the store's lease was still live): too late
+    keepers.stop()
+    assert held.lost and held.renewals <= 1
+
+
+def test_a_lease_lapsed_by_the_clock_stays_lost_when_a_renewal_lands_after(clock: ManualClock) -> None:
+    jobs = Engine(JobLifecycle, MemoryStore(clock=clock), clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    (lease,) = claimed(jobs, 1)
+    held = keepers.keep(lease, asked_at=time.monotonic() - 3600)  # asked for an hour ago
+    assert held.lost and "no renewal was confirmed" in (held.reason or "")
+    held._renewed(lease, time.monotonic() + 60)
+    assert held.lost
+    keepers.stop()
+
+
+def test_wait_lost_returns_false_after_its_timeout_while_the_lease_lasts(clock: ManualClock) -> None:
+    jobs = Engine(JobLifecycle, MemoryStore(clock=clock), clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    (lease,) = claimed(jobs, 1)
+    held = keepers.keep(lease)
+    assert held.wait_lost(0.01) is False and not held.lost
+    keepers.stop()
