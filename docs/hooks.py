@@ -23,11 +23,16 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_ROLE = re.compile(r":(?:py:)?(?:meth|class|func|mod|attr|data|exc|obj|const):`(~?)([^`<>]+)`")
+_ROLE = re.compile(
+    r":(?:py:)?(?:meth|class|func|mod|attr|data|exc|obj|const):`(~?)([^`<>]+)`"
+)
 _INTERNAL = [
     (re.compile(r" \((?:DESIGN sections? [\d, and]+|issues? \d+)\)"), ""),
     (re.compile(r"\(seeds/000\)"), "(the zombie-pipeline incident)"),
-    (re.compile(r"\(seeds/002(?: [A-Z]+-\d+)?\)"), "(the live-finalizer incident)"),
+    (
+        re.compile(r"\(seeds/002(?: [A-Z]+-\d+)?\)"),
+        "(the live-finalizer incident)",
+    ),
     (re.compile(r"seeds/000's"), "the zombie-pipeline incident's"),
     (re.compile(r"seeds/000"), "the zombie-pipeline incident"),
     (re.compile(r"seeds/002"), "the live-finalizer incident"),
@@ -53,7 +58,9 @@ def roles(text: str, obj: Object | None = None) -> str:
         if obj is not None:
             try:
                 identifier = obj.resolve(target)
-            except Exception:  # a name Griffe cannot resolve: autorefs tries it as written
+            except (
+                Exception
+            ):  # a name Griffe cannot resolve: autorefs tries it as written
                 identifier = target
         return f'<autoref identifier="{identifier}" optional><code>{shown}</code></autoref>'
 
@@ -70,20 +77,71 @@ class SphinxRoles(Extension):
             obj = todo.pop()
             if obj.docstring is not None:
                 obj.docstring.value = roles(clean(obj.docstring.value), obj)
-            todo.extend(member for member in obj.members.values() if not member.is_alias)  # type: ignore[misc]
+            todo.extend(
+                member
+                for member in obj.members.values()
+                if not member.is_alias
+            )  # type: ignore[misc]
+
+
+_CLI_HELP = re.compile(r"<!-- fsm-help: ([a-z]+) -->")
+
+
+def cli_help(name: str) -> str:
+    """``fsm NAME --help`` as the command prints it on an 80-column terminal: the options
+    on the page are the parser's own, never a copy that drifts."""
+    import argparse
+    import os
+
+    from fsm.cli import build_parser
+
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        parser = build_parser()
+        (commands,) = (
+            a
+            for a in parser._actions
+            if isinstance(a, argparse._SubParsersAction)
+        )
+        text = commands.choices[name].format_help()
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    return f"```text\n{text.rstrip()}\n```"
+
+
+def on_page_markdown(
+    markdown: str, page: Any, config: Any, files: Files
+) -> str:
+    return _CLI_HELP.sub(lambda m: cli_help(m.group(1)), markdown)
 
 
 def on_files(files: Files, config: Any) -> Files:
     # the home page is the README (one text for both front doors: nothing said twice),
     # its links into the site made relative to the site
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    files.append(File.generated(config, "index.md", content=clean(readme.replace("](docs/pages/", "]("))))
+    files.append(
+        File.generated(
+            config,
+            "index.md",
+            content=clean(readme.replace("](docs/pages/", "](")),
+        )
+    )
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    files.append(File.generated(config, "changelog.md", content=clean(changelog)))
+    files.append(
+        File.generated(config, "changelog.md", content=clean(changelog))
+    )
     for picture in sorted((ROOT / "diagrams").rglob("*")):
         if picture.suffix in {".svg", ".png"}:
-            uri = "diagrams/" + picture.relative_to(ROOT / "diagrams").as_posix()
-            files.append(File.generated(config, uri, content=picture.read_bytes()))
+            uri = (
+                "diagrams/" + picture.relative_to(ROOT / "diagrams").as_posix()
+            )
+            files.append(
+                File.generated(config, uri, content=picture.read_bytes())
+            )
     return files
 
 

@@ -184,3 +184,15 @@ def test_no_internal_references_or_raw_roles(site: Path) -> None:
 def test_the_reference_links_its_cross_references(site: Path) -> None:
     html = (site / "reference" / "work" / "index.html").read_text(encoding="utf-8")
     assert 'href="#fsm.work.Job.sleep"' in html  # a :meth:`sleep` of Job.wait_for's docstring, as a link
+
+
+def test_the_cli_reference_shows_every_commands_own_help(site: Path) -> None:
+    import argparse
+
+    from fsm.cli import build_parser
+
+    (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = page_text((site / "reference" / "cli" / "index.html").read_text(encoding="utf-8"))
+    assert "fsm-help:" not in text
+    for name in commands.choices:
+        assert f"usage: fsm {name} [-h]" in text, f"the CLI reference lacks fsm {name} --help"

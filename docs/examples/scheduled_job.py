@@ -1,7 +1,8 @@
 """A schedule that creates a job every second, run by a worker that also reaps.
 
-The worker's reaper creates one job per due time (id ``{schedule id}@{due time}``), and
-the worker runs each. After about three seconds the program stops and lists the runs.
+The worker's reaper creates one job per due time, with the id
+``{schedule id}@{due time}``, and the worker runs each. After about three
+seconds the program stops and lists the runs.
 """
 
 from __future__ import annotations
@@ -36,13 +37,19 @@ def main() -> None:
         poll_interval=timedelta(milliseconds=50),
         reap=ReaperConfig(interval=timedelta(milliseconds=200)),
     )
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread = threading.Thread(
+        target=worker.run, kwargs={"install_signals": False}
+    )
     thread.start()
     time.sleep(3.2)
     worker.stop()
     thread.join()
 
-    runs = [entity for entity in jobs.entities() if entity.id.startswith("heartbeat@")]
+    runs = [
+        entity
+        for entity in jobs.entities()
+        if entity.id.startswith("heartbeat@")
+    ]
     for run in runs:
         print(f"{run.id}: {run.state}")
     print(f"{len(runs)} runs created by the schedule")

@@ -46,7 +46,7 @@ DEFAULT_OUT = "fsm-demo"
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
-        help="tell the seeds' story with real processes: zombies, a slow finalizer, a killed one, a paused one",
+        help="tell the story the library grew from, with real processes: zombies, a slow finalizer, a killed one, a paused one",
         description=(
             "The main job: zombie pipelines, then finalizer processes that are slow, killed (SIGKILL) and "
             "paused (SIGSTOP), with a reaper ticking all along; ends with a report, a lifecycle diagram and a "
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         pipes = pipelines_demo(store, clock, run_id)
         out.say()
-        out.say(f"== seeds/002: finalizer processes (TTL {timing.ttl:g} s, reaper every {timing.interval:g} s) ==")
+        out.say(f"== a live finalizer: worker processes (TTL {timing.ttl:g} s, reaper every {timing.interval:g} s) ==")
         stories: list[JobStory] = []
         with Stage(args.db, DEMO_PREFIX, work, timing, run_id=run_id, progress=out.update, say=out.say) as stage:
             stage.prepare(list(SCENARIOS))

@@ -33,7 +33,7 @@ def say(text: str = "") -> None:
 
 def pipelines_demo(store: Store, clock: ManualClock, run_id: str) -> list[str]:
     """The zombie pipelines; returns their ids."""
-    say("== seeds/000: zombie pipelines ==")
+    say("== zombie pipelines ==")
     pipelines = Engine(PipelineLifecycle, store, clock=clock)
     reaper = Reaper(store, [PipelineLifecycle], clock=clock)
     steps = {"steps": [{"name": "build", "status": "completed"}, {"name": "deploy", "status": "running"}]}
