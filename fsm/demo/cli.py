@@ -46,7 +46,7 @@ DEFAULT_OUT = "fsm-demo"
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
-        help="tell the story the library grew from, with real processes: zombies, a slow finalizer, a killed one, a paused one",
+        help="the story the library grew from, with real processes: zombies, slow, killed and paused finalizers",
         description=(
             "The main job: zombie pipelines, then finalizer processes that are slow, killed (SIGKILL) and "
             "paused (SIGSTOP), with a reaper ticking all along; ends with a report, a lifecycle diagram and a "
