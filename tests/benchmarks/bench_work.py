@@ -17,6 +17,9 @@ machine's load (the machine is shared: a busy round shows in the spread).
   - ``fsm.Worker`` as shipped (its defaults), two no-op handlers;
   - ``fsm.aio.AsyncWorker`` as shipped, on ``AsyncSqlStore`` (pgqueuer is asyncio too);
   - the raw claim loop: ``engine.claim(10)`` then two fires from the held result;
+  - the limit of our own writes: a hand-written psycopg worker sending the statements
+    the shipped worker sends (captured from it at each run), with no library Python
+    between them (:mod:`work_limit`; target: the shipped worker at least 0.9x of it);
 
   and pgqueuer's ``PgQueuer.run()`` with its defaults and one no-op entrypoint.  A round
   ends when the database says every job is done (our rows ``completed``; pgqueuer's
@@ -32,6 +35,11 @@ machine's load (the machine is shared: a busy round shows in the spread).
   pause between them so that a poll's phase is not always the same; p50 and p90 of all
   samples.
 
+Each drain line gives the CPU per job of the worker processes and of the PostgreSQL
+backends serving them, and the share of the queue table's updates that were HOT
+(``pg_stat_user_tables``: an update that changes no indexed column and finds room in its
+page writes no index entry, and its dead version is pruned without a vacuum).
+
 Ratios are ours over pgqueuer's (rates; for pickup, pgqueuer's latency over ours, so
 higher is better everywhere).  Needs the PostgreSQL URL (``--pg-url`` or
 ``FSM_BENCH_POSTGRES_URL``) and the ``bench`` extra (``pip install -e '.[bench]'``:
@@ -39,7 +47,8 @@ pgqueuer and asyncpg); the suite says what is missing and skips otherwise.  pgqu
 tables are made with a prefix of their own (``PGQUEUER_PREFIX``) and dropped after.
 Run alone: ``python tests/benchmarks/run.py --only work --pg-url URL``; ``--rounds``,
 ``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run, and
-``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,limited,pickup``) to run some parts only.
+``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,limited,pickup``) to run some parts only,
+``FSM_BENCH_WORK_MODES`` (``worker,aio,loop``) to drain with some of ours only.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness import Measurement, Report, load
+from work_limit import capture, limit_child
 
 JOBS = int(os.environ.get("FSM_BENCH_WORK_JOBS", "5000"))
 CAP = float(os.environ.get("FSM_BENCH_WORK_CAP", "10"))
@@ -64,7 +74,8 @@ ENQUEUE_ONE = 500
 SAMPLES = 8
 POLL_DONE = 0.005
 PROCS = (1, 4)
-FSM_MODES = ("worker", "aio", "loop")
+FSM_MODES = tuple(os.environ.get("FSM_BENCH_WORK_MODES", "worker,aio,loop").split(","))
+"""Our drain contenders (``FSM_BENCH_WORK_MODES``; the limit and pgqueuer always run)."""
 LABEL = {
     "worker": "fsm.Worker (shipped defaults)",
     "aio": "fsm.aio.AsyncWorker (shipped defaults)",
@@ -72,6 +83,7 @@ LABEL = {
     "pgq": "pgqueuer PgQueuer.run() (defaults)",
     "keyed": "fsm.Worker, no limit",
     "limited": "fsm.Worker, Limits(per_key=its concurrency)",
+    "limit": "limit: hand-written psycopg, the worker's statements",
 }
 KEYS = 20
 """The concurrency keys of the limited drain's jobs."""
@@ -215,6 +227,23 @@ class _Tables:
             int(self.runner.run(self.apg.fetchval("SELECT pg_backend_pid()"))),
         }
         """The parent's own connections: their backends' CPU is not the workers'."""
+        self._statements: dict[str, Any] | None = None
+
+    def statements(self) -> dict[str, Any]:
+        """The shipped worker's statements (:func:`work_limit.capture`), captured once."""
+        if self._statements is None:
+            self.reset()
+            self._statements = capture(self.url, self.prefix)
+        return self._statements
+
+    def updates(self, table: str) -> tuple[int, int]:
+        """``table``'s updates so far, and how many of them were HOT (every backend's
+        counts, flushed when it ends: read after the round's processes are gone)."""
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (table,)
+        ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     async def _pgq_install(self) -> Any:
         import asyncpg
@@ -347,15 +376,24 @@ class _CpuMeter:
 
 def _drain_round(tables: _Tables, who: str, n: int) -> Round:
     def one() -> tuple[int, float, dict[str, Any]]:
+        statements = tables.statements() if who == "limit" else None
         tables.reset()
+        queue = tables.pgq_queue if who == "pgq" else f"{tables.prefix}entities"
         if who == "pgq":
             tables.fill_pgq(JOBS)
             procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, None), n)
             left = tables.pgq_left
+        elif who == "limit":
+            from fsm.work.loop import DEFAULT_CONCURRENCY
+
+            tables.fill_fsm(JOBS)
+            procs = _Procs(limit_child, lambda r, g, s: (tables.url, statements, r, g, s, DEFAULT_CONCURRENCY), n)
+            left = tables.fsm_left
         else:
             tables.fill_fsm(JOBS, keys=KEYS if who in ("keyed", "limited") else 0)
             procs = _Procs(_fsm_child, lambda r, g, s: (tables.url, tables.prefix, who, r, g, s, None, {}), n)
             left = tables.fsm_left
+        updates_before = tables.updates(queue)
         try:
             cpu = _CpuMeter(tables, procs)
             started = time.perf_counter()
@@ -368,7 +406,10 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
             client, server = cpu.spent()
         finally:
             procs.end()
-        return JOBS - remaining, elapsed, {"capped": remaining > 0, "client_cpu": client, "server_cpu": server}
+        time.sleep(0.3)  # the backends' counts are flushed as they exit
+        updates, hot = (a - b for a, b in zip(tables.updates(queue), updates_before, strict=True))
+        extra = {"capped": remaining > 0, "client_cpu": client, "server_cpu": server, "updates": updates, "hot": hot}
+        return JOBS - remaining, elapsed, extra
 
     return one
 
@@ -470,6 +511,12 @@ def _interleave(report: Report, contenders: dict[str, Round], unit: str = "jobs"
                     f"  cpu/job: workers {extra['client_cpu'] / ops * 1e3:.3f} ms,"
                     f" server {extra['server_cpu'] / ops * 1e3:.3f} ms"
                 )
+                report.notes.append(
+                    f"{name}: cpu/job workers {extra['client_cpu'] / ops * 1e3:.3f} ms,"
+                    f" server {extra['server_cpu'] / ops * 1e3:.3f} ms"
+                )
+            if extra.get("updates"):
+                cpu += f"  HOT {extra['hot'] / extra['updates']:.0%} of {extra['updates']:,} updates"
             print(f"  {name:<66} {m.rate:>9,.0f} jobs/s  spread {m.spread}{cpu}{note}", flush=True)
     print(f"    ({rounds} rounds interleaved, order flipped each round; {now})", flush=True)
     return found
@@ -529,11 +576,15 @@ def _enqueue(report: Report, tables: _Tables) -> None:
 def _drain(report: Report, tables: _Tables) -> None:
     for n in PROCS:
         print(f"  drain {JOBS:,} no-op jobs, {n} worker process{'es' if n > 1 else ''}:", flush=True)
-        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *FSM_MODES)}
+        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *FSM_MODES, "limit")}
         _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
         for who in FSM_MODES:
             target = 1.0 if who == "worker" else 0.0
             report.ratio(f"drain {n}p: {LABEL[who]} vs pgqueuer", names[who], names["pgq"], target)
+        if "worker" in names:
+            report.ratio(
+                f"drain {n}p: {LABEL['worker']} vs the limit of its writes", names["worker"], names["limit"], 0.9
+            )
 
 
 def _limited(report: Report, tables: _Tables) -> None:
