@@ -55,14 +55,26 @@ def event_arg(value: object) -> str:
     return check_id("event", value)
 
 
+_CHECKED_LEASES: dict[int, Lease] = {}
+"""Leases that passed :func:`lease_arg`, by ``id``: a Lease is an immutable tuple, so one
+checked once stays valid, and a worker's leases are checked at each of their fires.  The
+dict holds each lease itself, so an id found here is that object's (never a reused id)."""
+_MAX_CHECKED_LEASES = 4096
+
+
 def lease_arg(value: object) -> Lease:
     """``value`` if it is a :class:`Lease` whose fields have their declared types."""
+    if _CHECKED_LEASES.get(id(value)) is value:
+        return value  # type: ignore[return-value]
     if not isinstance(value, Lease):
         raise InvalidArgument(f"expected a Lease (from a FireResult or acquire_lease), not {value!r}")
     check_id("lease.entity_id", value.entity_id)
     check_id("lease.owner", value.owner)
     check_int("lease.token", value.token)
     check_time("lease.expires_at", value.expires_at)
+    if len(_CHECKED_LEASES) >= _MAX_CHECKED_LEASES:
+        _CHECKED_LEASES.clear()  # bounded; the next fires check their leases again
+    _CHECKED_LEASES[id(value)] = value
     return value
 
 

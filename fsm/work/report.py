@@ -52,10 +52,13 @@ def report(
     """Log one handler's outcome and send ``handled``; ``started`` is its
     :func:`time.perf_counter` at the call.  ``job`` is either face's job: its held lease
     names the holder (its snapshot's, for a job that holds none)."""
+    level = _LEVELS.get(outcome, logging.ERROR)
+    logged = log.isEnabledFor(level)
+    if not logged and not signals.handled.receivers:
+        return  # nobody listens: nothing to build (the common case of a busy worker)
     duration = time.perf_counter() - started
     lease = _holder(job)
-    level = _LEVELS.get(outcome, logging.ERROR)
-    if log.isEnabledFor(level):
+    if logged:
         extra = {
             "entity": lease.entity_id,
             "kind": kind,
