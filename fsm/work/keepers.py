@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -96,6 +97,10 @@ class LeaseKeepers:
         never trusts a lease longer than the store keeps it (from now when not given)."""
         if not isinstance(lease, Lease):
             raise InvalidArgument(f"keep needs a Lease, not {lease!r}")
+        if asked_at is not None and (
+            asked_at.__class__ not in (int, float) or not math.isfinite(asked_at)  # NaN, inf, bool
+        ):
+            raise InvalidArgument(f"asked_at must be a time.monotonic() reading, not {asked_at!r}")
         now = time.monotonic()
         held = HeldLease(lease, (now if asked_at is None else min(asked_at, now)) + self.ttl)
         with self._changed:

@@ -13,7 +13,7 @@ import pytest
 
 import signals
 from fsm import ConfigError, Engine, JobLifecycle, LeaseLost, ManualClock, Policy
-from fsm.errors import StoreUnavailable
+from fsm.errors import InvalidArgument, StoreUnavailable
 from fsm.records import Lease
 from fsm.work import LeaseKeepers
 from fsm.work.keeper import RETRY_FRACTION
@@ -217,4 +217,15 @@ def test_wait_lost_returns_false_after_its_timeout_while_the_lease_lasts(clock: 
     (lease,) = claimed(jobs, 1)
     held = keepers.keep(lease)
     assert held.wait_lost(0.01) is False and not held.lost
+    keepers.stop()
+
+
+@pytest.mark.parametrize("bad", ["now", float("nan"), float("inf"), True, None.__class__])
+def test_keep_refuses_an_asked_at_that_is_no_clock_reading(clock: ManualClock, bad: object) -> None:
+    jobs = Engine(JobLifecycle, MemoryStore(clock=clock), clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    (lease,) = claimed(jobs, 1)
+    with pytest.raises(InvalidArgument, match="asked_at"):
+        keepers.keep(lease, asked_at=bad)  # type: ignore[arg-type]
+    assert len(keepers) == 0
     keepers.stop()
