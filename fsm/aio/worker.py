@@ -254,7 +254,7 @@ class AsyncWorker(CoreFace):
         # outcomes of handlers finishing together share one commit; written at once when
         # every running handler waits on it
         self.completer = AsyncBatchCompleter(engine, all_waiting=lambda n: n >= self.core.running)
-        self._running: dict[str, tuple[asyncio.Task[None], HeldLease]] = {}
+        self._running: dict[HeldLease, tuple[str, asyncio.Task[None]]] = {}  # one entry per claim
         self._stopping = False
         self._changed = asyncio.Event()  # a slot freed, a wake-up or a stop: the loop looks again
         self._woken = False
@@ -300,13 +300,13 @@ class AsyncWorker(CoreFace):
             self.core.running += 1
             job = AsyncJob(self.engine, snap, held, self.completer)
             task = asyncio.create_task(drive_async(self.core.handle(job)), name=f"fsm-worker-{snap.id}")
-            self._running[snap.id] = (task, held)
-            task.add_done_callback(functools.partial(self._done, snap.id, held))
+            self._running[held] = (snap.id, task)
+            task.add_done_callback(functools.partial(self._done, held))
         return len(claimed)
 
-    def _done(self, entity_id: str, held: HeldLease, _: object) -> None:
+    def _done(self, held: HeldLease, _: object) -> None:
         self.keepers.release(held)
-        if self._running.pop(entity_id, None) is not None:
+        if self._running.pop(held, None) is not None:
             self.core.running -= 1
         self._changed.set()
         self.completer.wake()  # one fewer handler to wait for before a batch is written
@@ -382,11 +382,11 @@ class AsyncWorker(CoreFace):
         self._stopping = True
         self._changed.set()
         wait = self.grace if grace is None else grace.total_seconds()
-        tasks = {task for task, _ in self._running.values()}
+        tasks = {task for _, task in self._running.values()}
         if tasks:
             await asyncio.wait(tasks, timeout=wait)
         left = list(self._running.items())
-        for entity_id, (task, held) in left:
+        for held, (entity_id, task) in left:
             if held.lost:
                 continue
             held._lose(stopping_error(held), STOPPING)

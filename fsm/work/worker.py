@@ -460,7 +460,10 @@ class Worker(CoreFace):
         self.engine = engine
         self.keeper_period = keeper_period
         self._pool: HandlerPool[_Run] = HandlerPool(self._work, concurrency, f"fsm-worker-{engine.kind}")
-        self._running: dict[str, HeldLease] = {}
+        # one entry per claim, keyed by its HeldLease (not the entity id): a parked entity
+        # woken while its last run still winds down is claimed again before that run's
+        # ``_done``, and must not take (and leak) that run's entry and slot
+        self._running: dict[HeldLease, str] = {}
         # one keeper thread renews every lease this worker holds, one transaction a round
         self.keepers = LeaseKeepers(engine, period=keeper_period)
         # one condition for every wait of the loop: a freed slot, a wake-up, a stop.  An
@@ -505,7 +508,7 @@ class Worker(CoreFace):
         with self._changed:
             self.core.count("claimed")
             self.core.running += 1
-            self._running[snap.id] = held
+            self._running[held] = snap.id
         job = Job(self.engine, snap, held, self.completer, self.lender)
         self._submit(_Run(job, Driver(self.core.handle(job))))
 
@@ -520,7 +523,7 @@ class Worker(CoreFace):
         """A claimed job whose handler never ran: out of the keeper and the slot count."""
         self.keepers.release(held)
         with self._changed:
-            if self._running.pop(entity_id, None) is not None:
+            if self._running.pop(held, None) is not None:
                 self.core.running -= 1
             self._changed.notify_all()
 
@@ -638,7 +641,7 @@ class Worker(CoreFace):
         run.close()
         self.keepers.release(run.job.held)
         with self._changed:
-            if self._running.pop(run.job.id, None) is not None and run.slot:
+            if self._running.pop(run.job.held, None) is not None and run.slot:
                 self.core.running -= 1
             if notify:
                 self._changed.notify_all()
@@ -721,7 +724,7 @@ class Worker(CoreFace):
         wait = self.grace if grace is None else grace.total_seconds()
         with self._changed:
             self._changed.wait_for(lambda: not self._running, timeout=wait)
-            left = list(self._running.items())
+            left = [(entity_id, held) for held, entity_id in self._running.items()]
         for entity_id, held in left:
             if held.lost:
                 continue  # told already (a second stop), or lost on its own

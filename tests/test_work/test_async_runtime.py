@@ -134,8 +134,8 @@ def test_a_lease_taken_over_stops_its_async_handler_only() -> None:
         worker = AsyncWorker(jobs, {"running": running, "finalizing": finalizing}, concurrency=2, poll_interval=A_DAY)
         task = asyncio.create_task(worker.run())
         await until(lambda: worker.running == 2, "both running")
-        victim = sorted(worker._running)[0]
-        await jobs.release_lease(worker._running[victim][1].lease)  # as if it lapsed...
+        victim_held, (victim, _) = min(worker._running.items(), key=lambda item: item[1][0])
+        await jobs.release_lease(victim_held.lease)  # as if it lapsed...
         (taken,) = await AsyncEngine(JobLifecycle, store, owner="w2").claim()  # ...and w2 took it
         assert taken.id == victim
         go.set()

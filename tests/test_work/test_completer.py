@@ -358,7 +358,7 @@ def test_a_last_outcome_frees_its_slot_while_its_batch_commits(clock: ManualCloc
         held = [s.id for s in (first, second) if jobs.get(s.id).state == "finalizing"]
         assert len(held) == 1  # the first one's `complete` is still on its way, its lease held
         assert jobs.get(held[0]).lease_owner == "w1"
-        assert held[0] in worker._running
+        assert held[0] in worker._running.values()
         store.open.set()
         eventually(lambda: worker.stats.finished == 2)
     finally:
@@ -422,7 +422,7 @@ def test_a_refused_last_outcome_leaves_the_slot_count_whole(clock: ManualClock) 
     try:
         assert completing.wait(WAIT)
         eventually(lambda: worker.running == 0)  # given back at hand-over
-        assert worker.running == 0 and made.id in worker._running
+        assert worker.running == 0 and made.id in worker._running.values()
         clock.advance(timedelta(minutes=10))  # the lease lapses; another holder takes it over
         assert thief.acquire_lease(made.id).owner == "w2"
         store.open.set()
