@@ -33,7 +33,9 @@ CANNOT_RUN = {
     ),
 }
 TOGETHER = {"how-to/testing.md"}
-"""Pages whose blocks are one project (a module, its conftest and its tests), run under pytest."""
+"""Pages whose blocks are one project (a module, its conftest and its tests), run together
+under pytest by tests/test_readme.py's ``test_the_testing_kit_blocks_run_under_pytest``
+(once: a nested pytest run with hypothesis is the suite's slowest test)."""
 
 QUICK_KIT_PLUGIN = """
 import pytest
@@ -115,21 +117,6 @@ def test_the_block_runs(page: str, first: str, text: str, tmp_path: Path) -> Non
         assert done.stdout.splitlines()[-1] == "pipeline.updated True"
     for line in re.findall(r"^print\(.*#\s*(\w+)$", text, re.M):  # a print ending in "# completed"
         assert line in done.stdout, f"{page}: {first!r} printed {done.stdout!r}, not {line!r}"
-
-
-@pytest.mark.parametrize("page", sorted(TOGETHER))
-def test_the_testing_blocks_run_under_pytest(page: str, tmp_path: Path) -> None:
-    conftest, tests = [text for p, _, text in blocks() if p == page]
-    # the Deploy the tests import: the lifecycle how-to's module
-    [lifecycle] = [text for _, first, text in blocks() if first == "# lifecycles.py"]
-    (tmp_path / "lifecycles.py").write_text(lifecycle)
-    (tmp_path / "conftest.py").write_text(conftest)
-    (tmp_path / "test_deploy.py").write_text(tests)
-    (tmp_path / "docs_quick.py").write_text(QUICK_KIT_PLUGIN)
-    done = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "docs_quick", "test_deploy.py"], tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    summary = done.stdout.strip().splitlines()[-1]
-    assert "passed" in summary and "failed" not in summary, summary
 
 
 @pytest.fixture(scope="module")
