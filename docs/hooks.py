@@ -84,7 +84,7 @@ class SphinxRoles(Extension):
             )  # type: ignore[misc]
 
 
-_CLI_HELP = re.compile(r"<!-- fsm-help: ([a-z]+) -->")
+_CLI_HELP = re.compile(r"<!-- fsm-help: ([a-z-]+) -->")
 
 
 def cli_help(name: str) -> str:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from fsm.builders import itself
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, Fire, FireResult, PruneResult
+    from fsm.evolution import DataMigration, Removed, Renamed, Split, check_store, migrate_rows
     from fsm.guards import Guard, GuardContext, guard
     from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
@@ -64,6 +65,12 @@ _LAZY = {
     "Fire": "fsm.engine",
     "FireResult": "fsm.engine",
     "PruneResult": "fsm.engine",
+    "DataMigration": "fsm.evolution",
+    "Removed": "fsm.evolution",
+    "Renamed": "fsm.evolution",
+    "Split": "fsm.evolution",
+    "check_store": "fsm.evolution",
+    "migrate_rows": "fsm.evolution",
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
@@ -120,6 +127,7 @@ __all__ = [
     "ConditionFailed",
     "ConfigError",
     "ConstraintViolated",
+    "DataMigration",
     "EffectFailed",
     "EffectRecord",
     "Engine",
@@ -160,10 +168,13 @@ __all__ = [
     "ReapResult",
     "Reaper",
     "ReaperConfig",
+    "Removed",
+    "Renamed",
     "RetryPolicy",
     "Schedule",
     "Schedules",
     "Snapshot",
+    "Split",
     "StaleVersion",
     "State",
     "StoreCorrupt",
@@ -173,8 +184,10 @@ __all__ = [
     "UnknownEntity",
     "UnknownEvent",
     "Worker",
+    "check_store",
     "guard",
     "itself",
+    "migrate_rows",
     "new_owner_id",
     "operator_override",
     "reaper",

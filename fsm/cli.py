@@ -8,7 +8,9 @@ Subcommands register themselves here; each one's handler returns the exit code.
 - ``fsm diagram``: export a lifecycle as Mermaid, DOT, SVG or PNG;
 - ``fsm inspect``: a read-only live web page of a store.
 - ``fsm migrate``: upgrade (or inspect) the library's tables, as a deploy step;
-- ``fsm show ID``: one entity, its lease, its history and its effects.
+- ``fsm show ID``: one entity, its lease, its history and its effects;
+- ``fsm check`` and ``fsm migrate-rows``: a changed lifecycle against a store, before and
+  during a deploy.
 
 Every subcommand prints what it did on stdout and its errors on stderr; ``-v`` (DEBUG
 logs) and ``-q`` (warnings and errors only) are accepted before or after the subcommand.
@@ -37,6 +39,7 @@ SUBCOMMANDS = (
     "fsm.reaping.prune_cli",
     "fsm.scheduling.cli",
     "fsm.commands",
+    "fsm.evolution.cli",
     "fsm.inspect.cli",
 )
 """Modules exposing ``register(subparsers)``; a module not built yet is skipped."""

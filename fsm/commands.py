@@ -211,6 +211,7 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
         "kind": snap.kind,
         "state": snap.state,
         "version": snap.version,
+        "definition": snap.definition,
         "deleted": snap.deleted,
         "concurrency_key": snap.concurrency_key,
         "priority": snap.priority,
@@ -332,7 +333,9 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=False))
         return 0
     out = [
-        f"{snap.kind} {snap.id}: {snap.state} (version {snap.version}){' [deleted]' if snap.deleted else ''}",
+        f"{snap.kind} {snap.id}: {snap.state} (version {snap.version}"
+        + (f", definition {snap.definition}" if snap.definition is not None else "")
+        + f"){' [deleted]' if snap.deleted else ''}",
         f"  entered {_when(snap.state_entered_at)}; created {_when(snap.created_at)}; updated {_when(snap.updated_at)}",
         f"  attempt {snap.attempt}, reclaims {snap.reclaims}"
         + (f", due {_when(snap.run_after)}" if snap.run_after is not None else "")

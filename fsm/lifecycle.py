@@ -45,6 +45,7 @@ from fsm.builders import Transitions, transition_list
 from fsm.coordination import Limits
 from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
+from fsm.evolution.declare import Declaration, Migrations, check_migrations
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
@@ -222,6 +223,7 @@ class LifecycleMeta(StateMachineMetaclass):
     kind: str
     table: CompiledTable
     delays: dict[str, timedelta]
+    evolution: Migrations
 
     def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:  # noqa: N805
         try:
@@ -243,6 +245,9 @@ class LifecycleMeta(StateMachineMetaclass):
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        cls.evolution = check_migrations(
+            name, getattr(cls, "version", 1), getattr(cls, "migrations", ()), cls.table.leaves
+        )
         cls.delays = declared_delays(cls)
         # what each (shared) State object held at creation: a refused subclass that appended
         # transitions to them is rolled back to this
@@ -341,6 +346,15 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     delays: ClassVar[dict[str, timedelta]] = {}
     """Events declared with python-statemachine's ``delay=`` (id -> delay): fired with
     ``Engine.fire_later``, whose default delay it is."""
+    version: ClassVar[int] = 1
+    """The definition's version (1 to 2**31-1).  Each entity records the version it was
+    created, last claimed or last migrated under, and a worker never claims an entity a
+    newer version wrote: raise it when a release changes what stored entities mean."""
+    migrations: ClassVar[tuple[Declaration, ...]] = ()
+    """What became of the states and data of older versions (:mod:`fsm.evolution`:
+    ``Renamed``, ``Removed``, ``Split``, ``DataMigration``), carried out by ``fsm migrate-rows``."""
+    evolution: ClassVar[Migrations]
+    """The checked :attr:`migrations` (built at class creation)."""
 
     def __init__(
         self,

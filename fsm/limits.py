@@ -29,6 +29,7 @@ from typing import Any
 
 from fsm.errors import EntityExists, InvalidArgument, InvalidData
 from fsm.records import (
+    MAX_DEFINITION,
     MAX_PRIORITY,
     MIN_PRIORITY,
     BatchWrite,
@@ -290,6 +291,8 @@ def check_new_entity(entity: object) -> NewEntity:
     check_run_after(entity.run_after)
     check_priority(entity.priority)
     check_optional_id("parent_id", entity.parent_id)
+    if entity.definition is not None:
+        check_definition("NewEntity.definition", entity.definition)
     if entity.arm_timer is not True and entity.arm_timer is not False:
         raise InvalidArgument(f"NewEntity.arm_timer must be True or False, not {_shown(entity.arm_timer)}")
     if entity.unique_finals is not None:
@@ -377,6 +380,8 @@ def check_transition_write(write: object) -> TransitionWrite:
         check_json(write.error, entity_id=write.entity_id)
     if write.timer.__class__ is not TimerMode:
         check_timer_mode(write.timer)
+    if write.definition is not None:
+        check_definition("TransitionWrite.definition", write.definition)
     return write
 
 
@@ -505,6 +510,8 @@ def check_claim_request(request: object) -> ClaimRequest:
         check_claim_limits(request.limits)
     if request.starve_after is not None:
         check_store_duration("starve_after", request.starve_after)
+    if request.definition is not None:
+        check_definition("ClaimRequest.definition", request.definition)
     return request
 
 
@@ -557,6 +564,12 @@ def check_slots_args(kind: object, leased: object, key: object) -> None:
     for state in leased:
         check_id("leased state", state)
     check_optional_id("key", key)
+
+
+def check_definition(name: str, value: object) -> int:
+    """A lifecycle definition version a store records: an ``int`` (not a ``bool``) from 1
+    to :data:`~fsm.records.MAX_DEFINITION` (the column is a 32-bit integer)."""
+    return check_int(name, value, low=1, high=MAX_DEFINITION)
 
 
 def check_priority(value: object) -> int:
@@ -631,6 +644,7 @@ __all__ = [
     "as_duration",
     "check_batch_write",
     "check_claim_request",
+    "check_definition",
     "check_duration",
     "check_effect_args",
     "check_free_text",

@@ -98,6 +98,11 @@ class Snapshot(NamedTuple):
     changed: see :data:`fsm.records.MIN_PRIORITY`)."""
     parent_id: str | None = None
     """The entity that started this one as its child (``job.start_child``), or ``None``."""
+    definition: int | None = None
+    """The version of the lifecycle definition the row was created or last migrated under
+    (the shape of its state and data); ``None`` for rows written before versions were
+    recorded.  A claim of definition ``n`` takes only rows at ``n`` or below (or ``None``);
+    claims and transitions leave it as it is."""
 
     @property
     def lease(self) -> Lease | None:
@@ -225,6 +230,9 @@ MIN_PRIORITY = -100
 """The lowest claim priority (a create's ``priority=``)."""
 MAX_PRIORITY = 100
 """The highest claim priority; the default is 0, and a claim takes higher first."""
+MAX_DEFINITION = 2**31 - 1
+"""The largest lifecycle definition version a store records (a 32-bit integer column);
+the smallest is 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +294,11 @@ class ClaimRequest:
     starve_after: timedelta | None = None
     """Priorities' answer to starvation: per state, the claim first takes one entity due
     for at least this long, whatever its priority (``None``: strictly by priority)."""
+    definition: int | None = None
+    """The claimer's lifecycle definition version: the claim takes only rows whose
+    :attr:`Snapshot.definition` is ``None`` or at most this, so a worker never takes a row
+    a newer definition created or migrated (the rows keep their own version).  ``None``:
+    no such filter."""
 
     def budget_for(self, state: str) -> timedelta | None:
         return dict(self.budgets).get(state)
@@ -333,6 +346,9 @@ class NewEntity:
     """Claims take higher priorities first (:data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`)."""
     parent_id: str | None = None
     """The entity that started this one as its child."""
+    definition: int | None = None
+    """The lifecycle definition version the entity is created under (stored as is; ``None``:
+    not recorded)."""
 
 
 # -- data changes a transition declares ----------------------------------------------------
@@ -507,6 +523,9 @@ class TransitionWrite:
     """The handler error recorded in the history row (:attr:`HistoryRecord.error`)."""
     timer: TimerMode = TimerMode.KEEP
     """What the write does to the timer clock (:class:`TimerMode`)."""
+    definition: int | None = None
+    """The lifecycle definition version the write records on the row (a lifecycle
+    migration's, or a claim's start); ``None`` keeps the row's."""
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the holder."""
@@ -616,6 +635,7 @@ __all__ = [
     "EFFECT_PROGRESS",
     "EFFECT_RENEWALS",
     "EFFECT_SUCCEEDED",
+    "MAX_DEFINITION",
     "MAX_ERROR_MESSAGE",
     "MAX_PRIORITY",
     "MAX_TRACEBACK",

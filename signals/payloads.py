@@ -40,6 +40,7 @@ class SnapshotModel(_Payload):
     timer_since: datetime | None = None
     priority: int = 0
     parent_id: str | None = None
+    definition: int | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> SnapshotModel:

@@ -192,6 +192,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 timer_since=now if entity.arm_timer else None,
                 priority=entity.priority,
                 parent_id=entity.parent_id,
+                definition=entity.definition,
             )
             self._rows[entity.id] = row
             self._history[entity.id] = []
@@ -386,10 +387,12 @@ class MemoryStore(LedgerRun, MemoryRetention):
         error = getattr(write, "error", None)
         timer = getattr(write, "timer", TimerMode.KEEP)  # an IdWrite's moves all keep it
         since = row.timer_since if timer is TimerMode.KEEP else now if timer is TimerMode.ARM else None
+        definition = getattr(write, "definition", None)  # a BatchWrite and an IdWrite keep the row's
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
             _due_now(row.run_after, now) if due is None else now + due, since, row.priority, row.parent_id,
+            row.definition if definition is None else definition,
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, target, write.actor, token,
@@ -693,6 +696,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         claimed: list[Snapshot] = []
         with self._lock:
             now = self.now()
+            defn = request.definition
             due = [
                 r
                 for r in self._rows.values()
@@ -700,6 +704,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 and not r.deleted
                 and (r.run_after is None or r.run_after <= now)
                 and (r.state in starts or (r.state in resumes and r.lease_owner is None))
+                and (defn is None or r.definition is None or r.definition <= defn)  # none a newer definition wrote
             ]
             gate = None if request.limits is None else self._gate(request.kind, request.limits, now)
             full = set(gate.full_keys()) if gate is not None else set()
@@ -727,11 +732,10 @@ class MemoryStore(LedgerRun, MemoryRetention):
                             self._started(request.kind, row.concurrency_key, gate.limits, now)
                     else:
                         budget = request.budget_for(row.state)
-                        claimed.append(
-                            self.acquire_lease(
-                                row.id, owner=request.owner, ttl=request.ttl, budget=budget, expect_version=row.version
-                            )
+                        taken = self.acquire_lease(
+                            row.id, owner=request.owner, ttl=request.ttl, budget=budget, expect_version=row.version
                         )
+                        claimed.append(taken)
                 except LeaseLost:
                     continue  # its budget is spent: the reaper will fail it
         return claimed

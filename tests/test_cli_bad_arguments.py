@@ -161,6 +161,27 @@ BAD_ARGUMENTS: dict[str, list[list[str]]] = {
         ["job-1", "--db", "sqlite:///missing.db"],
         ["job-1", "--prefix", "x y"],
     ],
+    "check": [
+        [],
+        ["nope:Thing"],
+        ["fsm.lifecycles:JobData"],
+        ["fsm.lifecycles:JobLifecycle"],  # the default prefix fsm_: the tables are fsm_demo_*
+        ["fsm.lifecycles:JobLifecycle", "--db", "notaurl"],
+        ["fsm.lifecycles:JobLifecycle", "--db", DOWN],
+        ["fsm.lifecycles:JobLifecycle", "--db", "sqlite:///missing.db"],
+        ["fsm.lifecycles:JobLifecycle\u0000", "--prefix", DEMO],
+        ["--bogus"],
+    ],
+    "migrate-rows": [
+        [],
+        ["nope:Thing", "--prefix", DEMO],
+        ["fsm.lifecycles:JobLifecycle", "--db", "sqlite:///missing.db"],
+        ["fsm.lifecycles:JobLifecycle", "--db", DOWN],
+        ["fsm.lifecycles:JobLifecycle", "--prefix", DEMO, "--wait", "nan"],
+        ["fsm.lifecycles:JobLifecycle", "--prefix", DEMO, "--wait", "inf"],
+        ["fsm.lifecycles:JobLifecycle", "--prefix", DEMO, "--wait", "soon"],
+        ["fsm.lifecycles:JobLifecycle", "--prefix", DEMO, "--wait", "-5"],
+    ],
     "inspect": [
         [],
         ["--db", "sqlite:///missing.db"],

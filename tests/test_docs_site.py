@@ -31,6 +31,9 @@ CANNOT_RUN = {
     ("how-to/existing-table.md", "from fsm import Engine, PipelineLifecycle"): (
         "binds the reader's own pipeline_queue table on a placeholder PostgreSQL host"
     ),
+    ("how-to/change-a-lifecycle.md", "from fsm import check_store"): (
+        "checks the reader's own lifecycle module against a copy of their production rows"
+    ),
 }
 TOGETHER = {"how-to/testing.md"}
 """Pages whose blocks are one project (a module, its conftest and its tests), run together

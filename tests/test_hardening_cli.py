@@ -86,7 +86,7 @@ def test_migrate_and_show_an_entity_with_its_lease_history_and_effects(
     store.close()  # type: ignore[attr-defined]
     assert main(["show", "job-42", "--db", url]) == 0
     out = capsys.readouterr().out
-    assert "job job-42: running (version 1)" in out
+    assert "job job-42: running (version 1, definition 1)" in out
     assert f"lease: held by {lease.owner}, token 1" in out
     assert "v1 " in out and "start: queued -> running by worker" in out
     assert "security: succeeded" in out

@@ -38,10 +38,11 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.reaping.prune_cli",
             "fsm.scheduling.cli",
             "fsm.diagram.cli",
+            "fsm.evolution.cli",
             "fsm.inspect",
         ),
     ),
-    (5, ("fsm.reaping", "fsm.scheduling", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe")),
+    (5, ("fsm.reaping", "fsm.scheduling", "fsm.work", "fsm.diagram", "fsm.aio", "fsm.observe", "fsm.evolution")),
     (4, ("fsm.engine",)),
     (
         3,
@@ -55,6 +56,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.definition_rules",
             "fsm.lifecycle",
             "fsm.lifecycles",
+            "fsm.evolution.declare",
         ),
     ),
     (2, ("stores", "signals")),
@@ -79,10 +81,12 @@ ALLOWED_UPWARD: set[tuple[str, str]] = set()  # none: the keeper is fsm.work's t
 
 
 def layer_of(module: str) -> int | None:
-    for number, prefixes in LAYERS:  # most specific first: fsm.reaping.cli before fsm.reaping
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return number
-    return None
+    """The layer of the longest prefix that names ``module`` (most specific first:
+    fsm.reaping.cli before fsm.reaping, fsm.evolution.declare before fsm.evolution)."""
+    found = [
+        (len(p), number) for number, prefixes in LAYERS for p in prefixes if module == p or module.startswith(p + ".")
+    ]
+    return max(found)[1] if found else None
 
 
 def _modules() -> list[tuple[str, Path]]:

@@ -11,6 +11,12 @@ import stores
 
 FSM_API = {
     "Actor",
+    "DataMigration",
+    "Removed",
+    "Renamed",
+    "Split",
+    "check_store",
+    "migrate_rows",
     "AsyncEngine",
     "AsyncLeaseKeeper",
     "Branch",
@@ -201,3 +207,22 @@ def test_the_observe_package_exports_its_pinned_names_and_imports_no_opentelemet
     code = "import fsm, fsm.observe, fsm.engine, fsm.work, fsm.reaping, sys; print('opentelemetry' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_evolution_package_exports_exactly_its_pinned_names() -> None:
+    import fsm.evolution
+
+    assert set(fsm.evolution.__all__) == {
+        "MAX_DEFINITION_VERSION",
+        "CheckReport",
+        "DataMigration",
+        "MigrationReport",
+        "Migrations",
+        "Removed",
+        "Renamed",
+        "Split",
+        "check_store",
+        "migrate_rows",
+    }
+    for name in fsm.evolution.__all__:
+        assert getattr(fsm.evolution, name) is not None

@@ -122,6 +122,7 @@ def readme_modules() -> dict[str, str]:
     text = guide_text()
     named = {
         "# lifecycles.py": "lifecycles",
+        "# builds.py": "builds",
         "import pytest": "test_deploy",
         'pytest_plugins = ["fsm.testing.pytest_plugin"]': "conftest",
     }

@@ -247,6 +247,7 @@ class Engine(EngineWork):
                     unique_finals=tuple(sorted(self.table.finals)) if unique else None,
                     priority=priority,
                     parent_id=parent,
+                    definition=self.lifecycle.version,
                 )
             )
         except ActiveDuplicate as err:
@@ -298,6 +299,7 @@ class Engine(EngineWork):
                     concurrency_key=key,
                     data=clean,
                     arm_timer=arms,
+                    definition=self.lifecycle.version,
                 )
             )
         # every item was checked above with the store's own limits: the library's stores

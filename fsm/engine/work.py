@@ -199,6 +199,7 @@ class EngineWork(EngineLeases):
             ),
             limits=self._claim_limits(limits),
             starve_after=self._starve_after(limits),
+            definition=self.lifecycle.version,
         )
         claimed = self.store.claim(request)
         if claimed and log.isEnabledFor(logging.INFO):

@@ -19,13 +19,13 @@ A write the statement did not return changed nothing: it is diagnosed on its own
 ...), and answered in its place; if the row now qualifies (it moved back in between) the
 write is applied alone.  Several writes on one entity run in *rounds* (the first write
 of each entity, then the second...), so a later one sees the earlier one.  Writes the
-set statement does not express (conditions, an idempotency key, a bound table or child
-tables) are applied one by one with ``apply`` in the same transaction: on SQLite each in a
-savepoint; on PostgreSQL a batch holding an idempotency key (which may break a unique key,
-failing the whole transaction) is applied write by write instead.  If the transaction
-itself fails (a dropped connection, an unexpected integrity error, a row that cannot be
-decoded), nothing of it is kept and each write is applied again on its own, so every write
-still gets its answer.
+set statement does not express (conditions, an idempotency key, a definition version, a
+bound table or child tables) are applied one by one with ``apply`` in the same
+transaction: on SQLite each in a savepoint; on PostgreSQL a batch holding an idempotency
+key (which may break a unique key, failing the whole transaction) is applied write by
+write instead.  If the transaction itself fails (a dropped connection, an unexpected
+integrity error, a row that cannot be decoded), nothing of it is kept and each write is
+applied again on its own, so every write still gets its answer.
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ class BatchOps(SqlCore):
             if k == len(rounds):
                 rounds.append(({}, []))
             groups, lone = rounds[k]
-            if not set_based or write.require or write.idempotency_key is not None:
-                lone.append(i)
+            if not set_based or write.require or write.idempotency_key is not None or write.definition is not None:
+                lone.append(i)  # a definition version recorded: a migration's rare write, applied alone
                 continue
             try:
                 row = self._row(i, write)
@@ -408,7 +408,7 @@ class BatchOps(SqlCore):
             w.entity_id, before.kind, w.target, row[1], row[2], row[3], None if exp is None else decode_time(exp),
             at, before.created_at, at, False, before.concurrency_key, row[5], row[6],
             before.data if w.data is None else w.data, None if due is None else decode_time(due), since,
-            before.priority, before.parent_id,
+            before.priority, before.parent_id, before.definition,
         )  # fmt: skip
 
     def _refused(self, write: TransitionWrite) -> Applied:

@@ -256,7 +256,7 @@ class ByIdOps(SqlCore):
         if token:
             guard += f" AND {f.same('e.' + c['lease_owner'], 'owner')} AND e.{c['lease_token']} = {f.p('token')}"
         names = ["version", "lease_token", "created_at", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
-        names += ["priority", "parent_id"]
+        names += ["priority", "parent_id", "definition"]
         if n > 1:
             names.append("state")
         if change is LeaseChange.KEEP:
@@ -405,7 +405,7 @@ class _Lean:
 
     def snapshot(self, row: Any, write: IdWrite, now: datetime) -> Snapshot:
         """The row the update returned (version, lease token, created_at, concurrency key,
-        attempt, reclaims, data, run_after, priority, parent[, state][, lease owner, expiry]) as a Snapshot:
+        attempt, reclaims, data, run_after, priority, parent, definition[, state][, lease owner, expiry]) as a Snapshot:
         the rest is what the write set (``now``, ``now + ttl``, the target, not deleted)."""
         try:
             data = row[6]
@@ -435,10 +435,10 @@ class _Lean:
             if created.tzinfo is None:
                 created = created.replace(tzinfo=UTC)
             return _new(Snapshot, (
-                write.entity_id, write.kind, row[10] if self.many else write.moves[0][1], row[0], owner, row[1],
+                write.entity_id, write.kind, row[11] if self.many else write.moves[0][1], row[0], owner, row[1],
                 exp, now, created, now, False, row[3], row[4], row[5], data, due,
                 None,  # timer_since: a lifecycle with timers is never fired by id (fsm.engine.by_id)
-                row[8], row[9],
+                row[8], row[9], row[10],
             ))  # fmt: skip
         except (ValueError, TypeError, AttributeError) as err:
             raise MalformedRow(write.entity_id, reason=str(err)) from None
@@ -464,7 +464,7 @@ def _written(row: Any, write: IdWrite, now: datetime, params: dict[str, Any]) ->
         return Snapshot(
             row[0], row[1], row[2], row[3], row[4], row[5], exp, now, decode_time(row[8]), now, False, row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
-            None if since is None else decode_time(since), row[17], row[18],
+            None if since is None else decode_time(since), row[17], row[18], row[19],
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None

@@ -17,7 +17,12 @@ index, never sorting), skipping rows it cannot read, and takes them:
   (or the renewal log entries) of the rows it took.
 
 A resumed finalizer gets its lease back (token + 1, no transition, its recorded effects
-replayed by its next holder); a start bumps ``attempt`` when its transition does.  A store
+replayed by its next holder); a start bumps ``attempt`` when its transition does.  A claim
+with a definition version (``ClaimRequest.definition``) picks only rows whose
+``definition`` is NULL or at most it (its own statement shapes: a claim without one
+runs the statements it always ran); it leaves the rows' versions as they are: a row
+records the definition it was created or last migrated under, the shape of its state
+and data, which a claim does not change.  A store
 bound to an application's table (a status column, child tables) claims row by row, as
 before: the pick, then each row through the store's own guarded ``apply`` or
 ``acquire_lease``.  Every write keeps its guard, so even a claimer that raced past the
@@ -81,8 +86,8 @@ class ClaimOps(SqlCore):
         parts.append(part("priority", f" AND {prio} <> 0 AND {prio} < 0", ranked, raised or n))
         return f"{head}SELECT * FROM ({' UNION ALL '.join(parts)}) AS ranked LIMIT {n}"
 
-    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str]
-    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool, bool], str]
+    _claim_pg_statements: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool, bool], str]
+    _claim_sqlite_statements: dict[tuple[str, bool, TimerMode, bool, bool, bool], str]
 
     def _claim_sql(self) -> dict[str, str]:
         found: dict[str, str] | None = getattr(self, "_claim_statements", None)
@@ -105,9 +110,11 @@ class ClaimOps(SqlCore):
             "count": f"SELECT {state}, COUNT(*) FROM {sql.E} AS e WHERE {live} GROUP BY {state}",
         }
         for starve in (False, True):
-            mark = "+starve" if starve else ""
-            found["start" + mark] = self._ranked(pick, f.p("limit"), what, lock, starve)
-            found["resume" + mark] = self._ranked(pick + free, f.p("limit"), what, lock, starve)
+            for defined in (False, True):  # a claimer's definition version: rows at it or below
+                mark = ("+starve" if starve else "") + ("+def" if defined else "")
+                where = pick + sql.definition_pick("e") if defined else pick
+                found["start" + mark] = self._ranked(where, f.p("limit"), what, lock, starve)
+                found["resume" + mark] = self._ranked(where + free, f.p("limit"), what, lock, starve)
         self._claim_statements = found
         return found
 
@@ -138,15 +145,17 @@ class ClaimOps(SqlCore):
     def _claim_pg_sql(self, request: ClaimRequest, given: bool = False) -> str:
         """The whole claim of ``request``'s shape as one statement (see the module doc).
         ``given``: the rows are picked already (and locked, in this transaction): each
-        state's are the array parameter ``ids{n}`` (a limited claim's admitted rows)."""
+        state's are the array parameter ``ids{n}`` (a limited claim's admitted rows).  With
+        a definition version (``defn``) the picks take only rows at it or below."""
         key = (
             tuple(request.budget_for(s) is not None for s in request.resumes),
             tuple((s.bump_attempt, s.timer) for s in request.starts),
             request.starve_after is not None,
             given,
+            request.definition is not None,
         )
-        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool], str] | None = getattr(
-            self, "_claim_pg_statements", None
+        cache: dict[tuple[tuple[bool, ...], tuple[tuple[bool, TimerMode], ...], bool, bool, bool], str] | None = (
+            getattr(self, "_claim_pg_statements", None)
         )
         if cache is None:
             cache = self._claim_pg_statements = {}
@@ -162,6 +171,8 @@ class ClaimOps(SqlCore):
         outs: list[str] = []
         taken = "0"  # what the earlier states took: the rest of the limit is this state's
         n = 0
+        defined = key[4]
+        only = sql.definition_pick("e") if defined else ""
 
         def pick(i: int, extra: str) -> str:
             # the pick of the row-by-row claim (its plan: range scans of the claim and
@@ -169,7 +180,7 @@ class ClaimOps(SqlCore):
             # states left
             if given:
                 return f"p{i} AS (SELECT unnest(CAST(%(ids{i})s AS text[])) AS id)"
-            where = f"{kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra}"
+            where = f"{kind} = %(kind)s AND NOT {deleted} AND {state} = %(st{i})s AND {due} <= {f.now}{extra}{only}"
             left = f"GREATEST(%(limit)s - ({taken}), 0)"
             ranked = self._ranked(where, left, f"{lay.ref('id', 'e')} AS id", lock, key[2])
             return f"p{i} AS MATERIALIZED ({ranked})"
@@ -227,6 +238,8 @@ class ClaimOps(SqlCore):
         if request.starve_after is not None:
             starve = request.starve_after
             params["starve"] = self._f.offset(now, -starve) if self._sqlite else starve
+        if request.definition is not None:
+            params["defn"] = request.definition
         n = 0
         for state in request.resumes:
             params[f"st{n}"] = state
@@ -292,12 +305,15 @@ class ClaimOps(SqlCore):
         taken: list[tuple[int, Snapshot]] = []
         starve = request.starve_after is not None
         picked = given is not None
+        defined = request.definition is not None
         for n, state in enumerate(request.resumes):
             left = request.limit - len(taken)
             if left <= 0 or (given is not None and not given[n]):
                 continue
             budget = request.budget_for(state) is not None
-            sql, values = self._qmark(self._claim_sqlite_sql("resume", budget, starve=starve, given=picked))
+            sql, values = self._qmark(
+                self._claim_sqlite_sql("resume", budget, starve=starve, given=picked, defined=defined)
+            )
             ids = None if given is None else json.dumps(given[n])
             cur.execute(sql, values({**params, "state": state, "left": left, "bud": params.get(f"bud{n}"), "ids": ids}))
             got = [snapshot_of(r) for r in cur.fetchall()]
@@ -313,7 +329,7 @@ class ClaimOps(SqlCore):
             if left <= 0 or (given is not None and not given[n]):
                 continue
             sql, values = self._qmark(
-                self._claim_sqlite_sql("start", start.bump_attempt, start.timer, starve, given=picked)
+                self._claim_sqlite_sql("start", start.bump_attempt, start.timer, starve, given=picked, defined=defined)
             )
             ids = None if given is None else json.dumps(given[n])
             cur.execute(
@@ -345,42 +361,53 @@ class ClaimOps(SqlCore):
         nothing, as before) and no to a row committed just after it (the next poll or
         wake-up takes it): nothing is lost either way."""
         found: list[Any] = []
+        defined = request.definition is not None
         for what, state in [*(("resume", s) for s in request.resumes), *(("start", s.source) for s in request.starts)]:
-            sql, values = self._qmark(self._peek_sql(what))
+            sql, values = self._qmark(self._peek_sql(what, defined))
             cur.execute(sql, values({**params, "state": state}))
             found = cur.fetchall()  # all of it: SQLite ends the read at once
             if found:
                 return True
         return False
 
-    def _peek_sql(self, what: str) -> str:
-        cache: dict[str, str] | None = getattr(self, "_claim_peek_statements", None)
+    def _peek_sql(self, what: str, defined: bool = False) -> str:
+        cache: dict[tuple[str, bool], str] | None = getattr(self, "_claim_peek_statements", None)
         if cache is None:
             cache = {}
             self._claim_peek_statements = cache
-        found = cache.get(what)
+        found = cache.get((what, defined))
         if found is None:
             lay, sql = self._sql.L, self._sql
             kind, state, deleted = lay.ref("kind", "e"), lay.ref("state", "e"), lay.ref("deleted", "e")
             where = f"{kind} = :kind AND NOT {deleted} AND {state} = :state AND {lay.ref('run_after', 'e')} <= :now"
             if what == "resume":
                 where += f" AND {lay.ref('lease_owner', 'e')} IS NULL"
-            found = cache[what] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
+            if defined:
+                where += sql.definition_pick("e")
+            found = cache[(what, defined)] = f"SELECT 1 FROM {sql._indexed('claim')} WHERE {where} LIMIT 1"
         return found
 
     def _claim_sqlite_sql(
-        self, what: str, flag: bool, timer: TimerMode = TimerMode.KEEP, starve: bool = False, given: bool = False
+        self,
+        what: str,
+        flag: bool,
+        timer: TimerMode = TimerMode.KEEP,
+        starve: bool = False,
+        given: bool = False,
+        defined: bool = False,
     ) -> str:
         """SQLite: the update of one state's pick (``resume``: ``flag`` is a budget;
         ``start``: ``flag`` bumps ``attempt``, ``timer`` is what it does to the timer clock;
         ``starve``: the starvation rule's pick first; ``given``: the rows are the JSON array
-        ``:ids``, picked already, and still in the state)."""
-        cache: dict[tuple[str, bool, TimerMode, bool, bool], str] | None = getattr(
+        ``:ids``, picked already, and still in the state; ``defined``: only rows at the
+        claimer's definition version ``:defn`` or below)."""
+        cache: dict[tuple[str, bool, TimerMode, bool, bool, bool], str] | None = getattr(
             self, "_claim_sqlite_statements", None
         )
         if cache is None:
             cache = self._claim_sqlite_statements = {}
-        found = cache.get((what, flag, timer, starve, given))
+        shape = (what, flag, timer, starve, given, defined)
+        found = cache.get(shape)
         if found is not None:
             return found
         lay, f, sql = self._sql.L, self._f, self._sql
@@ -390,6 +417,8 @@ class ClaimOps(SqlCore):
         # the pick of the row-by-row claim; the rows it cannot read (or, resuming, whose
         # renewal budget is spent) are left by the update's own filter, stepped over
         where = f"{kind} = :kind AND NOT {deleted} AND {state} = :state AND {due} <= :now"
+        if defined:
+            where += sql.definition_pick("e")
         outer = f.is_object(c["data"])
         expiry = ":ttl"
         if what == "resume":
@@ -413,9 +442,7 @@ class ClaimOps(SqlCore):
         if given:  # the admitted rows, re-checked against the pick's filter (same write lock)
             ids = f.in_ids(lay.ref("id", "e"), "ids")
             pick = f"SELECT {lay.ref('id', 'e')} FROM {sql.E} AS e WHERE {where} AND {ids}"
-        found = cache[(what, flag, timer, starve, given)] = (
-            f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN ({pick}) AND {outer} RETURNING {sql.ret}"
-        )
+        found = cache[shape] = f"UPDATE {sql.E} SET {sets} WHERE {c['id']} IN ({pick}) AND {outer} RETURNING {sql.ret}"
         return found
 
     # -- row by row (a bound table) ------------------------------------------------------
@@ -465,6 +492,9 @@ class ClaimOps(SqlCore):
             if request.starve_after is not None:
                 mark = "+starve"
                 params["starve"] = self._f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
+            if request.definition is not None:
+                mark += "+def"
+                params["defn"] = request.definition
             cur.execute(statements[("resume" if start is None else "start") + mark], params)
             for entity_id, _, version, _ in cur.fetchall():
                 taken = self._take(entity_id, state, version, start, request)

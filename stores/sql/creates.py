@@ -40,11 +40,12 @@ def _dumps(data: Any) -> str:
     return text
 
 
-def _created_columns(arm: bool) -> list[str]:
+def _created_columns(arm: bool, defined: bool = False) -> list[str]:
     """The columns a batch insert writes, in its ``VALUES`` order."""
     names = ["id", "kind", "state", "version", "lease_token", "state_entered_at", "created_at", "updated_at"]
     names += ["deleted", "concurrency_key", "attempt", "reclaims", "data", "run_after"]
-    return [*names, "timer_since"] if arm else names
+    names += ["timer_since"] if arm else []
+    return [*names, "definition"] if defined else names
 
 
 class _Short(Exception):
@@ -54,27 +55,29 @@ class _Short(Exception):
 class CreateOps(WakeOps):
     """``create_many`` of :class:`stores.sql.SqlStore`."""
 
-    _create_many_statements: dict[tuple[bool, bool, bool], str]
+    _create_many_statements: dict[tuple[bool, bool, bool, bool], str]
 
-    def _create_many_sql(self, arm: bool) -> str:
+    def _create_many_sql(self, arm: bool, defined: bool = False) -> str:
         """SQLite: the batch from one JSON document, ``[[id, kind, state, key, data], ..]``;
-        ``arm``: every row starts its timer clock."""
-        cache: dict[bool, str] = self.__dict__.setdefault("_create_many_sqlite", {})
-        found = cache.get(arm)
+        ``arm``: every row starts its timer clock; ``defined``: each row's definition
+        version is a sixth item (``null``: none)."""
+        cache: dict[tuple[bool, bool], str] = self.__dict__.setdefault("_create_many_sqlite", {})
+        found = cache.get((arm, defined))
         if found is not None:
             return found
         c, f, sql = self._sql.L.col, self._f, self._sql
-        cols = ", ".join(c[n] for n in _created_columns(arm))
+        cols = ", ".join(c[n] for n in _created_columns(arm, defined))
         item = "json_extract(j.value, '$[{}]')".format
         values = [item(0), item(1), item(2), "0", "0", f.now, f.now, f.now, "0", item(3), "0", "0", item(4), f.now]
         values += [f.now] if arm else []
-        found = cache[arm] = (
+        values += [item(5)] if defined else []
+        found = cache[(arm, defined)] = (
             f"INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} FROM json_each({f.p('rows')}) AS j "
             f"WHERE 1 ON CONFLICT ({c['id']}) DO NOTHING RETURNING {c['id']}"  # WHERE: SQLite's upsert rule
         )
         return found
 
-    def _create_many_pg(self, cols: str, *, uniform: bool, shared: bool, arm: bool) -> str:
+    def _create_many_pg(self, cols: str, *, uniform: bool, shared: bool, arm: bool, defined: bool = False) -> str:
         """PostgreSQL: the batch from one array per column (``unnest``: a few parameters for
         any number of rows, sent in binary, the statement text the same for every size).
         ``uniform``: one kind and state for the whole batch, bound once.  ``shared``: the
@@ -83,9 +86,10 @@ class CreateOps(WakeOps):
         NULL stored as ``{}``).  A plain ``INSERT``: an id that exists fails the statement,
         so nothing of the batch lands.  The snapshots are built from the batch, so it
         returns only how many rows landed and their (shared) timestamp; the wake-up is
-        sent in the same statement.  ``arm``: every row starts its timer clock."""
-        key = (uniform, shared, arm)
-        cache: dict[tuple[bool, bool, bool], str] | None = getattr(self, "_create_many_statements", None)
+        sent in the same statement.  ``arm``: every row starts its timer clock; ``defined``:
+        one more array, each row's definition version (NULL: none)."""
+        key = (uniform, shared, arm, defined)
+        cache: dict[tuple[bool, bool, bool, bool], str] | None = getattr(self, "_create_many_statements", None)
         if cache is None:
             cache = self._create_many_statements = {}
         found = cache.get(key)
@@ -109,9 +113,13 @@ class CreateOps(WakeOps):
         if not uniform:
             arrays += ["CAST(%(kind)b AS text[])", "CAST(%(state)b AS text[])"]
             names += ["kind", "state"]
+        if defined:
+            arrays.append("CAST(%(defn)b AS int[])")
+            names.append("defn")
         kind, state = ("%(kind)s", "%(state)s") if uniform else ("v.kind", "v.state")
         values = ["v.id", kind, state, "0", "0", f.now, f.now, f.now, "FALSE", "v.ck", "0", "0", data, f.now]
         values += [f.now] if arm else []
+        values += ["v.defn"] if defined else []
         # due at once (a batch with due times goes row by row)
         found = cache[key] = (
             f"{head}i AS (INSERT INTO {sql.E} AS e ({cols}) SELECT {', '.join(values)} "
@@ -141,9 +149,13 @@ class CreateOps(WakeOps):
         self._time_params(params, now, None)
         if not self._sqlite:
             return self._create_many_pg_run(batch, params)
-        rows_json = [[e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id)] for e in batch]
+        defined = any(e.definition is not None for e in batch)
+        rows_json: list[list[Any]] = [
+            [e.id, e.kind, e.state, e.concurrency_key, dumps_data(e.data, e.id), *((e.definition,) if defined else ())]
+            for e in batch
+        ]
         params["rows"] = json.dumps(rows_json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        sql = self._create_many_sql(batch[0].arm_timer)
+        sql = self._create_many_sql(batch[0].arm_timer, defined)
         slot = self._conns.slot()
         try:
             with SqliteWrite(slot, "fsm_create_many") as cur:
@@ -185,10 +197,17 @@ class CreateOps(WakeOps):
             params["kind"] = [e.kind for e in batch]
             params["state"] = [e.state for e in batch]
         params["ntf"] = self._channel(first.kind)
+        defined = any(e.definition is not None for e in batch)
+        if defined:
+            params["defn"] = [e.definition for e in batch]
         c = self._sql.L.col
         arm = first.arm_timer
         sql = self._create_many_pg(
-            ", ".join(c[n] for n in _created_columns(arm)), uniform=uniform, shared=shared, arm=arm
+            ", ".join(c[n] for n in _created_columns(arm, defined)),
+            uniform=uniform,
+            shared=shared,
+            arm=arm,
+            defined=defined,
         )
         slot = self._conns.slot()
         try:
@@ -230,6 +249,7 @@ class CreateOps(WakeOps):
                 when if e.arm_timer else None,
                 e.priority,
                 e.parent_id,
+                e.definition,
             )
             for e in batch
         ]

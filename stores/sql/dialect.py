@@ -318,9 +318,11 @@ class Statements:
         new_data: bool,
         has_due: bool = False,
         timer: TimerMode = TimerMode.KEEP,
+        definition: bool = False,
     ) -> str:
         """SET clause of a transition: new state, version + 1, lease change, counters, times,
-        and the timer clock when the branch starts or stops it."""
+        the timer clock when the branch starts or stops it, and (``definition``) the
+        definition version the write records (parameter ``defn``)."""
         c, f = self.L.col, self.f
         sets = [f"{c['state']} = {f.p('target')}", f"{c['version']} = e.{c['version']} + 1"]
         if change is LeaseChange.ACQUIRE:
@@ -343,9 +345,25 @@ class Statements:
             sets.append(f"{c['run_after']} = {f.now_plus('due')}")
         else:
             sets.append(self.due_now())
+        if definition:
+            sets.append(self.definition_set())
         if self.L.status_col is not None:
             sets.append(f"{self.L.status_col} = {f.p('status')}")
         return ", ".join(sets)
+
+    def definition_param(self) -> str:
+        """The ``defn`` parameter (a definition version) as an integer expression."""
+        return f"CAST({self.f.p('defn')} AS INTEGER)" if self.pg else self.f.p("defn")
+
+    def definition_set(self) -> str:
+        """The SET item recording the definition version ``defn`` on the row."""
+        return f"{self.L.col['definition']} = {self.definition_param()}"
+
+    def definition_pick(self, a: str) -> str:
+        """A claim's filter (`` AND ...``) on the row aliased ``a``: its definition version
+        unknown or at most the claimer's ``defn``."""
+        col = self.L.ref("definition", a)
+        return f" AND ({col} IS NULL OR {col} <= {self.definition_param()})"
 
     def budget_since(self, entered: str, due: str) -> str:
         """When a state's renewal budget starts counting: entering the state, or, for an
@@ -395,6 +413,7 @@ class Statements:
         blind: bool = False,
         has_due: bool = False,
         timer: TimerMode = TimerMode.KEEP,
+        definition: bool = False,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -406,7 +425,8 @@ class Statements:
         what the write changes (:data:`LEAN_COLUMNS`), plus the statement's ``now`` on
         PostgreSQL; otherwise every entity column.  ``blind`` (SQLite, with ``lean``) returns
         nothing: the update also requires the lease holder and token the caller's snapshot
-        shows (``bowner``, ``btoken``), so the store knows every column it writes."""
+        shows (``bowner``, ``btoken``), so the store knows every column it writes.
+        ``definition``: the write also records the definition version ``defn``."""
         key = (
             "apply",
             change,
@@ -420,6 +440,7 @@ class Statements:
             blind,
             has_due,
             timer,
+            definition,
         )
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -437,7 +458,7 @@ class Statements:
         if blind:
             guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
-        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer)
+        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer, definition)
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
         common = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)

@@ -244,6 +244,8 @@ class LimitedClaimOps(SqlCore):
             params["per_key"] = limits.per_key
         if request.starve_after is not None:
             params["starve"] = f.offset(now, -request.starve_after) if self._sqlite else request.starve_after
+        if request.definition is not None:
+            params["defn"] = request.definition
         cur.execute(self._held_and_candidates_sql(request), params)
         held: dict[str, int] = {}
         total = 0
@@ -270,6 +272,7 @@ class LimitedClaimOps(SqlCore):
             len(limits.leased),
             limits.per_key is not None,
             request.starve_after is not None,
+            request.definition is not None,
         )
         cache = self._sql._shapes
         found: str | None = cache.get(key)
@@ -299,6 +302,8 @@ class LimitedClaimOps(SqlCore):
             where += f"AND {lay.ref('run_after', 'e')} <= {f.now}{skip}"
             if i < len(request.resumes):
                 where += free
+            if key[6]:  # a claimer's definition version: rows at it or below
+                where += sql.definition_pick("e")
             ranked = self._ranked(where, f.p("limit"), what, lock, starve, f.p("raised"))  # type: ignore[attr-defined]
             picks.append(f"SELECT {i} AS part, c{i}.* FROM ({ranked}) AS c{i}")
         candidates = f"SELECT * FROM ({' UNION ALL '.join(picks)}) AS c LIMIT {f.p('limit')}"

@@ -60,7 +60,7 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
             row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
             decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
-            None if since is None else decode_time(since), row[17], row[18],
+            None if since is None else decode_time(since), row[17], row[18], row[19],
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None

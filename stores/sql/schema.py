@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
 
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0010"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -51,6 +51,7 @@ ENTITY_COLUMNS = (
     "timer_since",
     "priority",
     "parent_id",
+    "definition",
 )
 """Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
 AFTER_ENTITY = len(ENTITY_COLUMNS)
@@ -187,6 +188,10 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         # revision 0009: the claim's priority (higher first) and the parent of a child entity
         "priority": sa.Column(names["priority"], sa.SmallInteger(), nullable=False, server_default=sa.text("0")),
         "parent_id": sa.Column(names["parent_id"], sa.String(ID_LENGTH), nullable=True),
+        # revision 0010: the lifecycle definition version the row last moved under (NULL:
+        # written before versions were recorded); no index: a claim filters on it in the
+        # rows its index walk reads
+        "definition": sa.Column(names["definition"], sa.Integer(), nullable=True),
     }
     return [cols[name] for name in ENTITY_COLUMNS]
 

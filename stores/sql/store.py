@@ -511,11 +511,13 @@ class SqlStore(
         return tuple(quote(n) for n in names)
 
     def _placement_params(self, entity: NewEntity, params: dict[str, Any], first: int) -> tuple[str, ...]:
-        """A create's priority and parent, when not the defaults, as more ``x{i}`` columns
-        (the batch insert writes neither: such a create takes the single-row insert)."""
+        """A create's priority, parent and definition version, when not the defaults, as
+        more ``x{i}`` columns (the batch insert writes neither priority nor parent: such a
+        create takes the single-row insert)."""
         c = self._sql.L.col
         names: list[str] = []
-        for name, value, default in (("priority", entity.priority, 0), ("parent_id", entity.parent_id, None)):
+        placed = (("priority", entity.priority, 0), ("parent_id", entity.parent_id, None))
+        for name, value, default in (*placed, ("definition", entity.definition, None)):
             if value != default:
                 params[f"x{first + len(names)}"] = value
                 names.append(c[name])
@@ -599,7 +601,9 @@ class SqlStore(
             before is not None,
         )
         timer = write.timer
-        sql = self._sql.apply(*shape, blind, due is not None, timer)
+        definition = write.definition
+        defines = definition is not None
+        sql = self._sql.apply(*shape, blind, due is not None, timer, defines)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -631,6 +635,8 @@ class SqlStore(
         if blind:
             assert before is not None
             params["btoken"], params["bowner"] = before.lease_token, before.lease_owner
+        if defines:
+            params["defn"] = definition
         integrity = False
         for _ in range(ATTEMPTS + blind):  # a refused blind write is retried lean, not counted
             now = self._now()
@@ -658,6 +664,7 @@ class SqlStore(
                         None if exp is None else decode_time(exp), at, before.created_at, at, False,
                         before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
                         None if ra is None else decode_time(ra), since, before.priority, before.parent_id,
+                        before.definition if definition is None else definition,
                     )  # fmt: skip
                 record = HistoryRecord(
                     entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
@@ -668,7 +675,7 @@ class SqlStore(
             except _Refused:
                 if blind:  # the lease moved since the caller's snapshot: write as a lean write
                     blind = False
-                    sql = self._sql.apply(*shape, False, due is not None, timer)
+                    sql = self._sql.apply(*shape, False, due is not None, timer, defines)
                     continue
             except self._integrity:
                 integrity = True

@@ -24,11 +24,11 @@ def test_the_claim_pick_walks_the_due_time_index_in_order_on_sqlite(tmp_path: ob
                 "SELECT 'e' || n, 'job', 'queued', 't', 't', 't', 't' || n FROM g"
             )
             conn.exec_driver_sql("ANALYZE")
-        for which in ("start", "resume"):
+        for which in ("start", "resume", "start+def", "resume+def"):  # +def: a claimer's definition version
             sql = store._claim_sql()[which]
             with store.engine.connect() as conn:
                 plan = conn.exec_driver_sql(
-                    f"EXPLAIN QUERY PLAN {sql}", {"kind": "job", "state": "queued", "limit": 5, "now": "u"}
+                    f"EXPLAIN QUERY PLAN {sql}", {"kind": "job", "state": "queued", "limit": 5, "now": "u", "defn": 1}
                 ).fetchall()
             text = " | ".join(str(row[-1]) for row in plan)
             assert "USING INDEX ix_fsm_entities_claim (kind=? AND state=? AND run_after<?)" in text, text
@@ -54,10 +54,10 @@ def test_the_claim_pick_is_a_due_time_index_scan_without_a_sort_on_postgres() ->
             )
             conn.execute(sa.text(f"ANALYZE {table}"))
         raw = store._conns.slot().cursor
-        for which in ("start", "resume"):
+        for which in ("start", "resume", "start+def", "resume+def"):  # +def: a claimer's definition version
             raw.execute(
                 f"EXPLAIN {store._claim_sql()[which]}",
-                {"kind": "job", "state": "queued", "limit": 5, "now": datetime.now(UTC) + timedelta(0)},
+                {"kind": "job", "state": "queued", "limit": 5, "now": datetime.now(UTC) + timedelta(0), "defn": 1},
             )
             plan = "\n".join(r[0] for r in raw.fetchall())
             assert f"Index Scan using ix_{table}_claim" in plan, plan

@@ -144,7 +144,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0009"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -245,7 +245,7 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
     assert run.returncode == 0, run.stderr
     store = SqlStore(url, create=False)
     try:
-        assert current_revision(url) == HEAD_REVISION == "0009"
+        assert current_revision(url) == HEAD_REVISION == "0010"
         fed = store.feed()
         assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
         # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
@@ -282,7 +282,7 @@ def test_a_0005_store_upgrades_to_0006_gaining_the_recent_index_and_downgrades_b
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     store = sql_target.store()  # create=True: Alembic upgrades 0005 -> 0006
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0009"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
     assert indexes()[recent] == ("kind", "state", "updated_at", "id")
     if sqlite:  # the new index is described as the others are, or the planner would misjudge it
         with engine.connect() as conn:
@@ -335,7 +335,7 @@ def test_0007_drops_the_history_foreign_key_on_postgresql_only_and_downgrades_ba
     upgrade(engine, table_prefix=sql_target.prefix, revision="0006")
     assert keys() == [f"{sql_target.prefix}entities"]
     store = sql_target.store()  # create=True: 0006 -> head
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0009"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
     postgres = sql_target.dialect == "postgres"
     assert keys() == ([] if postgres else [f"{sql_target.prefix}entities"])
     store.create(NewEntity("a", "job", "queued"))
@@ -361,3 +361,72 @@ def test_a_fresh_store_has_the_history_foreign_key_on_sqlite_only(sql_target: Sq
         assert found == []
     else:
         assert [f["options"].get("ondelete") for f in found] == ["CASCADE"]
+
+
+def test_a_0009_store_upgrades_to_0010_its_rows_without_a_definition_and_downgrades_back(
+    sql_target: SqlTarget,
+) -> None:
+    from fsm.records import NewEntity, TransitionWrite
+
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    table = f"{sql_target.prefix}entities"
+
+    def columns() -> dict[str, tuple[str, bool]]:
+        return {str(c["name"]): (str(c["type"]), bool(c["nullable"])) for c in sa.inspect(engine).get_columns(table)}
+
+    upgrade(engine, table_prefix=sql_target.prefix, revision="0009")
+    assert "definition" not in columns()
+    with engine.begin() as conn:  # a row an 0009 release wrote
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} (id, kind, state, version, state_entered_at, created_at, updated_at, "
+                "run_after, data) VALUES ('old', 'job', 'queued', 0, :t, :t, :t, :t, '{}')"
+            ),
+            {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
+        )
+    store = sql_target.store()  # create=True: Alembic upgrades 0009 -> 0010
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
+    assert columns()["definition"] == ("INTEGER", True)
+    assert store.get("old").definition is None  # written before versions were recorded
+    assert store.create(NewEntity("new", "job", "queued", definition=3)).definition == 3
+    moved, _ = store.apply(TransitionWrite("old", "start", "queued", "running", "worker", 0, definition=2))
+    assert moved.definition == store.get("old").definition == 2
+    store.close()
+    downgrade(engine, "0009", table_prefix=sql_target.prefix)
+    assert current_revision(engine, table_prefix=sql_target.prefix) == "0009"
+    assert "definition" not in columns()
+    with engine.connect() as conn:  # the rows stay, without their definitions
+        kept = conn.execute(sa.text(f"SELECT id, state, version FROM {table} ORDER BY id")).all()
+    assert [tuple(r) for r in kept] == [("new", "queued", 0), ("old", "running", 1)]
+    upgrade(engine, table_prefix=sql_target.prefix)
+    again = sql_target.store(create=False)
+    assert (again.get("old").definition, again.get("new").definition) == (None, None)
+
+
+def test_a_table_bound_before_0010_is_refused_until_the_definition_column_is_added(tmp_path: object) -> None:
+    from fsm.errors import ConfigError
+    from fsm.records import NewEntity
+    from stores.sql.binding import add_missing_columns
+
+    url = f"sqlite:///{tmp_path}/app.db"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text('CREATE TABLE jobs (job_id TEXT PRIMARY KEY, "updatedAt" TEXT NOT NULL)'))
+    binding = TableBinding(table="jobs", kind="job", columns={"id": "job_id", "updated_at": "updatedAt"})
+    try:
+        add_missing_columns(engine, binding)
+        with engine.begin() as conn:  # as an application bound before revision 0010 has it
+            conn.execute(sa.text("ALTER TABLE jobs DROP COLUMN fsm_definition"))
+        with pytest.raises(ConfigError, match="lacks the binding's columns") as refused:
+            SqlStore(url, binding=binding)
+        assert "missing: fsm_definition" in refused.value.problems
+        assert add_missing_columns(engine, binding) == ["fsm_definition"]
+        store = SqlStore(url, binding=binding)
+        try:
+            assert store.create(NewEntity("j1", "job", "queued", definition=4)).definition == 4
+            assert store.get("j1").definition == 4
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
