@@ -148,6 +148,14 @@ class LedgerRun:
     ) -> tuple[EffectRecord, bool]:
         raise NotImplementedError
 
+    def holder_and_effect(self, entity_id: str, key: str) -> tuple[tuple[str | None, int], EffectRecord | None]:
+        """The live entity's lease holder ``(owner, token)`` and its recorded effect under
+        ``key`` (``None``: none yet); ``UnknownEntity`` when there is no live entity.  Two
+        reads here; a store that can answer both in one read overrides it (``run`` asks it
+        before every effect)."""
+        holder = self.get(entity_id)
+        return (holder.lease_owner, holder.lease_token), self.effect(entity_id, key)
+
     def run(
         self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
     ) -> tuple[EffectRecord, bool]:
@@ -165,16 +173,15 @@ class LedgerRun:
         # recording statement would refuse its result anyway; refusing before the call
         # spares the external system a run nobody can record.  The race in between stays
         # the recording's.
-        holder = self.get(entity_id)
-        if holder.lease_owner != lease.owner or holder.lease_token != lease.token:
+        (owner, token), recorded = self.holder_and_effect(entity_id, key)
+        if owner != lease.owner or token != lease.token:
             raise LeaseLost(
                 entity_id,
                 expected_token=lease.token,
-                found_token=holder.lease_token,
+                found_token=token,
                 owner=lease.owner,
                 detail=f"effect {key!r} was not run nor replayed: the lease is no longer the caller's",
             )
-        recorded = self.effect(entity_id, key)
         if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
             return recorded, False
         replace = (EFFECT_FAILED,) if retry_failed else ()

@@ -260,6 +260,21 @@ class EngineWork(EngineLeases):
         ``effect_recorded`` is sent after the commit.
         """
         self.get(text("entity_id", entity_id))
+        return self._run_held(entity_id, key, fn, lease, model=model, retry_failed=retry_failed)
+
+    def _run_held(
+        self,
+        entity_id: str,
+        key: str,
+        fn: Callable[[str], Any],
+        lease: Lease,
+        *,
+        model: type[M] | None = None,
+        retry_failed: bool = True,
+    ) -> Any:
+        """:meth:`run` for a caller that holds the entity already (a worker's job, its
+        snapshot read by this engine): no read of the row first, the store's own read of the
+        holder and the ledger (one statement on SQL) answers for both."""
         lease_arg(lease)
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, not {fn!r}")

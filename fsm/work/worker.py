@@ -237,7 +237,9 @@ class Job(HeldEntity):
                 return fn(idempotency_key)
 
         try:
-            return self.engine.run(self.id, key, effect, self.held.check(), model=model, retry_failed=retry_failed)
+            # the job's snapshot is this engine's entity: no read of the row before the ledger's
+            lease = self.held.check()
+            return self.engine._run_held(self.id, key, effect, lease, model=model, retry_failed=retry_failed)
         finally:
             self._given_back()
 

@@ -71,6 +71,13 @@ class EffectOps(SqlCore, LedgerRun):
             ),
             "record": insert + "DO NOTHING " + returning,
             "record_or_replace": insert + replace + returning,
+            # the holder and the recorded effect in one read (``run`` asks before each effect)
+            "probe": (
+                f"SELECT {lay.ref('lease_owner', 'e')}, {lay.ref('lease_token', 'e')}, "
+                + ", ".join(f"f.{name.strip()}" for name in EFFECT_COLUMNS.split(","))
+                + f" FROM {ent} AS e LEFT JOIN {ef} AS f ON f.entity_id = e.{c['id']} AND f.key = {f.p('key')} "
+                f"WHERE e.{c['id']} = {f.p('id')} AND NOT {lay.ref('deleted', 'e')}"
+            ),
         }
         self._effect_statements = found
         return found
@@ -80,6 +87,15 @@ class EffectOps(SqlCore, LedgerRun):
         params = {"id": check_id("entity id", entity_id), "key": check_id("effect key", key)}
         rows = self._run(self._effect_sql()["one"], params)
         return effect_of(rows[0], self._sqlite) if rows else None
+
+    def holder_and_effect(self, entity_id: str, key: str) -> tuple[tuple[str | None, int], EffectRecord | None]:
+        """See :meth:`stores.ledger.LedgerRun.holder_and_effect`: one read, the entity row
+        joined with its ledger row under ``key`` by primary key."""
+        rows = self._run(self._effect_sql()["probe"], {"id": entity_id, "key": key})
+        if not rows:
+            raise UnknownEntity(entity_id)
+        row = rows[0]
+        return (row[0], row[1]), None if row[2] is None else effect_of(row[2:], self._sqlite)
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
         """See :meth:`stores.Store.effects`."""

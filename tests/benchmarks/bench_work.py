@@ -1,4 +1,4 @@
-"""The work path against pgqueuer on one PostgreSQL: enqueue, drain, idle pickup.
+"""The work path against pgqueuer (and oban, in the drain) on one PostgreSQL: enqueue, drain, idle pickup.
 
 pgqueuer (the closest Python PostgreSQL queue: batched dequeue and acknowledgement,
 heartbeats, LISTEN/NOTIFY) is the baseline of DESIGN section 11's work-path targets.
@@ -17,15 +17,28 @@ machine's load (the machine is shared: a busy round shows in the spread).
   - ``fsm.Worker`` as shipped (its defaults), two no-op handlers;
   - ``fsm.aio.AsyncWorker`` as shipped, on ``AsyncSqlStore`` (pgqueuer is asyncio too);
   - the raw claim loop: ``engine.claim(10)`` then two fires from the held result;
+  - ``fsm.Worker`` whose ``running`` handler records three durable steps (``job.run``,
+    each a write of its own under the lease) before it exits, against the plain worker
+    (target: at least 0.4x: each step is one more guarded write and commit);
   - the limit of our own writes: a hand-written psycopg worker sending the statements
     the shipped worker sends (captured from it at each run), with no library Python
     between them (:mod:`work_limit`; target: the shipped worker at least 0.9x of it);
 
-  and pgqueuer's ``PgQueuer.run()`` with its defaults and one no-op entrypoint.  A round
-  ends when the database says every job is done (our rows ``completed``; pgqueuer's
-  queue table empty: its acknowledgement deletes the row), polled every 5 ms on a
-  connection of the parent's; a contender still short at ``CAP`` seconds is stopped and
-  its rate is what it finished by then (printed as "capped");
+  pgqueuer's ``PgQueuer.run()`` with its defaults and one no-op entrypoint; and oban
+  (the Python port of Oban): ``Oban(queues=...)`` with its defaults (one queue at the
+  producer's default limit of 10, a pool of 1 to 10 connections) and one no-op
+  ``@worker``, run as ``oban start`` runs it (uvloop, orjson) by :mod:`oban_child`.  oban
+  needs Python 3.12 or newer, this project's 3.11: its worker processes run under an
+  interpreter of their own, a venv made on first use at ``FSM_BENCH_OBAN_VENV``
+  (default ``~/.cache/fsm-bench/oban-venv``) from ``FSM_BENCH_OBAN_PYTHON``, else
+  ``python3.14`` .. ``python3.12`` on the PATH, else a pyenv one, with ``pip install
+  oban``; with no such interpreter, or when the install fails, oban is skipped with the
+  reason printed and the others run.  Its queue starts paused and ``go`` resumes it on
+  each node (its jobs were queued before it started).  A round ends when the database
+  says every job is done (our rows ``completed``; pgqueuer's queue table empty: its
+  acknowledgement deletes the row; oban's rows ``completed``: it keeps them), polled
+  every 5 ms on a connection of the parent's; a contender still short at ``CAP``
+  seconds is stopped and its rate is what it finished by then (printed as "capped");
 - **limited**: the same drain over jobs spread across 20 concurrency keys, with
   ``Limits(per_key=concurrency)`` (a limit that never binds one process: the cost of
   keeping it) and without (target: at least 0.8x);
@@ -41,23 +54,30 @@ backends serving them, and the share of the queue table's updates that were HOT
 page writes no index entry, and its dead version is pruned without a vacuum).
 
 Ratios are ours over pgqueuer's (rates; for pickup, pgqueuer's latency over ours, so
-higher is better everywhere).  Needs the PostgreSQL URL (``--pg-url`` or
+higher is better everywhere), and in the drain the shipped worker's over oban's (no
+target: DESIGN's are against pgqueuer).  Needs the PostgreSQL URL (``--pg-url`` or
 ``FSM_BENCH_POSTGRES_URL``) and the ``bench`` extra (``pip install -e '.[bench]'``:
 pgqueuer and asyncpg); the suite says what is missing and skips otherwise.  pgqueuer's
-tables are made with a prefix of their own (``PGQUEUER_PREFIX``) and dropped after.
+tables are made with a prefix of their own (``PGQUEUER_PREFIX``), oban's in a PostgreSQL
+schema of their own (its ``prefix``), and both dropped after.
 Run alone: ``python tests/benchmarks/run.py --only work --pg-url URL``; ``--rounds``,
 ``FSM_BENCH_WORK_JOBS`` / ``FSM_BENCH_WORK_CAP`` (seconds) to shorten a run, and
 ``FSM_BENCH_WORK_PARTS`` (``enqueue,drain,limited,pickup``) to run some parts only,
-``FSM_BENCH_WORK_MODES`` (``worker,aio,loop``) to drain with some of ours only.
+``FSM_BENCH_WORK_MODES`` (``worker,aio,loop,steps``) to drain with some of ours only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import json
 import multiprocessing
 import os
 import random
+import select
+import shutil
 import statistics
+import subprocess
 import threading
 import time
 import uuid
@@ -74,23 +94,84 @@ ENQUEUE_ONE = 500
 SAMPLES = 8
 POLL_DONE = 0.005
 PROCS = (1, 4)
-FSM_MODES = tuple(os.environ.get("FSM_BENCH_WORK_MODES", "worker,aio,loop").split(","))
+FSM_MODES = tuple(os.environ.get("FSM_BENCH_WORK_MODES", "worker,aio,loop,steps").split(","))
 """Our drain contenders (``FSM_BENCH_WORK_MODES``; the limit and pgqueuer always run)."""
+STEPS = 3
+"""Durable steps per job of the ``steps`` contender (``job.run`` effects, each recorded)."""
 LABEL = {
     "worker": "fsm.Worker (shipped defaults)",
+    "steps": f"fsm.Worker, {STEPS} durable steps per job",
     "aio": "fsm.aio.AsyncWorker (shipped defaults)",
     "loop": "fsm raw claim loop (claim 10 + 2 fires held)",
     "pgq": "pgqueuer PgQueuer.run() (defaults)",
     "keyed": "fsm.Worker, no limit",
     "limited": "fsm.Worker, Limits(per_key=its concurrency)",
     "limit": "limit: hand-written psycopg, the worker's statements",
+    "oban": "oban Oban(), one queue (defaults: limit 10)",
 }
 KEYS = 20
 """The concurrency keys of the limited drain's jobs."""
+HERE = os.path.dirname(os.path.abspath(__file__))
+OBAN_CHILD = os.path.join(HERE, "oban_child.py")
+"""oban's worker process, run by a Python 3.12+ interpreter of its own (oban needs 3.12)."""
+OBAN_VENV = os.environ.get("FSM_BENCH_OBAN_VENV") or os.path.join(
+    os.path.expanduser("~"), ".cache", "fsm-bench", "oban-venv"
+)
 
 
 def _plain(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+# -- oban's interpreter ----------------------------------------------------------------------
+
+
+def _is_312(python: str) -> bool:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _python_312() -> str | None:
+    """A Python 3.12 or newer: ``FSM_BENCH_OBAN_PYTHON``, else ``python3.14`` .. ``python3.12``
+    on the PATH, else a pyenv one (``$PYENV_ROOT`` or ``~/.pyenv``)."""
+    given = os.environ.get("FSM_BENCH_OBAN_PYTHON")
+    candidates = [given] if given else []
+    candidates += [found for name in ("python3.14", "python3.13", "python3.12") if (found := shutil.which(name))]
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.join(os.path.expanduser("~"), ".pyenv")
+    candidates += sorted(glob.glob(os.path.join(pyenv, "versions", "3.1[2-9]*", "bin", "python")), reverse=True)
+    return next((c for c in candidates if _is_312(c)), None)
+
+
+def _oban_python() -> tuple[str | None, str]:
+    """The interpreter of oban's own virtual environment (``OBAN_VENV``), made and given
+    oban (and its psycopg driver, a dependency of it) on first use; or None and why not."""
+    python = os.path.join(OBAN_VENV, "bin", "python")
+    if (
+        os.path.exists(python)
+        and subprocess.run([python, "-c", "import oban"], check=False, capture_output=True).returncode == 0
+    ):
+        return python, f"venv {OBAN_VENV}"
+    base = _python_312()
+    if base is None:
+        return None, (
+            "no Python 3.12 or newer found (oban needs one: set FSM_BENCH_OBAN_PYTHON, or put python3.12 on the PATH)"
+        )
+    print(f"  making oban's venv with {base} at {OBAN_VENV} (pip install oban) ...", flush=True)
+    for step in ([base, "-m", "venv", OBAN_VENV], [python, "-m", "pip", "install", "-q", "oban"]):
+        done = subprocess.run(step, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
+            return None, f"`{' '.join(step)}` failed: {why}"
+    return python, f"venv {OBAN_VENV}, made now"
 
 
 # -- the children ------------------------------------------------------------------------
@@ -117,10 +198,13 @@ def _fsm_child(
     store.now()  # connected before the clock starts
     ready.put(os.getpid())
     go.wait()
-    if mode in ("worker", "keyed", "limited"):
+    if mode in ("worker", "keyed", "limited", "steps"):
+        steps = STEPS if mode == "steps" else 0
 
         def running(job: Any) -> str:
             first_line(job)
+            for i in range(steps):  # each: run, then recorded under the lease (its own write)
+                job.run(f"step-{i}", lambda key: {"ok": True})
             return "exited"
 
         if mode == "limited":  # a per-key limit at the worker's concurrency: it never binds one process
@@ -228,6 +312,39 @@ class _Tables:
         }
         """The parent's own connections: their backends' CPU is not the workers'."""
         self._statements: dict[str, Any] | None = None
+        self.oban_python: str | None = None
+        """oban's interpreter once :meth:`install_oban` installed its schema; None: no oban."""
+        self.oban_schema = f"bencho{tag}"
+        self.oban_worker = ""
+        self.oban_version = ""
+
+    def install_oban(self) -> str:
+        """oban's tables in a PostgreSQL schema of their own (its ``prefix``; installed with
+        that schema first on the search path, so that its one unprefixed object, a counting
+        function, lands there too); what was found, or the reason oban is skipped."""
+        python, where = _oban_python()
+        if python is None:
+            return f"oban: skipped ({where})"
+        done = subprocess.run(
+            [python, OBAN_CHILD, "info", self.oban_schema], check=False, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+            return f"oban: skipped (its interpreter could not load it: {tail[0]})"
+        info = json.loads(done.stdout)
+        s = self.oban_schema
+        try:
+            self.conn.execute(f"CREATE SCHEMA {s}")
+            self.conn.execute(f"SET search_path TO {s}, public")
+            try:
+                self.conn.execute(info["install"])
+            finally:
+                self.conn.execute("RESET search_path")
+        except Exception as err:
+            self.conn.execute(f"DROP SCHEMA IF EXISTS {s} CASCADE")
+            return f"oban: skipped (its schema did not install: {err})"
+        self.oban_python, self.oban_worker, self.oban_version = python, info["worker"], info["version"]
+        return f"oban {info['version']} on Python {info['python']} ({where}), schema {s}"
 
     def statements(self) -> dict[str, Any]:
         """The shipped worker's statements (:func:`work_limit.capture`), captured once."""
@@ -237,11 +354,15 @@ class _Tables:
         return self._statements
 
     def updates(self, table: str) -> tuple[int, int]:
-        """``table``'s updates so far, and how many of them were HOT (every backend's
-        counts, flushed when it ends: read after the round's processes are gone)."""
+        """``table``'s updates so far (``schema.table`` for one outside the search path),
+        and how many of them were HOT (every backend's counts, flushed when it ends: read
+        after the round's processes are gone)."""
         self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        schema, _, name = table.rpartition(".")
         row = self.conn.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (table,)
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s"
+            " AND schemaname = coalesce(nullif(%s, ''), current_schema())",
+            (name, schema),
         ).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
@@ -263,6 +384,9 @@ class _Tables:
         p = self.prefix
         self.conn.execute(f"TRUNCATE {p}history, {p}effects, {p}entities")
         self.conn.execute(f"TRUNCATE {self.pgq_queue}, {self.pgq_prefix}pgqueuer_log")
+        if self.oban_python is not None:
+            o = self.oban_schema
+            self.conn.execute(f"TRUNCATE {o}.oban_jobs, {o}.oban_leaders, {o}.oban_producers")
 
     def fill_fsm(self, n: int, keys: int = 0) -> None:
         """``n`` queued jobs, due in id order; ``keys``: spread over that many concurrency keys."""
@@ -282,6 +406,24 @@ class _Tables:
         self.runner.run(self.queries.enqueue(["fetch"] * n, [b""] * n, [0] * n))
         self.conn.execute(f"VACUUM ANALYZE {self.pgq_queue}")
 
+    @property
+    def oban_jobs(self) -> str:
+        return f"{self.oban_schema}.oban_jobs"
+
+    def fill_oban(self, n: int) -> None:
+        """``n`` available jobs of the no-op worker in one statement, every other column at
+        its default (the values ``Noop.new()`` gives: queue ``default``, priority 0, 20
+        attempts, scheduled now)."""
+        self.conn.execute(
+            f"INSERT INTO {self.oban_jobs} (worker) SELECT %s FROM generate_series(1, %s)", (self.oban_worker, n)
+        )
+        self.conn.execute(f"VACUUM ANALYZE {self.oban_jobs}")
+
+    def oban_left(self) -> int:
+        """oban keeps a finished job's row: done is ``completed``."""
+        row = self.conn.execute(f"SELECT count(*) FROM {self.oban_jobs} WHERE state <> 'completed'").fetchone()
+        return int(row[0]) if row else 0
+
     def fsm_left(self) -> int:
         row = self.conn.execute(f"SELECT count(*) FROM {self.prefix}entities WHERE state <> 'completed'").fetchone()
         return int(row[0]) if row else 0
@@ -295,6 +437,8 @@ class _Tables:
         from stores.sql.migrate import drop_schema
 
         try:
+            if self.oban_python is not None:
+                self.conn.execute(f"DROP SCHEMA {self.oban_schema} CASCADE")
             self.runner.run(self.queries.uninstall())
             self.runner.run(self.apg.close())
         finally:
@@ -329,6 +473,57 @@ class _Procs:
                 p.join()
 
 
+class _ObanProcs:
+    """oban's worker processes (:mod:`oban_child` under oban's own interpreter: their pids
+    are the interpreters', whose CPU is read as the others'), started and settled; the
+    gates are lines on their stdin: ``go`` starts them, ``stop`` ends them."""
+
+    def __init__(self, python: str, url: str, schema: str, n: int) -> None:
+        self.procs = [
+            subprocess.Popen(
+                [python, OBAN_CHILD, "work", _plain(url), schema],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+        self.go = self
+        try:
+            for p in self.procs:
+                assert p.stdout is not None
+                if not select.select([p.stdout], [], [], 120)[0] or p.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"an oban worker process did not start (exit code {p.poll()})")
+        except BaseException:
+            self.end()
+            raise
+
+    def _say(self, line: str) -> None:
+        for p in self.procs:
+            try:
+                assert p.stdin is not None
+                p.stdin.write(line + "\n")
+                p.stdin.flush()
+            except (OSError, ValueError):  # gone, or its pipe closed
+                pass
+
+    def set(self) -> None:
+        """``go``: every process resumes its queue."""
+        self._say("go")
+
+    def end(self) -> None:
+        self._say("stop")
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            for pipe in (p.stdin, p.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+
 Round = Callable[[], tuple[int, float, dict[str, Any]]]
 
 
@@ -349,7 +544,7 @@ class _CpuMeter:
     quiet machine: another client of the same database would count as server time).
     Together they bound the rate: on 2 cores, jobs/s <= 2 / (client + server per job)."""
 
-    def __init__(self, tables: _Tables, procs: _Procs) -> None:
+    def __init__(self, tables: _Tables, procs: _Procs | _ObanProcs) -> None:
         self.tables, self.procs = tables, procs
         self.start = self._read()
 
@@ -378,11 +573,17 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
     def one() -> tuple[int, float, dict[str, Any]]:
         statements = tables.statements() if who == "limit" else None
         tables.reset()
-        queue = tables.pgq_queue if who == "pgq" else f"{tables.prefix}entities"
+        queue = {"pgq": tables.pgq_queue, "oban": tables.oban_jobs}.get(who, f"{tables.prefix}entities")
+        procs: _Procs | _ObanProcs
         if who == "pgq":
             tables.fill_pgq(JOBS)
             procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, None), n)
             left = tables.pgq_left
+        elif who == "oban":
+            assert tables.oban_python is not None
+            tables.fill_oban(JOBS)
+            procs = _ObanProcs(tables.oban_python, tables.url, tables.oban_schema, n)
+            left = tables.oban_left
         elif who == "limit":
             from fsm.work.loop import DEFAULT_CONCURRENCY
 
@@ -528,7 +729,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
-    print(f"work: enqueue, drain {JOBS:,} no-op jobs with 1 and 4 processes, idle pickup; against pgqueuer")
+    print(f"work: enqueue, drain {JOBS:,} no-op jobs with 1 and 4 processes, idle pickup; against pgqueuer and oban")
     if pg_url is None:
         print("  postgres: skipped (give --pg-url or FSM_BENCH_POSTGRES_URL)")
         report.notes.append("work skipped: no URL given")
@@ -545,6 +746,10 @@ def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
     print(f"  pgqueuer {version('pgqueuer')}, asyncpg {version('asyncpg')}; {load()}", flush=True)
     tables = _Tables(pg_url)
     try:
+        if "drain" in PARTS:
+            found = tables.install_oban()
+            print(f"  {found}", flush=True)
+            report.notes.append(f"work: {found}")
         for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("limited", _limited), ("pickup", _pickup)):
             if part in PARTS:
                 measure(report, tables)
@@ -576,11 +781,18 @@ def _enqueue(report: Report, tables: _Tables) -> None:
 def _drain(report: Report, tables: _Tables) -> None:
     for n in PROCS:
         print(f"  drain {JOBS:,} no-op jobs, {n} worker process{'es' if n > 1 else ''}:", flush=True)
-        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *FSM_MODES, "limit")}
+        oban = ("oban",) if tables.oban_python is not None else ()
+        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *oban, *FSM_MODES, "limit")}
         _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
         for who in FSM_MODES:
+            if who == "steps":  # a durable job against a plain one: each step is one more write
+                if "worker" in names:
+                    report.ratio(f"drain {n}p: {LABEL[who]} vs plain jobs", names[who], names["worker"], 0.4)
+                continue
             target = 1.0 if who == "worker" else 0.0
             report.ratio(f"drain {n}p: {LABEL[who]} vs pgqueuer", names[who], names["pgq"], target)
+        if oban and "worker" in names:  # the efficiency target: at least as fast as each peer
+            report.ratio(f"drain {n}p: {LABEL['worker']} vs oban", names["worker"], names["oban"], 1.0)
         if "worker" in names:
             report.ratio(
                 f"drain {n}p: {LABEL['worker']} vs the limit of its writes", names["worker"], names["limit"], 0.9
