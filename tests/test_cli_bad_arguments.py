@@ -150,6 +150,11 @@ BAD_ARGUMENTS: dict[str, list[list[str]]] = {
         ["upgrade", "sqlite:///fsm.db", "nope"],
         ["stamp", "sqlite:///empty.db"],
         ["upgrade", "sqlite:///fsm.db", "--prefix", "x y"],
+        ["partition-history", "sqlite:///fsm.db", "--prefix", DEMO],  # PostgreSQL's only
+        ["partition-history", "notaurl"],
+        ["partition-history", DOWN],
+        ["partition-history", "sqlite:///fsm.db", "--prefix", DEMO, "--interval-days", "nan"],
+        ["partition-history", "sqlite:///fsm.db", "--prefix", DEMO, "--interval-days", "0"],
     ],
     "show": [
         [],

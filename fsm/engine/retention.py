@@ -15,6 +15,7 @@ states, and ``fsm prune`` (:mod:`fsm.reaping.prune_cli`) goes through it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -84,7 +85,25 @@ def prune(engine: Any, older_than: Any, batch_size: Any, dry_run: Any) -> PruneR
     if dry_run:
         ids = engine.store.prune(engine.kind, finals, before, limit=MAX_PRUNE_BATCH, dry_run=True)
         return PruneResult(engine.kind, before, ids, True, 1, len(ids) == MAX_PRUNE_BATCH)
-    removed: list[str] = []
+    removed = _partitions(engine.store, {engine.kind: finals}, before).get(engine.kind, [])
+    return _batches(engine, finals, before, batch_size, removed)
+
+
+def _partitions(store: Any, rules: dict[str, tuple[str, ...]], before: datetime) -> dict[str, list[str]]:
+    """A store with a partitioned history drops the partitions whose entities all go
+    (:mod:`stores.sql.partitions`); the ids it removed, by kind."""
+    drop = getattr(store, "prune_partitions", None)
+    found: dict[str, list[str]] = {}
+    if drop is None or not rules:
+        return found
+    for kind, entity_id in drop(rules, before):
+        found.setdefault(kind, []).append(entity_id)
+    return found
+
+
+def _batches(
+    engine: Any, finals: tuple[str, ...], before: datetime, batch_size: int, removed: list[str]
+) -> PruneResult:
     batches = 0
     while True:
         ids = engine.store.prune(engine.kind, finals, before, limit=batch_size)
@@ -94,4 +113,31 @@ def prune(engine: Any, older_than: Any, batch_size: Any, dry_run: Any) -> PruneR
             return PruneResult(engine.kind, before, removed, False, batches)
 
 
-__all__ = ["DEFAULT_PRUNE_BATCH", "PruneResult", "check_older_than", "prune"]
+def prune_all(engines: Sequence[Any], older_than: Any, batch_size: Any) -> list[PruneResult]:
+    """``fsm prune`` over several lifecycles of one store: one cut for all, and partitions
+    (a partitioned history holds every lifecycle's entities) dropped for all of them at
+    once before each lifecycle's batches; then as :func:`prune`, lifecycle by lifecycle.
+    A dry run, or a single lifecycle, is :func:`prune` itself."""
+    if len(engines) < 2:
+        return [prune(engine, older_than, batch_size, False) for engine in engines]
+    age = check_older_than(older_than)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_PRUNE_BATCH:
+        raise InvalidArgument(f"batch_size must be an integer from 1 to {MAX_PRUNE_BATCH}, not {batch_size!r:.80}")
+    store = engines[0].store
+    try:
+        before = store.now() - age
+    except OverflowError as err:
+        raise InvalidArgument(f"older_than reaches before year 1: {age}") from err
+    rules = {e.kind: tuple(sorted(e.table.finals)) for e in engines if e.table.finals}
+    dropped = _partitions(store, rules, before)
+    results = []
+    for engine in engines:
+        finals = rules.get(engine.kind)
+        if not finals:
+            results.append(PruneResult(engine.kind, before))
+            continue
+        results.append(_batches(engine, finals, before, batch_size, dropped.get(engine.kind, [])))
+    return results
+
+
+__all__ = ["DEFAULT_PRUNE_BATCH", "PruneResult", "check_older_than", "prune", "prune_all"]

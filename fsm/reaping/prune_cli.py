@@ -18,7 +18,7 @@ from typing import Any
 
 from fsm.diagram.refs import load_lifecycle
 from fsm.engine import Engine
-from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult
+from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune_all
 from fsm.errors import FsmError
 from fsm.lifecycles import JobLifecycle, PipelineLifecycle
 from stores.retention import MAX_PRUNE_BATCH
@@ -125,6 +125,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"fsm prune: error: {err}", file=sys.stderr)
         return 2
     try:
+        if not args.dry_run and len(engines) > 1:  # one run: a partition holds every lifecycle's entities
+            try:
+                results = prune_all(engines, args.older_than, args.batch_size)
+            except FsmError as err:
+                code = 2 if err.__class__.__name__ in {"InvalidArgument", "ConfigError"} else 1
+                print(f"fsm prune: error: {type(err).__name__}: {err}", file=sys.stderr)
+                return code
+            for result in results:
+                _print(result, args.list_limit)
+            return 0
         for engine in engines:
             try:
                 result = engine.prune(args.older_than, batch_size=args.batch_size, dry_run=args.dry_run)

@@ -8,7 +8,9 @@ One module per concept, bottom to top:
 - ``connections``: the engine, the per-thread DBAPI connections and their failure mapping;
 - ``rows``, ``children``: decoding rows into snapshots and history, child-row writes;
 - ``migrate`` and ``migrations/``: Alembic migrations (``python -m stores.migrations``);
-- ``core``, ``leases``, ``reaper_batches``: the store's parts, mixed into ``store.SqlStore``.
+- ``core``, ``leases``, ``reaper_batches``: the store's parts, mixed into ``store.SqlStore``;
+- ``partitions``: a history partitioned by time on PostgreSQL (``partition_history``), whose
+  retention drops whole partitions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from stores.sql.binding import ChildRows, TableBinding, add_missing_columns
 from stores.sql.connections import create_engine
 from stores.sql.migrate import downgrade, stamp, upgrade
+from stores.sql.partitions import partition_history
 from stores.sql.store import DEFAULT_URL, SqlStore
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "add_missing_columns",
     "create_engine",
     "downgrade",
+    "partition_history",
     "stamp",
     "upgrade",
 ]

@@ -296,7 +296,9 @@ class BatchOps(SqlCore):
                 for n, (name, kind) in enumerate(_PG_FIELDS)
             )
             cols = ["id", *LEAN_COLUMNS] if shape.lean else None
-            returning = ", ".join(f"{e}{c[n]} AS {n}" for n in cols) if cols else sql.ret
+            # the history row's ``born`` (the entity's created_at) is in the full columns
+            born = f", {sql.L.ref('created_at', 'e')} AS created_at" if cols else ""
+            returning = ", ".join(f"{e}{c[n]} AS {n}" for n in cols) + born if cols else sql.ret
             out = ", ".join(f"u.{n}" for n in cols) if cols else ", ".join(f"u.{n}" for n in ENTITY_COLUMNS)
             found = (
                 f"WITH v AS (SELECT {picks} FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS j), "
@@ -306,7 +308,7 @@ class BatchOps(SqlCore):
                 "v.howner AS h_owner, v.error AS h_error), "
                 f"h AS (INSERT INTO {sql.H} ({sql.hist_cols}) SELECT u.id, u.version, u.h_event, u.h_source, "
                 "u.h_target, u.h_actor, u.lease_token, u.h_reason, NULL, u.fsm_now, u.h_patch, u.h_owner, "
-                f"u.h_error FROM u) SELECT {out}, u.fsm_now FROM u"
+                f"u.h_error, u.created_at FROM u) SELECT {out}, u.fsm_now FROM u"
             )
         cache[shape] = found
         return found

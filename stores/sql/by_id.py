@@ -327,7 +327,7 @@ class ByIdOps(SqlCore):
         tail = (
             f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.fsm_source, u.state, {f.p('actor')}, "
             f"u.lease_token, {f.p('reason')}, {f.p('key')}, u.fsm_now, {f.json('patch')}, {f.p('howner')}, "
-            f"{f.json('error')} FROM u) SELECT * FROM u"
+            f"{f.json('error')}, u.created_at FROM u) SELECT * FROM u"
         )
         if st.pg and shared:  # lock the row first: its state is the source, as the update sees it
             whens = " ".join(f"WHEN {f.p(f's{i}')} THEN {f.p(f't{i}')}" for i in range(n))

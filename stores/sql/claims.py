@@ -224,7 +224,7 @@ class ClaimOps(SqlCore):
             )
             parts.append(
                 f"h{n} AS ({hist} SELECT u{n}.id, u{n}.version, %(ev{n})s, %(st{n})s, %(tg{n})s, 'worker', "
-                f"u{n}.lease_token, NULL, NULL, {f.now}, NULL, %(owner)s, NULL FROM u{n})"
+                f"u{n}.lease_token, NULL, NULL, {f.now}, NULL, %(owner)s, NULL, u{n}.created_at FROM u{n})"
             )
             outs.append(f"SELECT * FROM u{n}")
             taken += f" + (SELECT count(*) FROM u{n})"

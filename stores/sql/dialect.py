@@ -36,7 +36,14 @@ from fsm.records import (
     Unclaimed,
 )
 from stores.sql.binding import Layout
-from stores.sql.schema import ENTITY_COLUMNS, HISTORY_COLUMNS, HISTORY_MOVE_COLUMNS, decode_time, encode_sqlite_time
+from stores.sql.schema import (
+    BORN,
+    ENTITY_COLUMNS,
+    HISTORY_COLUMNS,
+    HISTORY_MOVE_COLUMNS,
+    decode_time,
+    encode_sqlite_time,
+)
 
 ConditionShape = tuple[tuple[type, str | None], ...]
 
@@ -230,8 +237,11 @@ class Statements:
         self.now_query = f"SELECT {f.now}"
         self.exists = f"SELECT 1 FROM {self.E} AS e WHERE e.{c['id']} = {f.p('id')}"
         hcols = ", ".join(HISTORY_COLUMNS)
-        self.hist_cols = hcols
-        self.hist_move_cols = ", ".join(HISTORY_MOVE_COLUMNS)  # a reaper's batch: no owner, no error
+        # PostgreSQL: every history insert also writes ``born``, the entity's ``created_at``
+        # from the guarded update's RETURNING (the partition key: stores.sql.partitions)
+        born = f", {BORN}" if self.pg else ""
+        self.hist_cols = hcols + born
+        self.hist_move_cols = ", ".join(HISTORY_MOVE_COLUMNS) + born  # a reaper's batch: no owner, no error
         self.history = f"SELECT {hcols} FROM {self.H} WHERE entity_id = {f.p('id')} ORDER BY seq"
         self.find = f"SELECT {hcols} FROM {self.H} WHERE entity_id = {f.p('id')} AND idempotency_key = {f.p('key')}"
         self.sibling = (
@@ -464,10 +474,15 @@ class Statements:
         lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)
         returning = lean_cols if lean else self.ret
         if self.pg:
+            out = "*"
+            if lean:  # the history row's ``born``, not returned to the caller
+                returning += f", {self.L.ref('created_at', 'e')} AS created_at"
+                out = ", ".join(f"u.{n}" for n in LEAN_COLUMNS) + ", u.fsm_now"
             found = (
                 f"WITH u AS (UPDATE {self.E} AS e SET {sets} WHERE {guard} RETURNING {returning}, {f.now} AS fsm_now), "
                 f"h AS ({hist} SELECT {f.p('id')}, u.version, {common}, u.lease_token, {f.p('reason')}, {f.p('key')}, "
-                f"u.fsm_now, {f.json('patch')}, {f.p('howner')}, {f.json('error')} FROM u) SELECT * FROM u",
+                f"u.fsm_now, {f.json('patch')}, {f.p('howner')}, {f.json('error')}, u.created_at FROM u) "
+                f"SELECT {out} FROM u",
             )
         else:
             update = self._update(sets, guard, returning=returning)
@@ -703,7 +718,9 @@ class Statements:
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + lock)
             picked = " UNION ALL ".join(f"SELECT id FROM ({b}) AS b{i}" for i, b in enumerate(branches))
             if brief:
-                returning = ", ".join(f"{self.L.ref(n, 'e')} AS {n}" for n in ("id", "version", "lease_token"))
+                returning = ", ".join(
+                    f"{self.L.ref(n, 'e')} AS {n}" for n in ("id", "version", "lease_token", "created_at")
+                )
                 out = "u.id, u.version, u.lease_token, u.fsm_now"
                 if hits is not None:  # changes this statement cannot apply: every row's data
                     assert not hits, "PostgreSQL applies string-valued changes in the statement"
@@ -717,8 +734,8 @@ class Statements:
                 # planner guesses of the claim's size (a join may hash the whole table)
                 f"u AS (UPDATE {self.E} AS e SET {sets} WHERE e.{c['id']} = ANY(ARRAY(SELECT id FROM c)) "
                 f"RETURNING {returning}, {f.now} AS fsm_now), "
-                f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
-                f"FROM u) SELECT {out} FROM u",
+                f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, "
+                f"NULL, u.created_at FROM u) SELECT {out} FROM u",
             )
         else:
             branches = self._candidate_branches(require, f"e.{c['id']} AS id", readable + limit)
@@ -823,8 +840,8 @@ class Statements:
                 # the CTE, quadratic in the page size (35 ms for 500 rows instead of 3)
                 f"u AS (UPDATE {self.E} AS e SET {sets} FROM c WHERE e.{c['id']} = c.id "
                 f"RETURNING {self.ret}, {f.now} AS fsm_now), "
-                f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, NULL "
-                f"FROM u) SELECT * FROM u",
+                f"h AS ({hist} SELECT u.id, u.version, {values}, u.lease_token, {f.p('reason')}, NULL, u.fsm_now, "
+                f"NULL, u.created_at FROM u) SELECT * FROM u",
             )
         else:
             found = (

@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
 
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -361,8 +361,9 @@ def history_table(md: sa.MetaData, prefix: str, entity_ref: str, *, own: bool = 
     if own:  # PostgreSQL: no foreign key on the library's own tables (see above)
         drop_key = f"ALTER TABLE %(fullname)s DROP CONSTRAINT fk_{prefix}history_entity"
         sa.event.listen(table, "after_create", sa.DDL(drop_key).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
-    # PostgreSQL only: the feed's order (stores.sql.feed), a column the ORM never names
-    for statement in feed_ddl(prefix):
+    # PostgreSQL only: the feed's order (stores.sql.feed) and the partition key
+    # (stores.sql.partitions), columns the ORM never names
+    for statement in (*feed_ddl(prefix), born_ddl()):
         sa.event.listen(table, "after_create", sa.DDL(statement).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
     # SQLite only: positions never given twice (stores.sql.feed_mark)
     for statement in feed_mark_ddl(prefix, md.schema):
@@ -395,6 +396,21 @@ def feed_ddl(prefix: str, table: str = "%(fullname)s") -> tuple[str, ...]:
         f"ALTER TABLE {table} ADD COLUMN {FEED_TXID} BIGINT DEFAULT (pg_current_xact_id()::text::bigint)",
         f"CREATE INDEX ix_{prefix}history_feed ON {table} ({FEED_TXID}, entity_id, seq)",
     )
+
+
+BORN = "born"
+"""PostgreSQL history column (revision 0011): the entity's ``created_at``, written with every
+history row from the guarded update's ``RETURNING`` (so it is the same on every row of one
+entity).  The key a partitioned history is partitioned by (:mod:`stores.sql.partitions`):
+an entity's rows all live in one partition, and the primary key and the idempotency key's
+unique index, which must contain the partition key, still mean "per entity".  NULL on rows
+written before revision 0011 (the conversion fills them in)."""
+
+
+def born_ddl(table: str = "%(fullname)s") -> str:
+    """PostgreSQL: the history's ``born`` column (migration 0011 runs the same statement:
+    nullable, no default, so adding it rewrites nothing)."""
+    return f"ALTER TABLE {table} ADD COLUMN {BORN} TIMESTAMP WITH TIME ZONE"
 
 
 def effects_table(md: sa.MetaData, prefix: str, entity_ref: str) -> sa.Table:
@@ -452,12 +468,14 @@ def _sql_literal(value: str) -> str:
 
 
 __all__ = [
+    "BORN",
     "ENTITY_COLUMNS",
     "HEAD_REVISION",
     "HISTORY_COLUMNS",
     "HISTORY_MOVE_COLUMNS",
     "JsonDocument",
     "UtcDateTime",
+    "born_ddl",
     "build_metadata",
     "decode_time",
     "effects_table",

@@ -96,6 +96,7 @@ from stores.sql.joined import JOINED, Joined, joined_sync
 from stores.sql.leases import LeaseOps
 from stores.sql.limited import LimitedClaimOps
 from stores.sql.migrate import current_revision, ensure_schema
+from stores.sql.partitions import partitions_ahead
 from stores.sql.reaper_batches import ReaperOps
 from stores.sql.retention import RetentionOps
 from stores.sql.rows import dumps_data, history_of, snapshot_of
@@ -287,6 +288,8 @@ class SqlStore(
                     ],
                 )
             self._check_history_owner(engine, table_prefix, schema, binding)
+            if not self._sqlite and binding is None:
+                partitions_ahead(engine, table_prefix, schema)
         except opening as err:
             self.close()
             if is_corrupt(err):  # not a database, or a corrupt one: say which file

@@ -224,38 +224,3 @@ def test_entities_are_listed_by_id_in_keyset_pages_and_counted_by_state(any_stor
     assert [s.id for s in any_store.entities("job", state="running")] == ["e0", "e1"]
     assert any_store.entities("pipeline") == []
     assert any_store.count_states("job") == {"queued": 3, "running": 2}
-
-
-# -- the ledger's read before each effect -----------------------------------------------------
-
-
-def test_run_reads_the_holder_and_the_recorded_effect_together(any_store: Store) -> None:
-    """``holder_and_effect``: the holder ``(owner, token)`` and the recorded effect (one read
-    on SQL); ``run`` decides from it whether to call ``fn``, replay, or refuse."""
-    lease = held(any_store)
-    probe = getattr(any_store, "holder_and_effect", None)
-    if probe is None:
-        pytest.skip("the async face runs the ledger over its bridge")
-    assert probe("e1", "security") == (("w1", lease.token), None)
-    record, _ = any_store.run("e1", "security", lambda key: {"ok": True}, lease)
-    assert probe("e1", "security") == (("w1", lease.token), record)
-    assert probe("e1", "other") == (("w1", lease.token), None)
-    new(any_store, "free")
-    assert probe("free", "security") == ((None, 0), None)
-    any_store.soft_delete("free")
-    with pytest.raises(UnknownEntity):
-        probe("free", "security")
-    with pytest.raises(UnknownEntity):
-        probe("nobody", "security")
-
-
-def test_run_refuses_a_stale_lease_before_calling_fn_even_when_the_key_is_recorded(any_store: Store) -> None:
-    lease = held(any_store)
-    any_store.run("e1", "security", lambda key: {"ok": True}, lease)
-    any_store.release_lease("e1", owner="w1", token=lease.token)
-    calls: list[str] = []
-    with pytest.raises(LeaseLost):
-        any_store.run("e1", "security", calls.append, lease)
-    with pytest.raises(LeaseLost):
-        any_store.run("e1", "fresh", calls.append, lease)
-    assert calls == []

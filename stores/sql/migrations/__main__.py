@@ -1,10 +1,14 @@
-"""``python -m stores.migrations {upgrade,downgrade,current,stamp} URL``: migrate the library's tables."""
+"""``python -m stores.migrations COMMAND URL``: migrate the library's tables.
+
+``COMMAND``: ``upgrade``, ``current``, ``stamp``, ``downgrade``, ``partition-history``
+(the same as ``fsm migrate``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import textwrap
+from collections.abc import Callable
 
 from fsm.errors import FsmError
 
@@ -13,6 +17,10 @@ COMMANDS = {
     "current": "print the revision the tables are at ('(none)' when there are none)",
     "stamp": "mark tables created by other means as at REVISION, without running it",
     "downgrade": "migrate down to REVISION (required; 'base' drops the tables)",
+    "partition-history": (
+        "PostgreSQL: turn the history into a table partitioned by time (--interval-days, default 7), so that "
+        "retention drops whole partitions; a maintenance step: it copies the table under an exclusive lock"
+    ),
 }
 """The migrations command's commands, as its ``--help`` lists them."""
 
@@ -21,11 +29,14 @@ EXAMPLES = """commands:
   current    {current}
   stamp      {stamp}
   downgrade  {downgrade}
+  partition-history
+             {partition-history}
 
 examples:
   %(prog)s upgrade sqlite:///fsm.db
   %(prog)s current postgresql+psycopg://app@db/app --prefix fsm_
-  %(prog)s downgrade sqlite:///fsm.db base""".format(**COMMANDS)
+  %(prog)s downgrade sqlite:///fsm.db base
+  %(prog)s partition-history postgresql+psycopg://app@db/app --interval-days 7""".format(**COMMANDS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prefix", default="fsm_", help="table prefix (default: fsm_)")
     parser.add_argument("--schema", default=None, help="PostgreSQL schema of the tables")
+    parser.add_argument(
+        "--interval-days",
+        type=float,
+        default=7.0,
+        metavar="DAYS",
+        help="partition-history: the time each partition covers (default: 7 days)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +110,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
         elif args.action == "stamp":
             sql_migrate.stamp(args.url, table_prefix=args.prefix, schema=args.schema, revision=args.revision or "head")
+        elif args.action == "partition-history":
+            return _partition(args, refuse)
         else:
             sql_migrate.downgrade(args.url, args.revision, table_prefix=args.prefix, schema=args.schema)
     except FsmError as err:  # StoreUnavailable, ConfigError: the message names the database
@@ -101,6 +121,22 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return refuse(f"cannot open {safe_url(args.url)}: {first}")
     if args.action != "current":
         print(f"{args.action}: done ({safe_url(args.url)}, prefix {args.prefix})")
+    return 0
+
+
+def _partition(args: argparse.Namespace, refuse: Callable[[str], int]) -> int:
+    """``partition-history``: the conversion (:func:`stores.sql.partitions.partition_history`)."""
+    from datetime import timedelta
+
+    from stores.factory import safe_url
+    from stores.sql.partitions import partition_history
+
+    days = args.interval_days
+    if not 1 / 24 <= days <= 366:  # NaN fails too
+        return refuse(f"--interval-days takes 1/24 to 366 days, not {days}")
+    done = partition_history(args.url, table_prefix=args.prefix, schema=args.schema, interval=timedelta(days=days))
+    state = "partitioned" if done else "already partitioned (the partitions ahead checked)"
+    print(f"partition-history: {state} ({safe_url(args.url)}, prefix {args.prefix})")
     return 0
 
 

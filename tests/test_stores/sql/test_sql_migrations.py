@@ -144,7 +144,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -245,7 +245,7 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
     assert run.returncode == 0, run.stderr
     store = SqlStore(url, create=False)
     try:
-        assert current_revision(url) == HEAD_REVISION == "0010"
+        assert current_revision(url) == HEAD_REVISION == "0011"
         fed = store.feed()
         assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
         # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
@@ -282,7 +282,7 @@ def test_a_0005_store_upgrades_to_0006_gaining_the_recent_index_and_downgrades_b
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     store = sql_target.store()  # create=True: Alembic upgrades 0005 -> 0006
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
     assert indexes()[recent] == ("kind", "state", "updated_at", "id")
     if sqlite:  # the new index is described as the others are, or the planner would misjudge it
         with engine.connect() as conn:
@@ -335,7 +335,7 @@ def test_0007_drops_the_history_foreign_key_on_postgresql_only_and_downgrades_ba
     upgrade(engine, table_prefix=sql_target.prefix, revision="0006")
     assert keys() == [f"{sql_target.prefix}entities"]
     store = sql_target.store()  # create=True: 0006 -> head
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
     postgres = sql_target.dialect == "postgres"
     assert keys() == ([] if postgres else [f"{sql_target.prefix}entities"])
     store.create(NewEntity("a", "job", "queued"))
@@ -386,7 +386,7 @@ def test_a_0009_store_upgrades_to_0010_its_rows_without_a_definition_and_downgra
             {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
         )
     store = sql_target.store()  # create=True: Alembic upgrades 0009 -> 0010
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0010"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
     assert columns()["definition"] == ("INTEGER", True)
     assert store.get("old").definition is None  # written before versions were recorded
     assert store.create(NewEntity("new", "job", "queued", definition=3)).definition == 3

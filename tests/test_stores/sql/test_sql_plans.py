@@ -146,3 +146,27 @@ def test_a_real_unreadable_row_is_never_claimed_and_the_reaper_steps_over_it(
         result = Reaper(store, [PipelineLifecycle], clock=clock).run_once()
     assert result.moved == {"pipeline.expire": 4} and result.bad_rows == 1 and result.errors == 0
     assert any("p2" in r.getMessage() for r in caplog.records)
+
+
+def test_a_prune_batch_walks_the_recent_index_per_final_state_instead_of_sorting_every_finished_row(
+    sql_target: SqlTarget,
+) -> None:
+    """With two final states, one ``state IN (..)`` filter cannot read the index in order:
+    it read every finished row and sorted them, at every batch.  Each state's walk now stops
+    at the batch's size."""
+    from datetime import UTC, datetime
+
+    store = sql_target.store()
+    assert isinstance(store, SqlStore)
+    _fill(sql_target, store)
+    params = {"kind": "job", "st0": "completed", "st1": "failed", "limit": 500}
+    params["before"] = store._f.time(datetime(2100, 1, 1, tzinfo=UTC))
+    for lock in (False, True) if not store._sqlite else (False,):
+        plan = _plan(store, store._prune_pick(2, lock), params)
+        assert not _scans_the_table(plan, store._sqlite), plan
+        assert "recent" in plan, plan
+        if not store._sqlite:  # a LIMIT under each state's index walk, not one sort above them all
+            assert plan.count("Limit") >= 3, plan
+    # and it removes the oldest first, across the states, as before
+    rows = store.prune("job", ("completed", "failed"), datetime(2100, 1, 1, tzinfo=UTC), limit=5, dry_run=True)
+    assert len(rows) == 5
