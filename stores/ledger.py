@@ -153,6 +153,7 @@ class LedgerRun:
         ``key`` (``None``: none yet); ``UnknownEntity`` when there is no live entity.  Two
         reads here; a store that can answer both in one read overrides it (``run`` asks it
         before every effect)."""
+        check_effect_key(key)  # the ledger's keys, as ``run`` takes them (not the framework's own)
         holder = self.get(entity_id)
         return (holder.lease_owner, holder.lease_token), self.effect(entity_id, key)
 

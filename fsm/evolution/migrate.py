@@ -153,23 +153,25 @@ def migrate_rows(
 
 
 def _one_pass(lifecycle: type[Lifecycle], store: Store, report: MigrationReport, page: int) -> None:
+    known = frozenset(lifecycle.table.leaves)
     after: str | None = None
     while True:
         rows = store.entities(lifecycle.kind, limit=page, after_id=after)
         now = store.now()
         for row in rows:
             report.examined += 1
-            _migrate_one(lifecycle, store, row, now, report)
+            _migrate_one(lifecycle, store, row, now, known, report)
         if len(rows) < page:
             return
         after = rows[-1].id
 
 
-def _migrate_one(lifecycle: type[Lifecycle], store: Store, row: Snapshot, now: Any, report: MigrationReport) -> None:
+def _migrate_one(
+    lifecycle: type[Lifecycle], store: Store, row: Snapshot, now: Any, known: frozenset[str], report: MigrationReport
+) -> None:
     from fsm.engine.arguments import validate_data
 
     evolution = lifecycle.evolution
-    known = frozenset(lifecycle.table.leaves)
     changes = evolution.data_since(row.definition)
     if row.state in known and not changes:
         return

@@ -91,6 +91,8 @@ class EffectOps(SqlCore, LedgerRun):
     def holder_and_effect(self, entity_id: str, key: str) -> tuple[tuple[str | None, int], EffectRecord | None]:
         """See :meth:`stores.ledger.LedgerRun.holder_and_effect`: one read, the entity row
         joined with its ledger row under ``key`` by primary key."""
+        check_id("entity id", entity_id)
+        check_effect_key(key)
         rows = self._run(self._effect_sql()["probe"], {"id": entity_id, "key": key})
         if not rows:
             raise UnknownEntity(entity_id)

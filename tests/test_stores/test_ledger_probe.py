@@ -59,3 +59,21 @@ def test_run_refuses_a_stale_lease_before_calling_fn_even_when_the_key_is_record
     with pytest.raises(LeaseLost):
         any_store.run("e1", "fresh", calls.append, lease)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("entity_id", "key"),
+    [(None, "k"), (42, "k"), ("e1", None), ("e1", b"k"), ("e\x00", "k"), ("e1", "k\x00"), ("x" * 10_000, "k"),
+     ("e1", "\ud800"), ("e1", "fsm:renewals")],
+)  # fmt: skip
+def test_the_read_refuses_hostile_arguments_with_a_typed_error(
+    any_store: Store, entity_id: object, key: object
+) -> None:
+    from fsm import InvalidArgument
+
+    lease = held(any_store)
+    before = any_store.get("e1")
+    with pytest.raises(InvalidArgument):  # refused before any read, not UnknownEntity or a driver error
+        any_store.holder_and_effect(entity_id, key)  # type: ignore[attr-defined]
+    assert any_store.get("e1") == before and any_store.effects("e1") == []
+    assert lease.token == before.lease_token
