@@ -163,12 +163,8 @@ def _check_row(
             target = "a state its split chooses" if isinstance(move, Split) else repr(move.targets[0])
             report.todo(f"move:{row.state}", f"in {row.state!r} to move to {target} ({move.describe()})").add(row.id)
     changes = evolution.data_since(written)
-    data = dict(row.data)
     try:
-        for change in changes:
-            data = change.change(dict(data))
-            if not isinstance(data, dict):
-                raise TypeError(f"{change.describe()} returned {type(data).__name__}, not a dict")
+        data = evolution.migrated_data(row.data, changes)
     except Exception as err:
         report.problem("data-migration", f"whose data migration fails ({type(err).__name__}: {err})").add(row.id)
         concerned = True

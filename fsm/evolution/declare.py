@@ -159,6 +159,17 @@ class Migrations:
         floor = 0 if written is None else written
         return [change for since, change in self.data if since > floor]
 
+    @staticmethod
+    def migrated_data(data: Mapping[str, Any], changes: Iterable[DataMigration]) -> dict[str, Any]:
+        """``data`` after ``changes`` in order (each given a copy); what a change raises
+        propagates, and a change that returns no dict is a ``TypeError`` naming it."""
+        out = dict(data)
+        for change in changes:
+            out = change.change(dict(out))
+            if not isinstance(out, dict):
+                raise TypeError(f"{change.describe()} returned {type(out).__name__}, not a dict")
+        return out
+
 
 def check_migrations(name: str, version: object, declared: object, leaves: Iterable[str]) -> Migrations:
     """The lifecycle's declarations, checked against its definition; ``InvalidDefinition`` otherwise."""

@@ -184,12 +184,8 @@ def _migrate_one(
         return
     data: dict[str, Any] | None = None
     if changes:
-        new = dict(row.data)
         try:
-            for change in changes:
-                new = change.change(dict(new))
-                if not isinstance(new, dict):
-                    raise TypeError(f"{change.describe()} returned {type(new).__name__}, not a dict")
+            new = evolution.migrated_data(row.data, changes)
             data = validate_data(lifecycle.data_model, lifecycle.kind, new, row.id)
         except FsmError as err:
             report.failed[row.id] = f"its migrated data is refused: {err}"
