@@ -8,12 +8,12 @@ exactly once" means.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from fsm.errors import InvalidArgument, InvalidData, LeaseLost, MalformedRow
-from fsm.limits import check_id, check_lease, json_copy
+from fsm.errors import FsmError, InvalidArgument, InvalidData, LeaseLost, MalformedRow
+from fsm.limits import check_effect_args, check_id, check_lease, json_copy
 from fsm.records import (
     EFFECT_FAILED,
     EFFECT_SUCCEEDED,
@@ -157,63 +157,187 @@ class LedgerRun:
         holder = self.get(entity_id)
         return (holder.lease_owner, holder.lease_token), self.effect(entity_id, key)
 
+    def holders_and_effects(self, pairs: Sequence[tuple[str, str]]) -> list[HolderAndEffect | FsmError]:
+        """:meth:`holder_and_effect` of each ``(entity_id, key)`` pair, in order; an item
+        that fails is answered with its own error (``UnknownEntity``, ``InvalidArgument``)
+        and the others still are.  One read each here; the SQL stores answer all in one
+        statement (a worker's batch of handlers' steps).  At most :data:`MAX_LEDGER_BATCH`
+        pairs; not a list or tuple of them -> ``InvalidArgument``."""
+        check_ledger_batch(pairs, "holders_and_effects takes a list of (entity_id, key) pairs")
+        found: list[HolderAndEffect | FsmError] = []
+        for pair in pairs:
+            try:
+                entity_id, key = ledger_pair(pair)
+                found.append(self.holder_and_effect(entity_id, key))
+            except FsmError as err:
+                found.append(err)
+        return found
+
+    def record_effects(self, writes: Sequence[EffectWrite]) -> list[tuple[EffectRecord, bool] | FsmError]:
+        """:meth:`record_effect` of each :class:`EffectWrite`, in order, each checked under its
+        own lease in its recording statement; an item that fails is answered with its own
+        error (``LeaseLost``, ``UnknownEntity``, ``InvalidArgument``) and nothing of it is
+        written, the others still are.  One statement each here; PostgreSQL writes every
+        new record in one.  At most :data:`MAX_LEDGER_BATCH` writes; not a list or tuple of
+        them -> ``InvalidArgument``."""
+        check_ledger_batch(writes, "record_effects takes a list of EffectWrite")
+        done: list[tuple[EffectRecord, bool] | FsmError] = []
+        for write in writes:
+            try:
+                w = effect_write(write)
+                done.append(
+                    self.record_effect(
+                        w.entity_id,
+                        w.key,
+                        owner=w.owner,
+                        token=w.token,
+                        status=w.status,
+                        result=w.result,
+                        replace=w.replace,
+                    )
+                )
+            except FsmError as err:
+                done.append(err)
+        return done
+
     def run(
         self, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool = True
     ) -> tuple[EffectRecord, bool]:
         """See :meth:`stores.Store.run`."""
-        check_id("entity id", entity_id)
-        check_effect_key(key)
-        check_lease(lease)
-        if not callable(fn):
-            raise InvalidArgument(f"an effect's fn must be callable, not {type(fn).__name__}")
-        if not isinstance(retry_failed, bool):
-            raise InvalidArgument(f"retry_failed must be a bool, not {type(retry_failed).__name__}")
-        # seeds/002 BR-2: an actor that no longer owns the entity runs no side effect, and is
-        # not told a recorded one is its success either: a fenced holder replaying a key the
-        # new owner has since recorded learns it lost the work, as ``fire`` tells it.  The
-        # recording statement would refuse its result anyway; refusing before the call
-        # spares the external system a run nobody can record.  The race in between stays
-        # the recording's.
-        (owner, token), recorded = self.holder_and_effect(entity_id, key)
-        if owner != lease.owner or token != lease.token:
-            raise LeaseLost(
-                entity_id,
-                expected_token=lease.token,
-                found_token=token,
-                owner=lease.owner,
-                detail=f"effect {key!r} was not run nor replayed: the lease is no longer the caller's",
-            )
-        if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
-            return recorded, False
-        replace = (EFFECT_FAILED,) if retry_failed else ()
-        try:
-            result = fn(idempotency_key(entity_id, key))
-        except Exception as err:
-            self.record_effect(
-                entity_id,
-                key,
-                owner=lease.owner,
-                token=lease.token,
-                status=EFFECT_FAILED,
-                result=error_of(err),
-                replace=replace,
-            )
-            raise
-        return self.record_effect(
+        check_run_args(entity_id, key, fn, lease, retry_failed)
+        return run_effect(self, entity_id, key, fn, lease, retry_failed=retry_failed)
+
+
+HolderAndEffect = tuple[tuple[str | None, int], EffectRecord | None]
+"""The live entity's lease holder ``(owner, token)`` and a recorded effect (or ``None``)."""
+
+MAX_LEDGER_BATCH = 1000
+"""The most items one ``holders_and_effects`` or ``record_effects`` call takes."""
+
+
+class EffectWrite(NamedTuple):
+    """One :meth:`LedgerRun.record_effects` item: :meth:`stores.Store.record_effect`'s arguments."""
+
+    entity_id: str
+    key: str
+    owner: str
+    token: int
+    status: str
+    result: Any
+    replace: tuple[str, ...] = ()
+
+
+class Ledger(Protocol):
+    """What :func:`run_effect` asks of a ledger: a store, or a worker's batch completer that
+    hands the asks to the store in batches."""
+
+    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect: ...
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]: ...
+
+
+def check_ledger_batch(items: object, what: str) -> None:
+    if not isinstance(items, list | tuple):
+        raise InvalidArgument(f"{what}, not {type(items).__name__}")
+    if len(items) > MAX_LEDGER_BATCH:
+        raise InvalidArgument(f"{what}: at most {MAX_LEDGER_BATCH}, not {len(items)}")
+
+
+def ledger_pair(pair: object) -> tuple[str, str]:
+    """A checked ``(entity_id, key)`` pair of :meth:`LedgerRun.holders_and_effects`."""
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise InvalidArgument(f"an (entity_id, key) pair is a tuple of two, not {type(pair).__name__}")
+    return check_id("entity id", pair[0]), check_effect_key(pair[1])
+
+
+def effect_write(write: object) -> EffectWrite:
+    """A checked :class:`EffectWrite` (its arguments as ``record_effect`` checks them)."""
+    if not isinstance(write, EffectWrite):
+        raise InvalidArgument(f"record_effects takes EffectWrite items, not {type(write).__name__}")
+    check_effect_args(write.entity_id, write.key, write.owner, write.token, write.status)
+    check_effect_key(write.key, steps=True)
+    if not isinstance(write.replace, tuple) or not all(isinstance(s, str) for s in write.replace):
+        raise InvalidArgument(f"replace must be a tuple of statuses, not {write.replace!r}")
+    return write
+
+
+def check_run_args(entity_id: object, key: object, fn: object, lease: object, retry_failed: object) -> None:
+    """``run``'s arguments, checked before anything is read or called."""
+    check_id("entity id", entity_id)
+    check_effect_key(key)
+    check_lease(lease)
+    if not callable(fn):
+        raise InvalidArgument(f"an effect's fn must be callable, not {type(fn).__name__}")
+    if not isinstance(retry_failed, bool):
+        raise InvalidArgument(f"retry_failed must be a bool, not {type(retry_failed).__name__}")
+
+
+def run_effect(
+    ledger: Ledger, entity_id: str, key: str, fn: Callable[[str], Any], lease: Lease, *, retry_failed: bool
+) -> tuple[EffectRecord, bool]:
+    """The ledger's algorithm on checked arguments (:func:`check_run_args`): ask for the
+    holder and the record, run, record under the lease (see :meth:`stores.Store.run`)."""
+    # seeds/002 BR-2: an actor that no longer owns the entity runs no side effect, and is
+    # not told a recorded one is its success either: a fenced holder replaying a key the
+    # new owner has since recorded learns it lost the work, as ``fire`` tells it.  The
+    # recording statement would refuse its result anyway; refusing before the call
+    # spares the external system a run nobody can record.  The race in between stays
+    # the recording's.
+    (owner, token), recorded = ledger.holder_and_effect(entity_id, key)
+    if owner != lease.owner or token != lease.token:
+        raise LeaseLost(
+            entity_id,
+            expected_token=lease.token,
+            found_token=token,
+            owner=lease.owner,
+            detail=f"effect {key!r} was not run nor replayed: the lease is no longer the caller's",
+        )
+    if recorded is not None and (recorded.status == EFFECT_SUCCEEDED or not retry_failed):
+        return recorded, False
+    replace = (EFFECT_FAILED,) if retry_failed else ()
+    try:
+        result = fn(idempotency_key(entity_id, key))
+    except Exception as err:
+        ledger.record_effect(
             entity_id,
             key,
             owner=lease.owner,
             token=lease.token,
-            status=EFFECT_SUCCEEDED,
-            result=json_result(result, f"the result of effect {key!r}"),
+            status=EFFECT_FAILED,
+            result=error_of(err),
             replace=replace,
         )
+        raise
+    return ledger.record_effect(
+        entity_id,
+        key,
+        owner=lease.owner,
+        token=lease.token,
+        status=EFFECT_SUCCEEDED,
+        result=json_result(result, f"the result of effect {key!r}"),
+        replace=replace,
+    )
 
 
 __all__ = [
+    "MAX_LEDGER_BATCH",
+    "EffectWrite",
+    "HolderAndEffect",
+    "Ledger",
     "LedgerRun",
     "appended_log",
     "check_effect_key",
+    "check_run_args",
     "error_of",
     "idempotency_key",
     "json_result",
@@ -222,4 +346,5 @@ __all__ = [
     "renewal_entry",
     "renewal_time",
     "renewals_of",
+    "run_effect",
 ]

@@ -58,6 +58,7 @@ from fsm.records import (
 )
 from fsm.table import CompiledTable
 from signals import EffectPayload, LeasePayload
+from stores.ledger import Ledger, check_run_args, run_effect
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -271,10 +272,13 @@ class EngineWork(EngineLeases):
         *,
         model: type[M] | None = None,
         retry_failed: bool = True,
+        ledger: Ledger | None = None,
     ) -> Any:
         """:meth:`run` for a caller that holds the entity already (a worker's job, its
         snapshot read by this engine): no read of the row first, the store's own read of the
-        holder and the ledger (one statement on SQL) answers for both."""
+        holder and the ledger (one statement on SQL) answers for both.  ``ledger``: who
+        answers the ledger's asks instead of the store (a worker's batch completer, which
+        hands them to the store with other handlers' asks)."""
         lease_arg(lease)
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, not {fn!r}")
@@ -288,7 +292,11 @@ class EngineWork(EngineLeases):
             return result
 
         try:
-            record, executed = self.store.run(entity_id, key, call, lease, retry_failed=retry_failed)
+            if ledger is None:
+                record, executed = self.store.run(entity_id, key, call, lease, retry_failed=retry_failed)
+            else:
+                check_run_args(entity_id, key, call, lease, retry_failed)
+                record, executed = run_effect(ledger, entity_id, key, call, lease, retry_failed=retry_failed)
         except Fenced as err:
             if isinstance(err, LeaseLost):
                 self._lease_lost(lease, err, "effect", key)

@@ -25,14 +25,15 @@ import logging
 import threading
 import time
 from _thread import allocate_lock as _allocate_lock
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm.engine.many import Fire, Fired
 from fsm.errors import ConfigError
-from fsm.records import Lease, Snapshot
+from fsm.records import EffectRecord, Lease, Snapshot
 from fsm.work.planning import plan_for_work
+from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun
 
 if TYPE_CHECKING:
     from fsm.aio.engine import AsyncEngine
@@ -47,16 +48,25 @@ DEFAULT_MAX_DELAY = timedelta(milliseconds=2)
 busy; an outcome that every running handler waits on is written at once)."""
 
 
+class _Probe(NamedTuple):
+    """A handler's step asking for its entity's lease holder and recorded effect."""
+
+    entity_id: str
+    key: str
+
+
 class _Pending:
-    """One outcome waiting for its batch.  ``done`` is a bare lock held until the answer is
+    """One outcome (or a step's ledger ask) waiting for its batch.  ``done`` is a bare lock held until the answer is
     in (thread face: a lock is a C object, an Event two Python objects per outcome), or a
     future (asyncio face), or ``None`` when ``then`` is called with the answer instead."""
 
     __slots__ = ("done", "item", "result", "then")
 
-    def __init__(self, item: Fire, done: Any, then: Callable[[Fired | BaseException], None] | None = None) -> None:
+    def __init__(
+        self, item: Fire | _Probe | EffectWrite, done: Any, then: Callable[[Fired | BaseException], None] | None = None
+    ) -> None:
         self.item = item
-        self.result: Fired | BaseException | None = None
+        self.result: Any = None
         self.done = done
         self.then = then
 
@@ -83,6 +93,8 @@ class _Batcher:
         self.batches = 0
         """Transactions written (tests and dashboards: outcomes / batches is the batching)."""
         self.outcomes = 0
+        self.steps = 0
+        """Ledger asks answered in batches (a handler's durable steps: its reads and records)."""
         self._pending: list[_Pending] = []
         self._first_at = 0.0
         self._changed = threading.Condition()
@@ -116,14 +128,33 @@ class _Batcher:
         return batch
 
     def _write(self, batch: list[_Pending]) -> None:
-        """Fire ``batch`` in one transaction; each pending outcome gets its own answer."""
-        try:
-            results: list[Fired | BaseException] = list(self.engine.fire_many([p.item for p in batch]))
-        except BaseException as err:  # the store failed the whole batch: every handler hears it
-            log.warning("a batch of %d outcomes failed: %s", len(batch), err)
-            results = [err] * len(batch)
+        """Answer ``batch``: the steps' ledger asks first (one read for the probes, one
+        write for the records), then the outcomes, fired in one transaction; each pending
+        item gets its own answer."""
+        fires: list[_Pending] = []
+        probes: list[_Pending] = []
+        records: list[_Pending] = []
+        for pending in batch:
+            kind = type(pending.item)
+            (fires if kind is Fire else probes if kind is _Probe else records).append(pending)
+        store: Any = self.engine.store  # a LedgerRun when asks were queued (BatchCompleter.batches_steps)
+        if probes:
+            self._answer(probes, "ledger reads", lambda: store.holders_and_effects([p.item for p in probes]))
+        if records:
+            self._answer(records, "ledger records", lambda: store.record_effects([p.item for p in records]))
+        if fires:
+            self._answer(fires, "outcomes", lambda: self.engine.fire_many([p.item for p in fires]))  # type: ignore[misc]
         self.batches += 1
-        self.outcomes += len(batch)
+        self.outcomes += len(fires)
+        self.steps += len(probes) + len(records)
+
+    @staticmethod
+    def _answer(batch: list[_Pending], what: str, write: Callable[[], Sequence[Any]]) -> None:
+        try:
+            results: list[Any] = list(write())
+        except BaseException as err:  # the store failed the whole batch: every handler hears it
+            log.warning("a batch of %d %s failed: %s", len(batch), what, err)
+            results = [err] * len(batch)
         for pending, result in zip(batch, results, strict=True):
             pending.result = result
 
@@ -150,13 +181,14 @@ class BatchCompleter(_Batcher):
         committed, or raises its own refusal (what :meth:`Engine.fire` would raise)."""
         done = _allocate_lock()
         done.acquire()
-        pending = _Pending(Fire(entity, event, lease, data), done)
+        item = Fire(entity, event, lease, data)
+        pending = _Pending(item, done)
         with self._changed:
             running = not self._stopped and self._thread is not None
             if running and self._add(pending):
                 self._changed.notify()
         if not running:  # not running: on its own, as fire_many would write it
-            (alone,) = self.engine.fire_many([pending.item])
+            (alone,) = self.engine.fire_many([item])
             return _answer(alone)
         done.acquire()
         return _answer(pending.result)
@@ -185,6 +217,70 @@ class BatchCompleter(_Batcher):
             if self._add(pending):
                 self._changed.notify()
         return True
+
+    # -- a handler's durable steps: the ledger's asks, answered in the next batch -----------
+
+    @property
+    def batches_steps(self) -> bool:
+        """Whether handlers' durable steps can be answered here: the store is one whose
+        ledger answers in batches (every store of the library), and a thread flushes them."""
+        return isinstance(self.engine.store, LedgerRun) and self.running
+
+    @property
+    def _ledger(self) -> LedgerRun:
+        store = self.engine.store
+        assert isinstance(store, LedgerRun)  # asked only when batches_steps said so
+        return store
+
+    @property
+    def running(self) -> bool:
+        """Whether a thread flushes the batches (else every ask is answered alone)."""
+        return not self._stopped and self._thread is not None
+
+    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
+        """The store's :meth:`~stores.ledger.LedgerRun.holder_and_effect`, read with the
+        other handlers' asks of the next batch (one statement for all on PostgreSQL)."""
+        found: HolderAndEffect = self._ask(
+            _Probe(entity_id, key), lambda: self._ledger.holder_and_effect(entity_id, key)
+        )
+        return found
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        """The store's :meth:`~stores.Store.record_effect`, written with the other handlers'
+        records of the next batch (one guarded insert for all on PostgreSQL, each row under
+        its own lease); returns once committed, or raises its own refusal."""
+        write = EffectWrite(entity_id, key, owner, token, status, result, replace)
+        recorded: tuple[EffectRecord, bool] = self._ask(
+            write, lambda: self._ledger.record_effect(
+                entity_id, key, owner=owner, token=token, status=status, result=result, replace=replace
+            )
+        )  # fmt: skip
+        return recorded
+
+    def _ask(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+        done = _allocate_lock()
+        done.acquire()
+        pending = _Pending(item, done)
+        with self._changed:
+            running = not self._stopped and self._thread is not None
+            if running and self._add(pending):
+                self._changed.notify()
+        if not running:
+            return alone()
+        done.acquire()
+        if isinstance(pending.result, BaseException):
+            raise pending.result
+        return pending.result
 
     def wake(self) -> None:
         """Look again whether every handler waits (the worker calls it when one finishes)."""

@@ -239,7 +239,13 @@ class Job(HeldEntity):
         try:
             # the job's snapshot is this engine's entity: no read of the row before the ledger's
             lease = self.held.check()
-            return self.engine._run_held(self.id, key, effect, lease, model=model, retry_failed=retry_failed)
+            # under a running worker the ledger's asks (the holder and record read before the
+            # effect, the record after) go in the completer's batches with other handlers'
+            completer = self.completer
+            ledger = completer if completer is not None and completer.batches_steps else None
+            return self.engine._run_held(
+                self.id, key, effect, lease, model=model, retry_failed=retry_failed, ledger=ledger
+            )
         finally:
             self._given_back()
 

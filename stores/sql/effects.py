@@ -12,12 +12,22 @@ result wins (I4).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from fsm.errors import LeaseLost, MalformedRow, UnknownEntity
+from fsm.errors import FsmError, LeaseLost, MalformedRow, UnknownEntity
 from fsm.limits import check_effect_args, check_id
 from fsm.records import RENEWALS_KEY, EffectRecord
-from stores.ledger import LedgerRun, check_effect_key, json_result
+from stores.ledger import (
+    EffectWrite,
+    HolderAndEffect,
+    LedgerRun,
+    check_effect_key,
+    check_ledger_batch,
+    effect_write,
+    json_result,
+    ledger_pair,
+)
 from stores.sql.core import ATTEMPTS, SqlCore
 from stores.sql.rows import dumps_data
 from stores.sql.schema import decode_time
@@ -71,6 +81,26 @@ class EffectOps(SqlCore, LedgerRun):
             ),
             "record": insert + "DO NOTHING " + returning,
             "record_or_replace": insert + replace + returning,
+            # a batch of new records (PostgreSQL): each row under its own lease, as "record"
+            "record_many": (
+                f"INSERT INTO {ef} ({EFFECT_COLUMNS}) "
+                f"SELECT e.{c['id']}, v.key, v.status, v.token, 1, CAST(v.result AS jsonb), {f.now} "
+                "FROM unnest(CAST(%(ids)s AS text[]), CAST(%(keys)s AS text[]), CAST(%(owners)s AS text[]), "
+                "CAST(%(tokens)s AS bigint[]), CAST(%(statuses)s AS text[]), CAST(%(results)s AS text[])) "
+                "AS v(id, key, owner, token, status, result) "
+                f"JOIN {ent} AS e ON e.{c['id']} = v.id AND NOT e.{c['deleted']} "
+                f"AND e.{c['lease_owner']} = v.owner AND e.{c['lease_token']} = v.token "
+                f"ORDER BY e.{c['id']}{lock and ' FOR SHARE OF e'} "
+                f"ON CONFLICT (entity_id, key) DO NOTHING {returning}"
+            ),
+            # the holders and the recorded effects of many (entity, key) pairs in one read
+            "probe_many": (
+                f"SELECT v.n, {lay.ref('lease_owner', 'e')}, {lay.ref('lease_token', 'e')}, e.{c['id']} IS NOT NULL, "
+                + ", ".join(f"f.{name.strip()}" for name in EFFECT_COLUMNS.split(","))
+                + " FROM unnest(CAST(%(n)s AS int[]), CAST(%(ids)s AS text[]), CAST(%(keys)s AS text[])) "
+                f"AS v(n, id, key) LEFT JOIN {ent} AS e ON e.{c['id']} = v.id AND NOT {lay.ref('deleted', 'e')} "
+                "LEFT JOIN " + ef + " AS f ON f.entity_id = v.id AND f.key = v.key"
+            ),
             # the holder and the recorded effect in one read (``run`` asks before each effect)
             "probe": (
                 f"SELECT {lay.ref('lease_owner', 'e')}, {lay.ref('lease_token', 'e')}, "
@@ -98,6 +128,79 @@ class EffectOps(SqlCore, LedgerRun):
             raise UnknownEntity(entity_id)
         row = rows[0]
         return (row[0], row[1]), None if row[2] is None else effect_of(row[2:], self._sqlite)
+
+    def holders_and_effects(self, pairs: Sequence[tuple[str, str]]) -> list[HolderAndEffect | FsmError]:
+        """See :meth:`stores.ledger.LedgerRun.holders_and_effects`: on PostgreSQL one read
+        for every pair (the entity rows joined with their ledger rows by primary key)."""
+        if self._sqlite:
+            return super().holders_and_effects(pairs)
+        check_ledger_batch(pairs, "holders_and_effects takes a list of (entity_id, key) pairs")
+        found: list[HolderAndEffect | FsmError | None] = [None] * len(pairs)
+        asked: list[tuple[int, str, str]] = []
+        for i, pair in enumerate(pairs):
+            try:
+                asked.append((i, *ledger_pair(pair)))
+            except FsmError as err:
+                found[i] = err
+        if asked:
+            params = {"n": [a[0] for a in asked], "ids": [a[1] for a in asked], "keys": [a[2] for a in asked]}
+            for row in self._run(self._effect_sql()["probe_many"], params):
+                found[row[0]] = (
+                    UnknownEntity(asked_id(asked, row[0]))
+                    if not row[3]
+                    else ((row[1], row[2]), None if row[4] is None else effect_of(row[4:], False))
+                )
+        return [UnknownEntity("?") if f is None else f for f in found]  # every asked row comes back
+
+    def record_effects(self, writes: Sequence[EffectWrite]) -> list[tuple[EffectRecord, bool] | FsmError]:
+        """See :meth:`stores.ledger.LedgerRun.record_effects`: on PostgreSQL every new record
+        in one guarded insert (each row under its own lease, checked in the statement as
+        :meth:`record_effect` checks it); a write the insert did not take (its lease is
+        gone, a record exists, its entity is not there) is then answered by
+        :meth:`record_effect` alone, which says why or replaces what may be replaced."""
+        if self._sqlite:
+            return super().record_effects(writes)
+        check_ledger_batch(writes, "record_effects takes a list of EffectWrite")
+        done: list[tuple[EffectRecord, bool] | FsmError | None] = [None] * len(writes)
+        fresh: list[tuple[int, EffectWrite, str]] = []
+        for i, write in enumerate(writes):
+            try:
+                w = effect_write(write)
+                fresh.append((i, w, dumps_data(json_result(w.result, "an effect result"), w.entity_id)))
+            except FsmError as err:
+                done[i] = err
+        if fresh:
+            params: dict[str, Any] = {
+                "ids": [w.entity_id for _, w, _ in fresh],
+                "keys": [w.key for _, w, _ in fresh],
+                "owners": [w.owner for _, w, _ in fresh],
+                "tokens": [w.token for _, w, _ in fresh],
+                "statuses": [w.status for _, w, _ in fresh],
+                "results": [text for _, _, text in fresh],
+            }
+            now = self._now()
+            if now is not None:
+                params["now"] = self._f.time(now)
+            where = {(w.entity_id, w.key): i for i, w, _ in fresh}
+            for row in self._run(self._effect_sql()["record_many"], params):
+                record = effect_of(row, False)
+                done[where[(record.entity_id, record.key)]] = (record, True)
+        for i, write in enumerate(writes):
+            if done[i] is None:  # not taken by the insert: its own statement says why
+                try:
+                    w = effect_write(write)
+                    done[i] = self.record_effect(
+                        w.entity_id,
+                        w.key,
+                        owner=w.owner,
+                        token=w.token,
+                        status=w.status,
+                        result=w.result,
+                        replace=w.replace,
+                    )
+                except FsmError as err:
+                    done[i] = err
+        return [d for d in done if d is not None]
 
     def effects(self, entity_id: str) -> list[EffectRecord]:
         """See :meth:`stores.Store.effects`."""
@@ -153,6 +256,11 @@ class EffectOps(SqlCore, LedgerRun):
             if existing is not None and existing.status not in replace:
                 return existing, False
         raise LeaseLost(entity_id, expected_token=token, found_token=None, owner=owner, detail="contended")
+
+
+def asked_id(asked: list[tuple[int, str, str]], n: int) -> str:
+    """The entity id of the asked pair numbered ``n``."""
+    return next(entity_id for i, entity_id, _ in asked if i == n)
 
 
 __all__ = ["EffectOps", "effect_of"]
