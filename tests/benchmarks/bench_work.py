@@ -19,7 +19,14 @@ machine's load (the machine is shared: a busy round shows in the spread).
   - the raw claim loop: ``engine.claim(10)`` then two fires from the held result;
   - ``fsm.Worker`` whose ``running`` handler records three durable steps (``job.run``,
     each a write of its own under the lease) before it exits, against the plain worker
-    (target: at least 0.4x: each step is one more guarded write and commit);
+    (target: at least 0.4x: each step is one more guarded write and commit), and
+    against DBOS's durable workflow of the same three steps (target: at least 7x): a
+    ``@DBOS.workflow`` calling a ``@DBOS.step`` three times, enqueued on one queue by
+    ``DBOSClient`` before the clock starts, worked by executors launched with DBOS's
+    defaults (:mod:`dbos_child`, in a venv of its own made on first use at
+    ``FSM_BENCH_DBOS_VENV``, default ``~/.cache/fsm-bench/dbos-venv``, with ``pip install
+    dbos``; skipped with the reason when that fails); its queue is registered at ``go``,
+    and a workflow is done when its row says ``SUCCESS``;
   - the limit of our own writes: a hand-written psycopg worker sending the statements
     the shipped worker sends (captured from it at each run), with no library Python
     between them (:mod:`work_limit`; target: the shipped worker at least 0.9x of it);
@@ -78,6 +85,7 @@ import select
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -108,6 +116,7 @@ LABEL = {
     "limited": "fsm.Worker, Limits(per_key=its concurrency)",
     "limit": "limit: hand-written psycopg, the worker's statements",
     "oban": "oban Oban(), one queue (defaults: limit 10)",
+    "dbos": f"DBOS workflow of {STEPS} @DBOS.step calls (one queue, defaults)",
 }
 KEYS = 20
 """The concurrency keys of the limited drain's jobs."""
@@ -116,6 +125,13 @@ OBAN_CHILD = os.path.join(HERE, "oban_child.py")
 """oban's worker process, run by a Python 3.12+ interpreter of its own (oban needs 3.12)."""
 OBAN_VENV = os.environ.get("FSM_BENCH_OBAN_VENV") or os.path.join(
     os.path.expanduser("~"), ".cache", "fsm-bench", "oban-venv"
+)
+
+
+DBOS_CHILD = os.path.join(HERE, "dbos_child.py")
+"""DBOS's executor process, run by an interpreter of its own (DBOS's dependencies stay out of ours)."""
+DBOS_VENV = os.environ.get("FSM_BENCH_DBOS_VENV") or os.path.join(
+    os.path.expanduser("~"), ".cache", "fsm-bench", "dbos-venv"
 )
 
 
@@ -172,6 +188,26 @@ def _oban_python() -> tuple[str | None, str]:
             why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
             return None, f"`{' '.join(step)}` failed: {why}"
     return python, f"venv {OBAN_VENV}, made now"
+
+
+def _dbos_python() -> tuple[str | None, str]:
+    """The interpreter of DBOS's own virtual environment (``DBOS_VENV``), made with this
+    Python and given DBOS on first use; or None and why not."""
+    python = os.path.join(DBOS_VENV, "bin", "python")
+    if (
+        os.path.exists(python)
+        and subprocess.run([python, "-c", "import dbos"], check=False, capture_output=True).returncode == 0
+    ):
+        return python, f"venv {DBOS_VENV}"
+    print(f"  making DBOS's venv at {DBOS_VENV} (pip install dbos) ...", flush=True)
+    install = [python, "-m", "pip", "install", "-q", "dbos", "psycopg[binary]"]
+    for step in ([sys.executable, "-m", "venv", DBOS_VENV], install):
+        done = subprocess.run(step, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
+            return None, f"`{' '.join(step)}` failed: {why}"
+    return python, f"venv {DBOS_VENV}, made now"
 
 
 # -- the children ------------------------------------------------------------------------
@@ -317,6 +353,9 @@ class _Tables:
         self.oban_schema = f"bencho{tag}"
         self.oban_worker = ""
         self.oban_version = ""
+        self.dbos_python: str | None = None
+        """DBOS's interpreter once :meth:`install_dbos` made its system tables; None: no DBOS."""
+        self.dbos_schema = f"benchd{tag}"
 
     def install_oban(self) -> str:
         """oban's tables in a PostgreSQL schema of their own (its ``prefix``; installed with
@@ -345,6 +384,47 @@ class _Tables:
             return f"oban: skipped (its schema did not install: {err})"
         self.oban_python, self.oban_worker, self.oban_version = python, info["worker"], info["version"]
         return f"oban {info['version']} on Python {info['python']} ({where}), schema {s}"
+
+    def install_dbos(self) -> str:
+        """DBOS's system tables in a PostgreSQL schema of their own (its ``dbos_system_schema``,
+        made by a first launch); what was found, or the reason DBOS is skipped."""
+        python, where = _dbos_python()
+        if python is None:
+            return f"DBOS: skipped ({where})"
+        done = subprocess.run(
+            [python, DBOS_CHILD, "info", _plain(self.url), self.dbos_schema],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+            self.conn.execute(f"DROP SCHEMA IF EXISTS {self.dbos_schema} CASCADE")
+            return f"DBOS: skipped (its interpreter could not launch it: {tail[0]})"
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        self.dbos_python = python
+        return f"DBOS {info['version']} on Python {info['python']} ({where}), schema {self.dbos_schema}"
+
+    @property
+    def dbos_workflows(self) -> str:
+        return f"{self.dbos_schema}.workflow_status"
+
+    def fill_dbos(self, n: int) -> None:
+        """``n`` workflows enqueued by DBOS's own client (before the clock starts)."""
+        assert self.dbos_python is not None
+        subprocess.run(
+            [self.dbos_python, DBOS_CHILD, "enqueue", _plain(self.url), self.dbos_schema, str(n)],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        self.conn.execute(f"VACUUM ANALYZE {self.dbos_workflows}")
+
+    def dbos_left(self) -> int:
+        """DBOS keeps a finished workflow's row: done is ``SUCCESS``."""
+        row = self.conn.execute(f"SELECT count(*) FROM {self.dbos_workflows} WHERE status <> 'SUCCESS'").fetchone()
+        return int(row[0]) if row else 0
 
     def statements(self) -> dict[str, Any]:
         """The shipped worker's statements (:func:`work_limit.capture`), captured once."""
@@ -387,6 +467,8 @@ class _Tables:
         if self.oban_python is not None:
             o = self.oban_schema
             self.conn.execute(f"TRUNCATE {o}.oban_jobs, {o}.oban_leaders, {o}.oban_producers")
+        if self.dbos_python is not None:  # the queue's row too: an executor works the queue once told ("go")
+            self.conn.execute(f"TRUNCATE {self.dbos_workflows}, {self.dbos_schema}.queues CASCADE")
 
     def fill_fsm(self, n: int, keys: int = 0) -> None:
         """``n`` queued jobs, due in id order; ``keys``: spread over that many concurrency keys."""
@@ -439,6 +521,7 @@ class _Tables:
         try:
             if self.oban_python is not None:
                 self.conn.execute(f"DROP SCHEMA {self.oban_schema} CASCADE")
+            self.conn.execute(f"DROP SCHEMA IF EXISTS {self.dbos_schema} CASCADE")
             self.runner.run(self.queries.uninstall())
             self.runner.run(self.apg.close())
         finally:
@@ -473,15 +556,16 @@ class _Procs:
                 p.join()
 
 
-class _ObanProcs:
-    """oban's worker processes (:mod:`oban_child` under oban's own interpreter: their pids
-    are the interpreters', whose CPU is read as the others'), started and settled; the
-    gates are lines on their stdin: ``go`` starts them, ``stop`` ends them."""
+class _ChildProcs:
+    """A peer's worker processes under its own interpreter (:mod:`oban_child`,
+    :mod:`dbos_child`: their pids are the interpreters', whose CPU is read as the others'),
+    started and settled; the gates are lines on their stdin: ``go`` starts them, ``stop``
+    ends them."""
 
-    def __init__(self, python: str, url: str, schema: str, n: int) -> None:
+    def __init__(self, python: str, child: str, url: str, schema: str, n: int) -> None:
         self.procs = [
             subprocess.Popen(
-                [python, OBAN_CHILD, "work", _plain(url), schema],
+                [python, child, "work", _plain(url), schema],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -493,7 +577,7 @@ class _ObanProcs:
             for p in self.procs:
                 assert p.stdout is not None
                 if not select.select([p.stdout], [], [], 120)[0] or p.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"an oban worker process did not start (exit code {p.poll()})")
+                    raise RuntimeError(f"a worker process of {child} did not start (exit code {p.poll()})")
         except BaseException:
             self.end()
             raise
@@ -544,7 +628,7 @@ class _CpuMeter:
     quiet machine: another client of the same database would count as server time).
     Together they bound the rate: on 2 cores, jobs/s <= 2 / (client + server per job)."""
 
-    def __init__(self, tables: _Tables, procs: _Procs | _ObanProcs) -> None:
+    def __init__(self, tables: _Tables, procs: _Procs | _ChildProcs) -> None:
         self.tables, self.procs = tables, procs
         self.start = self._read()
 
@@ -573,8 +657,10 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
     def one() -> tuple[int, float, dict[str, Any]]:
         statements = tables.statements() if who == "limit" else None
         tables.reset()
-        queue = {"pgq": tables.pgq_queue, "oban": tables.oban_jobs}.get(who, f"{tables.prefix}entities")
-        procs: _Procs | _ObanProcs
+        queue = {"pgq": tables.pgq_queue, "oban": tables.oban_jobs, "dbos": tables.dbos_workflows}.get(
+            who, f"{tables.prefix}entities"
+        )
+        procs: _Procs | _ChildProcs
         if who == "pgq":
             tables.fill_pgq(JOBS)
             procs = _Procs(_pgq_child, lambda r, g, s: (tables.url, r, g, s, None), n)
@@ -582,8 +668,13 @@ def _drain_round(tables: _Tables, who: str, n: int) -> Round:
         elif who == "oban":
             assert tables.oban_python is not None
             tables.fill_oban(JOBS)
-            procs = _ObanProcs(tables.oban_python, tables.url, tables.oban_schema, n)
+            procs = _ChildProcs(tables.oban_python, OBAN_CHILD, tables.url, tables.oban_schema, n)
             left = tables.oban_left
+        elif who == "dbos":
+            assert tables.dbos_python is not None
+            tables.fill_dbos(JOBS)
+            procs = _ChildProcs(tables.dbos_python, DBOS_CHILD, tables.url, tables.dbos_schema, n)
+            left = tables.dbos_left
         elif who == "limit":
             from fsm.work.loop import DEFAULT_CONCURRENCY
 
@@ -750,6 +841,10 @@ def run(report: Report, *, pg_url: str | None = None, **_: object) -> None:
             found = tables.install_oban()
             print(f"  {found}", flush=True)
             report.notes.append(f"work: {found}")
+            if "steps" in FSM_MODES:  # DBOS's durable workflow against our durable job
+                found = tables.install_dbos()
+                print(f"  {found}", flush=True)
+                report.notes.append(f"work: {found}")
         for part, measure in (("enqueue", _enqueue), ("drain", _drain), ("limited", _limited), ("pickup", _pickup)):
             if part in PARTS:
                 measure(report, tables)
@@ -782,12 +877,15 @@ def _drain(report: Report, tables: _Tables) -> None:
     for n in PROCS:
         print(f"  drain {JOBS:,} no-op jobs, {n} worker process{'es' if n > 1 else ''}:", flush=True)
         oban = ("oban",) if tables.oban_python is not None else ()
-        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *oban, *FSM_MODES, "limit")}
+        dbos = ("dbos",) if tables.dbos_python is not None and "steps" in FSM_MODES else ()
+        names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *oban, *FSM_MODES, *dbos, "limit")}
         _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
         for who in FSM_MODES:
             if who == "steps":  # a durable job against a plain one: each step is one more write
                 if "worker" in names:
                     report.ratio(f"drain {n}p: {LABEL[who]} vs plain jobs", names[who], names["worker"], 0.4)
+                if dbos:  # the same three recorded steps, DBOS's way
+                    report.ratio(f"drain {n}p: {LABEL[who]} vs {LABEL['dbos']}", names[who], names["dbos"], 7.0)
                 continue
             target = 1.0 if who == "worker" else 0.0
             report.ratio(f"drain {n}p: {LABEL[who]} vs pgqueuer", names[who], names["pgq"], target)
