@@ -272,7 +272,9 @@ class BatchCompleter(_Batcher):
         done.acquire()
         pending = _Pending(item, done)
         with self._changed:
-            running = not self._stopped and self._thread is not None
+            # asked on the completer's own thread (a batch's continuation): answered here,
+            # since that thread would otherwise wait for itself
+            running = not self._stopped and self._thread is not None and self._thread is not threading.current_thread()
             if running and self._add(pending):
                 self._changed.notify()
         if not running:

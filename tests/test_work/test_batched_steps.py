@@ -138,3 +138,26 @@ def test_asks_are_answered_alone_when_the_completer_does_not_run(store: MemorySt
     finally:
         completer.stop()
     assert completer.steps == (2 if running else 0)
+
+
+def test_an_ask_on_the_completers_own_thread_is_answered_there(store: MemoryStore) -> None:
+    """A batch's continuation runs on the completer's thread: an ask from there cannot wait
+    for that thread's next batch, so it is answered at once."""
+    jobs = Engine(JobLifecycle, store, owner="w1")
+    (a,) = jobs.create_many([{}])
+    (held,) = jobs.claim(1)
+    assert held.lease is not None
+    completer = BatchCompleter(jobs).start()
+    answers: list[Any] = []
+    try:
+        completer.fire_then(
+            held,
+            "exited",
+            lease=held.lease,
+            data=None,
+            then=lambda result: answers.append(completer.holder_and_effect(a.id, "k")),
+        )
+        assert eventually(lambda: bool(answers))
+    finally:
+        completer.stop()
+    assert answers == [(("w1", held.lease.token), None)]
