@@ -39,6 +39,7 @@ from fsm.table import Branch, CompiledTable
 from fsm.work.keeper import AsyncLeaseKeeper
 from stores.aio import AsyncFace, BridgeStore
 from stores.aio.greenlets import resolved, spawn
+from stores.ledger import Ledger
 
 if TYPE_CHECKING:
     from stores.aio import AsyncStore
@@ -263,6 +264,29 @@ class AsyncEngine:
             return resolved(fn(idempotency_key))
 
         return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
+
+    async def _run_held(
+        self,
+        entity_id: str,
+        key: str,
+        fn: Callable[[str], Any],
+        lease: Lease,
+        *,
+        model: type[M] | None = None,
+        retry_failed: bool = True,
+        ledger: Ledger | None = None,
+    ) -> Any:
+        """:meth:`fsm.Engine._run_held`, awaited: for a caller holding the entity (an async
+        worker's job), the ledger's asks answered by ``ledger`` (its completer) when given."""
+        call: Any = fn
+        if callable(fn):
+
+            def call(idempotency_key: str) -> Any:
+                return resolved(fn(idempotency_key))
+
+        return await self._call(
+            self.sync._run_held, entity_id, key, call, lease, model=model, retry_failed=retry_failed, ledger=ledger
+        )
 
     async def cancel(
         self,

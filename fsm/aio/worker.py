@@ -97,8 +97,16 @@ class AsyncJob(HeldEntity):
     async def run(
         self, key: str, fn: Callable[[str], Any], *, model: type[M] | None = None, retry_failed: bool = True
     ) -> Any:
-        """An effect under this job's lease, recorded once (see :meth:`AsyncEngine.run`)."""
-        return await self.engine.run(self.id, key, fn, self.held.check(), model=model, retry_failed=retry_failed)
+        """An effect under this job's lease, recorded once (see :meth:`AsyncEngine.run`).
+        Under a running worker the ledger's asks (the holder and record read before the
+        effect, the record after) go in the completer's batches with other handlers'."""
+        lease = self.held.check()
+        completer = self.completer
+        if completer is not None and completer.batches_steps:
+            return await self.engine._run_held(
+                self.id, key, fn, lease, model=model, retry_failed=retry_failed, ledger=completer
+            )
+        return await self.engine.run(self.id, key, fn, lease, model=model, retry_failed=retry_failed)
 
     async def fire(
         self,

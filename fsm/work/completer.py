@@ -33,6 +33,7 @@ from fsm.engine.many import Fire, Fired
 from fsm.errors import ConfigError
 from fsm.records import EffectRecord, Lease, Snapshot
 from fsm.work.planning import plan_for_work
+from stores.aio.greenlets import bridged, wait
 from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun
 
 if TYPE_CHECKING:
@@ -158,6 +159,23 @@ class _Batcher:
         for pending, result in zip(batch, results, strict=True):
             pending.result = result
 
+    @property
+    def running(self) -> bool:  # pragma: no cover - each face says
+        raise NotImplementedError
+
+    @property
+    def batches_steps(self) -> bool:
+        """Whether handlers' durable steps can be answered here: the store is one whose
+        ledger answers in batches (every store of the library), and the batches are being
+        flushed."""
+        return isinstance(self.engine.store, LedgerRun) and self.running
+
+    @property
+    def _ledger(self) -> LedgerRun:
+        store = self.engine.store
+        assert isinstance(store, LedgerRun)  # asked only when batches_steps said so
+        return store
+
     def _all_waiting_now(self) -> bool:
         with self._changed:
             return bool(self._pending) and self.all_waiting(len(self._pending))
@@ -219,18 +237,6 @@ class BatchCompleter(_Batcher):
         return True
 
     # -- a handler's durable steps: the ledger's asks, answered in the next batch -----------
-
-    @property
-    def batches_steps(self) -> bool:
-        """Whether handlers' durable steps can be answered here: the store is one whose
-        ledger answers in batches (every store of the library), and a thread flushes them."""
-        return isinstance(self.engine.store, LedgerRun) and self.running
-
-    @property
-    def _ledger(self) -> LedgerRun:
-        store = self.engine.store
-        assert isinstance(store, LedgerRun)  # asked only when batches_steps said so
-        return store
 
     @property
     def running(self) -> bool:
@@ -396,6 +402,58 @@ class AsyncBatchCompleter(_Batcher):
     def wake(self) -> None:
         if self._all_waiting_now():
             self._look.set()
+
+    # -- a handler's durable steps, asked from the engine's greenlet bridge ----------------
+
+    @property
+    def running(self) -> bool:
+        """Whether a task flushes the batches (else every ask is answered alone)."""
+        return not self._stopped and self._task is not None
+
+    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
+        """:meth:`BatchCompleter.holder_and_effect`, for code under the greenlet bridge (the
+        synchronous engine's ``run`` that an :class:`~fsm.aio.AsyncEngine` calls): it waits
+        for the next batch on the event loop, suspending only its own greenlet."""
+        found: HolderAndEffect = self._ask_bridged(
+            _Probe(entity_id, key), lambda: self._ledger.holder_and_effect(entity_id, key)
+        )
+        return found
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        """:meth:`BatchCompleter.record_effect`, for code under the greenlet bridge."""
+        write = EffectWrite(entity_id, key, owner, token, status, result, replace)
+        recorded: tuple[EffectRecord, bool] = self._ask_bridged(
+            write, lambda: self._ledger.record_effect(
+                entity_id, key, owner=owner, token=token, status=status, result=result, replace=replace
+            )
+        )  # fmt: skip
+        return recorded
+
+    def _ask_bridged(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+        if not self.running or not bridged():
+            return alone()
+        return wait(self._ask(item))
+
+    async def _ask(self, item: _Probe | EffectWrite) -> Any:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = _Pending(item, done)
+        with self._changed:
+            if self._add(pending):
+                self._look.set()
+        await asyncio.shield(done)  # a cancelled handler's ask is still answered (and its record kept)
+        if isinstance(pending.result, BaseException):
+            raise pending.result
+        return pending.result
 
     async def run_once(self) -> int:
         """:meth:`BatchCompleter.run_once`, awaited."""

@@ -328,6 +328,7 @@ class WorkerCore:
         self.table = table
         self.kind = kind
         self.handlers = dict(handlers)
+        self._ends: dict[tuple[str, str], bool] = {}
         self.concurrency = concurrency
         self.poll_interval = poll_interval.total_seconds()
         self.grace = grace.total_seconds()
@@ -382,9 +383,13 @@ class WorkerCore:
 
     def ends(self, state: str, event: str) -> bool:
         """Whether no handler can run after ``event`` fires from ``state``: every branch of
-        it leads to a state without a handler (a final state, mostly)."""
-        branches = self.table.branches_for(state, event)
-        return bool(branches) and all(b.target not in self.handlers for b in branches)
+        it leads to a state without a handler (a final state, mostly).  Asked at every
+        outcome, and fixed for a worker (its table and handlers do not change): kept."""
+        found = self._ends.get((state, event))
+        if found is None:
+            branches = self.table.branches_for(state, event)
+            found = self._ends[(state, event)] = bool(branches) and all(b.target not in self.handlers for b in branches)
+        return found
 
     def may_fire(self, state: str, event: str) -> bool:
         """Whether the worker may fire ``event`` from ``state`` at all (guards aside)."""

@@ -30,7 +30,7 @@ from fsm.records import (
     TransitionWrite,
 )
 from stores.aio.greenlets import resolved, spawn
-from stores.ledger import LedgerRun
+from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun
 
 
 class AsyncFace:
@@ -390,6 +390,18 @@ class BridgeStore(LedgerRun):
     ) -> tuple[EffectRecord, bool]:
         kwargs = {"owner": owner, "token": token, "status": status, "result": result, "replace": replace}
         found: tuple[EffectRecord, bool] = self._call("record_effect", (entity_id, key), kwargs)
+        return found
+
+    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
+        found: HolderAndEffect = self._call("holder_and_effect", (entity_id, key), {})
+        return found
+
+    def holders_and_effects(self, pairs: Sequence[tuple[str, str]]) -> list[HolderAndEffect | FsmError]:
+        found: list[HolderAndEffect | FsmError] = self._call("holders_and_effects", (pairs,), {})
+        return found
+
+    def record_effects(self, writes: Sequence[EffectWrite]) -> list[tuple[EffectRecord, bool] | FsmError]:
+        found: list[tuple[EffectRecord, bool] | FsmError] = self._call("record_effects", (writes,), {})
         return found
 
     def claim(self, request: ClaimRequest) -> list[Snapshot]:
