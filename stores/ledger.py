@@ -184,18 +184,7 @@ class LedgerRun:
         done: list[tuple[EffectRecord, bool] | FsmError] = []
         for write in writes:
             try:
-                w = effect_write(write)
-                done.append(
-                    self.record_effect(
-                        w.entity_id,
-                        w.key,
-                        owner=w.owner,
-                        token=w.token,
-                        status=w.status,
-                        result=w.result,
-                        replace=w.replace,
-                    )
-                )
+                done.append(record_one(self, effect_write(write)))
             except FsmError as err:
                 done.append(err)
         return done
@@ -271,6 +260,19 @@ def effect_write(write: object) -> EffectWrite:
     return write
 
 
+def record_one(ledger: Ledger, write: EffectWrite) -> tuple[EffectRecord, bool]:
+    """``write`` recorded by ``ledger.record_effect`` alone."""
+    return ledger.record_effect(
+        write.entity_id,
+        write.key,
+        owner=write.owner,
+        token=write.token,
+        status=write.status,
+        result=write.result,
+        replace=write.replace,
+    )
+
+
 def check_run_args(entity_id: object, key: object, fn: object, lease: object, retry_failed: object) -> None:
     """``run``'s arguments, checked before anything is read or called."""
     check_id("entity id", entity_id)
@@ -343,6 +345,7 @@ __all__ = [
     "json_result",
     "message_key",
     "message_result",
+    "record_one",
     "renewal_entry",
     "renewal_time",
     "renewals_of",

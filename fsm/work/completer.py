@@ -34,7 +34,7 @@ from fsm.errors import ConfigError
 from fsm.records import EffectRecord, Lease, Snapshot
 from fsm.work.planning import plan_for_work
 from stores.aio.greenlets import bridged, wait
-from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun
+from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun, record_one
 
 if TYPE_CHECKING:
     from fsm.aio.engine import AsyncEngine
@@ -176,6 +176,35 @@ class _Batcher:
         assert isinstance(store, LedgerRun)  # asked only when batches_steps said so
         return store
 
+    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
+        """The store's :meth:`~stores.ledger.LedgerRun.holder_and_effect`, read with the
+        other handlers' asks of the next batch (one statement for all on PostgreSQL)."""
+        found: HolderAndEffect = self._asked(
+            _Probe(entity_id, key), lambda: self._ledger.holder_and_effect(entity_id, key)
+        )
+        return found
+
+    def record_effect(
+        self,
+        entity_id: str,
+        key: str,
+        *,
+        owner: str,
+        token: int,
+        status: str,
+        result: Any,
+        replace: tuple[str, ...] = (),
+    ) -> tuple[EffectRecord, bool]:
+        """The store's :meth:`~stores.Store.record_effect`, written with the other handlers'
+        records of the next batch (one guarded insert for all on PostgreSQL, each row under
+        its own lease); returns once committed, or raises its own refusal."""
+        write = EffectWrite(entity_id, key, owner, token, status, result, replace)
+        recorded: tuple[EffectRecord, bool] = self._asked(write, lambda: record_one(self._ledger, write))
+        return recorded
+
+    def _asked(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:  # pragma: no cover - each face
+        raise NotImplementedError
+
     def _all_waiting_now(self) -> bool:
         with self._changed:
             return bool(self._pending) and self.all_waiting(len(self._pending))
@@ -243,37 +272,8 @@ class BatchCompleter(_Batcher):
         """Whether a thread flushes the batches (else every ask is answered alone)."""
         return not self._stopped and self._thread is not None
 
-    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
-        """The store's :meth:`~stores.ledger.LedgerRun.holder_and_effect`, read with the
-        other handlers' asks of the next batch (one statement for all on PostgreSQL)."""
-        found: HolderAndEffect = self._ask(
-            _Probe(entity_id, key), lambda: self._ledger.holder_and_effect(entity_id, key)
-        )
-        return found
-
-    def record_effect(
-        self,
-        entity_id: str,
-        key: str,
-        *,
-        owner: str,
-        token: int,
-        status: str,
-        result: Any,
-        replace: tuple[str, ...] = (),
-    ) -> tuple[EffectRecord, bool]:
-        """The store's :meth:`~stores.Store.record_effect`, written with the other handlers'
-        records of the next batch (one guarded insert for all on PostgreSQL, each row under
-        its own lease); returns once committed, or raises its own refusal."""
-        write = EffectWrite(entity_id, key, owner, token, status, result, replace)
-        recorded: tuple[EffectRecord, bool] = self._ask(
-            write, lambda: self._ledger.record_effect(
-                entity_id, key, owner=owner, token=token, status=status, result=result, replace=replace
-            )
-        )  # fmt: skip
-        return recorded
-
-    def _ask(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+    def _asked(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+        """The answer to ``item`` from the next batch, waited for on this thread."""
         done = _allocate_lock()
         done.acquire()
         pending = _Pending(item, done)
@@ -410,36 +410,10 @@ class AsyncBatchCompleter(_Batcher):
         """Whether a task flushes the batches (else every ask is answered alone)."""
         return not self._stopped and self._task is not None
 
-    def holder_and_effect(self, entity_id: str, key: str) -> HolderAndEffect:
-        """:meth:`BatchCompleter.holder_and_effect`, for code under the greenlet bridge (the
-        synchronous engine's ``run`` that an :class:`~fsm.aio.AsyncEngine` calls): it waits
-        for the next batch on the event loop, suspending only its own greenlet."""
-        found: HolderAndEffect = self._ask_bridged(
-            _Probe(entity_id, key), lambda: self._ledger.holder_and_effect(entity_id, key)
-        )
-        return found
-
-    def record_effect(
-        self,
-        entity_id: str,
-        key: str,
-        *,
-        owner: str,
-        token: int,
-        status: str,
-        result: Any,
-        replace: tuple[str, ...] = (),
-    ) -> tuple[EffectRecord, bool]:
-        """:meth:`BatchCompleter.record_effect`, for code under the greenlet bridge."""
-        write = EffectWrite(entity_id, key, owner, token, status, result, replace)
-        recorded: tuple[EffectRecord, bool] = self._ask_bridged(
-            write, lambda: self._ledger.record_effect(
-                entity_id, key, owner=owner, token=token, status=status, result=result, replace=replace
-            )
-        )  # fmt: skip
-        return recorded
-
-    def _ask_bridged(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+    def _asked(self, item: _Probe | EffectWrite, alone: Callable[[], Any]) -> Any:
+        """The answer to ``item`` from the next batch, for code under the greenlet bridge
+        (the synchronous engine's ``run`` that an :class:`~fsm.aio.AsyncEngine` calls): it
+        waits on the event loop, suspending only its own greenlet."""
         if not self.running or not bridged():
             return alone()
         return wait(self._ask(item))

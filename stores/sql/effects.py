@@ -27,6 +27,7 @@ from stores.ledger import (
     effect_write,
     json_result,
     ledger_pair,
+    record_one,
 )
 from stores.sql.core import ATTEMPTS, SqlCore
 from stores.sql.rows import dumps_data
@@ -188,16 +189,7 @@ class EffectOps(SqlCore, LedgerRun):
         for i, write in enumerate(writes):
             if done[i] is None:  # not taken by the insert: its own statement says why
                 try:
-                    w = effect_write(write)
-                    done[i] = self.record_effect(
-                        w.entity_id,
-                        w.key,
-                        owner=w.owner,
-                        token=w.token,
-                        status=w.status,
-                        result=w.result,
-                        replace=w.replace,
-                    )
+                    done[i] = record_one(self, effect_write(write))
                 except FsmError as err:
                     done[i] = err
         return [d for d in done if d is not None]
