@@ -175,6 +175,19 @@ def test_importing_fsm_does_not_import_hypothesis() -> None:
     assert out.strip() == "False"
 
 
+def test_the_core_runs_without_the_asyncio_extra() -> None:
+    """greenlet comes with the asyncio extra only: the engine, the workers, the stores and
+    the CLI must import without it (a plain ``pip install`` has none)."""
+    code = (
+        "import sys; sys.modules['greenlet'] = None\n"
+        "import fsm, fsm.engine, fsm.work, fsm.work.completer, fsm.reaping, fsm.cli, stores, stores.sql\n"
+        "fsm.cli.build_parser(); print('greenlet' in sys.modules and sys.modules['greenlet'] is not None)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_the_async_faces_export_their_pinned_names() -> None:
     import fsm.aio
     import stores.aio

@@ -33,7 +33,6 @@ from fsm.engine.many import Fire, Fired
 from fsm.errors import ConfigError
 from fsm.records import EffectRecord, Lease, Snapshot
 from fsm.work.planning import plan_for_work
-from stores.aio.greenlets import bridged, wait
 from stores.ledger import EffectWrite, HolderAndEffect, LedgerRun, record_one
 
 if TYPE_CHECKING:
@@ -414,6 +413,8 @@ class AsyncBatchCompleter(_Batcher):
         """The answer to ``item`` from the next batch, for code under the greenlet bridge
         (the synchronous engine's ``run`` that an :class:`~fsm.aio.AsyncEngine` calls): it
         waits on the event loop, suspending only its own greenlet."""
+        from stores.aio.greenlets import bridged, wait  # the asyncio extra's: this face has it
+
         if not self.running or not bridged():
             return alone()
         return wait(self._ask(item))
