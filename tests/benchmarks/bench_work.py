@@ -17,6 +17,8 @@ machine's load (the machine is shared: a busy round shows in the spread).
   - ``fsm.Worker`` as shipped (its defaults), two no-op handlers;
   - ``fsm.aio.AsyncWorker`` as shipped, on ``AsyncSqlStore`` (pgqueuer is asyncio too);
   - the raw claim loop: ``engine.claim(10)`` then two fires from the held result;
+  - ``fsm.aio.AsyncWorker`` whose handler records the same three steps, against the
+    plain ``AsyncWorker`` (target: at least 0.4x);
   - ``fsm.Worker`` whose ``running`` handler records three durable steps (``job.run``,
     each a write of its own under the lease) before it exits, against the plain worker
     (target: at least 0.4x: each step is one more guarded write and commit), and
@@ -102,7 +104,7 @@ ENQUEUE_ONE = 500
 SAMPLES = 8
 POLL_DONE = 0.005
 PROCS = (1, 4)
-FSM_MODES = tuple(os.environ.get("FSM_BENCH_WORK_MODES", "worker,aio,loop,steps").split(","))
+FSM_MODES = tuple(os.environ.get("FSM_BENCH_WORK_MODES", "worker,aio,loop,steps,aiosteps").split(","))
 """Our drain contenders (``FSM_BENCH_WORK_MODES``; the limit and pgqueuer always run)."""
 STEPS = 3
 """Durable steps per job of the ``steps`` contender (``job.run`` effects, each recorded)."""
@@ -110,6 +112,7 @@ LABEL = {
     "worker": "fsm.Worker (shipped defaults)",
     "steps": f"fsm.Worker, {STEPS} durable steps per job",
     "aio": "fsm.aio.AsyncWorker (shipped defaults)",
+    "aiosteps": f"fsm.aio.AsyncWorker, {STEPS} durable steps per job",
     "loop": "fsm raw claim loop (claim 10 + 2 fires held)",
     "pgq": "pgqueuer PgQueuer.run() (defaults)",
     "keyed": "fsm.Worker, no limit",
@@ -223,8 +226,8 @@ def _fsm_child(
         if picked is not None:
             picked.put(time.monotonic())
 
-    if mode == "aio":
-        _fsm_aio_child(url, prefix, ready, go, stop, first_line, knobs)
+    if mode in ("aio", "aiosteps"):
+        _fsm_aio_child(url, prefix, ready, go, stop, first_line, knobs, STEPS if mode == "aiosteps" else 0)
         return
     from fsm.work import Worker
     from stores.sql import SqlStore
@@ -264,7 +267,14 @@ def _fsm_child(
 
 
 def _fsm_aio_child(
-    url: str, prefix: str, ready: Any, go: Any, stop: Any, first_line: Callable[[Any], None], knobs: dict[str, Any]
+    url: str,
+    prefix: str,
+    ready: Any,
+    go: Any,
+    stop: Any,
+    first_line: Callable[[Any], None],
+    knobs: dict[str, Any],
+    steps: int = 0,
 ) -> None:
     from fsm import AsyncEngine, JobLifecycle
     from fsm.aio import AsyncWorker
@@ -280,6 +290,8 @@ def _fsm_aio_child(
 
         async def running(job: Any) -> str:
             first_line(job)
+            for i in range(steps):  # each: run, then recorded under the lease
+                await job.run(f"step-{i}", lambda key: {"ok": True})
             return "exited"
 
         async def finalizing(job: Any) -> str:
@@ -881,6 +893,10 @@ def _drain(report: Report, tables: _Tables) -> None:
         names = {who: f"drain {n}p/{LABEL[who]}" for who in ("pgq", *oban, *FSM_MODES, *dbos, "limit")}
         _interleave(report, {names[who]: _drain_round(tables, who, n) for who in names})
         for who in FSM_MODES:
+            if who == "aiosteps":  # the asyncio face's durable job against its plain one
+                if "aio" in names:
+                    report.ratio(f"drain {n}p: {LABEL[who]} vs plain jobs", names[who], names["aio"], 0.4)
+                continue
             if who == "steps":  # a durable job against a plain one: each step is one more write
                 if "worker" in names:
                     report.ratio(f"drain {n}p: {LABEL[who]} vs plain jobs", names[who], names["worker"], 0.4)
