@@ -257,12 +257,7 @@ class AsyncEngine:
     ) -> Any:
         """See :meth:`fsm.Engine.run`.  ``fn`` may be a coroutine function: it is awaited,
         and no database connection is held while it runs."""
-        if not callable(fn):
-            return await self._call(self.sync.run, entity_id, key, fn, lease, model=model, retry_failed=retry_failed)
-
-        def call(idempotency_key: str) -> Any:
-            return resolved(fn(idempotency_key))
-
+        call = _awaiting(fn)
         return await self._call(self.sync.run, entity_id, key, call, lease, model=model, retry_failed=retry_failed)
 
     async def _run_held(
@@ -278,12 +273,7 @@ class AsyncEngine:
     ) -> Any:
         """:meth:`fsm.Engine._run_held`, awaited: for a caller holding the entity (an async
         worker's job), the ledger's asks answered by ``ledger`` (its completer) when given."""
-        call: Any = fn
-        if callable(fn):
-
-            def call(idempotency_key: str) -> Any:
-                return resolved(fn(idempotency_key))
-
+        call = _awaiting(fn)
         return await self._call(
             self.sync._run_held, entity_id, key, call, lease, model=model, retry_failed=retry_failed, ledger=ledger
         )
@@ -432,6 +422,18 @@ class AsyncEngine:
         from fsm.engine.arguments import lease_arg
 
         return AsyncLeaseKeeper(self.sync, lease_arg(lease), period=period, runner=self._call)
+
+
+def _awaiting(fn: Any) -> Any:
+    """``fn`` for the synchronous engine under the greenlet bridge: a coroutine function's
+    result awaited on the loop.  Anything not callable is passed on for the engine to refuse."""
+    if not callable(fn):
+        return fn
+
+    def call(idempotency_key: str) -> Any:
+        return resolved(fn(idempotency_key))
+
+    return call
 
 
 __all__ = ["AsyncEngine"]

@@ -56,9 +56,10 @@ class _Probe(NamedTuple):
 
 
 class _Pending:
-    """One outcome (or a step's ledger ask) waiting for its batch.  ``done`` is a bare lock held until the answer is
-    in (thread face: a lock is a C object, an Event two Python objects per outcome), or a
-    future (asyncio face), or ``None`` when ``then`` is called with the answer instead."""
+    """One outcome (or a step's ledger ask) waiting for its batch.  ``done`` is a bare lock
+    held until the answer is in (thread face: a lock is a C object, an Event two Python
+    objects per outcome), or a future (asyncio face), or ``None`` when ``then`` is called
+    with the answer instead."""
 
     __slots__ = ("done", "item", "result", "then")
 

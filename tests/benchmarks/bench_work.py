@@ -184,13 +184,7 @@ def _oban_python() -> tuple[str | None, str]:
             "no Python 3.12 or newer found (oban needs one: set FSM_BENCH_OBAN_PYTHON, or put python3.12 on the PATH)"
         )
     print(f"  making oban's venv with {base} at {OBAN_VENV} (pip install oban) ...", flush=True)
-    for step in ([base, "-m", "venv", OBAN_VENV], [python, "-m", "pip", "install", "-q", "oban"]):
-        done = subprocess.run(step, check=False, capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-            why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
-            return None, f"`{' '.join(step)}` failed: {why}"
-    return python, f"venv {OBAN_VENV}, made now"
+    return _made_venv(base, OBAN_VENV, ["oban"])
 
 
 def _dbos_python() -> tuple[str | None, str]:
@@ -203,14 +197,20 @@ def _dbos_python() -> tuple[str | None, str]:
     ):
         return python, f"venv {DBOS_VENV}"
     print(f"  making DBOS's venv at {DBOS_VENV} (pip install dbos) ...", flush=True)
-    install = [python, "-m", "pip", "install", "-q", "dbos", "psycopg[binary]"]
-    for step in ([sys.executable, "-m", "venv", DBOS_VENV], install):
+    return _made_venv(sys.executable, DBOS_VENV, ["dbos", "psycopg[binary]"])
+
+
+def _made_venv(base: str, venv: str, packages: list[str]) -> tuple[str | None, str]:
+    """A venv at ``venv`` made by ``base`` with ``packages`` installed: its interpreter, or
+    None and the failing step's last error line."""
+    python = os.path.join(venv, "bin", "python")
+    for step in ([base, "-m", "venv", venv], [python, "-m", "pip", "install", "-q", *packages]):
         done = subprocess.run(step, check=False, capture_output=True, text=True)
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
             why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
             return None, f"`{' '.join(step)}` failed: {why}"
-    return python, f"venv {DBOS_VENV}, made now"
+    return python, f"venv {venv}, made now"
 
 
 # -- the children ------------------------------------------------------------------------

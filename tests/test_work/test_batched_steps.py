@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import pytest
+from test_completer import eventually
 
 from fsm import Engine, JobLifecycle, LeaseLost
 from fsm.records import EFFECT_SUCCEEDED
@@ -21,16 +22,6 @@ from fsm.work.completer import BatchCompleter
 from stores import MemoryStore, Store
 
 JOBS = 24
-WAIT = 10.0
-
-
-def eventually(predicate: Any, timeout: float = WAIT) -> bool:
-    pause = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return True
-        pause.wait(0.01)
-    return bool(predicate())
 
 
 STEPS = 3
