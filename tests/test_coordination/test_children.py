@@ -310,6 +310,13 @@ def test_long_parent_ids_and_odd_keys_give_distinct_stable_child_ids(any_store: 
 
     def running(job: Job) -> str | tuple[str, dict[str, Any]]:
         if job.id != parent_id:
+            # the children end only once their parent has parked, so that it waits, and
+            # its replay (whose child ids must be the same) always happens
+            parked = threading.Event()
+            for _ in range(3000):
+                parent = engine.get(parent_id)
+                if (parent.state == "running" and parent.lease_owner is None) or parked.wait(0.01):
+                    break
             return child_running(job)
         runs.append([job.start_child(k, data={"n": n}).id for n, k in enumerate(keys)])
         got.append(job.wait_children(poll=POLL))
