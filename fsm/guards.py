@@ -71,6 +71,17 @@ class Guard:
     condition: ConditionFactory | None = None
     after: timedelta | None = None
     """Set on a timed transition's generated guard (:mod:`fsm.timers`): its delay."""
+    members: tuple[str, ...] = ()
+    """A guard expression's (:mod:`fsm.guard_expr`): the guard names it combines."""
+    evaluate: Callable[[Callable[[str], bool], str], bool] | None = None
+    """A guard expression's truth from each member's answer (``lookup(name) -> bool``) and
+    the entity's leaf state: how a test judges it from guard values instead of an entity."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The declared guards this one stands for: an expression's members (maybe none:
+        ``In('x')``), or its own name."""
+        return self.members if self.evaluate is not None else (self.name,)
 
 
 def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> Any:

@@ -10,7 +10,7 @@ then document order).  A property test (I7) proves the two agree.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from statemachine import State
 from statemachine.transition import Transition
 
 from fsm.errors import InvalidDefinition
-from fsm.guard_expr import guard_names
+from fsm.guard_expr import expression_guard, read_cond
 from fsm.guards import HOLDS_LEASE, Guard
 from fsm.policy import Policy
 from fsm.records import (
@@ -127,6 +127,11 @@ class CompiledTable:
     timed: dict[str, str | None] = field(default_factory=dict)
     """Leaf -> the timed state on its path (``None``: no timer counts there).  Empty when
     the lifecycle has no timed transitions."""
+    by_leaf: dict[str, tuple[tuple[int, Branch], ...]] = field(default_factory=dict)
+    """Leaf -> every branch an event in it may take, in the order the statechart tries them,
+    each with its transition's declaration order (:func:`matches`: a dotted or wildcard
+    descriptor takes events it was not declared for)."""
+    _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_timers(self) -> bool:
@@ -141,13 +146,31 @@ class CompiledTable:
         return tuple(b for b in self.declared if b.after is not None)
 
     def branches_for(self, leaf: str, event: str) -> tuple[Branch, ...]:
-        return self.branches.get((leaf, event), ())
+        """The branches ``event`` may take from ``leaf``, in the order they are tried: the
+        branches declared for it, and those whose descriptor matches it (``error`` matches
+        ``error.timeout``; ``*`` matches every event: :func:`matches`)."""
+        found = self.branches.get((leaf, event))
+        if found is not None:
+            return found
+        if "." not in event and "*" not in self.events:
+            return ()  # no descriptor but the event itself can match an undotted name
+        key = (leaf, event)
+        found = self._matched.get(key)
+        if found is None:
+            found = matching_branches(self.by_leaf.get(leaf, ()), event)
+            if len(self._matched) < MAX_MATCHED:  # events are callers' input: the memo is bounded
+                self._matched[key] = found
+        return found
+
+    def knows(self, event: str) -> bool:
+        """Whether ``event`` is declared or matched by a declared descriptor."""
+        return event in self.events or any(matches(d, event) for d in self.events)
 
     def select(
         self, leaf: str, event: str, passes: Callable[[Branch], bool], actor: Actor | None = None
     ) -> Branch | None:
         """The first branch (for ``actor``, or any actor) whose guards ``passes`` accepts."""
-        for branch in self.branches.get((leaf, event), ()):
+        for branch in self.branches_for(leaf, event):
             if (actor is None or branch.actor is actor) and passes(branch):
                 return branch
         return None
@@ -186,6 +209,37 @@ def branch_conditions(branch: Branch, policy: Policy) -> tuple[Condition, ...]:
     return tuple(found)
 
 
+MAX_MATCHED = 4096
+"""How many (leaf, undeclared event) answers :meth:`CompiledTable.branches_for` keeps."""
+
+
+def matches(descriptor: str, event: str) -> bool:
+    """Whether a transition declared for ``descriptor`` takes ``event``, as python-statemachine
+    matches them: ``*`` takes every event; otherwise the descriptor (without a trailing ``.``
+    or ``.*``) is the event or a prefix of it at a dot (``error`` takes ``error`` and
+    ``error.timeout``, not ``errors``)."""
+    if descriptor == "*":
+        return True
+    if descriptor.endswith(".*"):
+        descriptor = descriptor[:-2]
+    elif descriptor.endswith("."):
+        descriptor = descriptor[:-1]
+    return event == descriptor or event.startswith(descriptor + ".") or not descriptor
+
+
+def matching_branches(ordered: Iterable[tuple[int, Branch]], event: str) -> tuple[Branch, ...]:
+    """The branches of ``ordered`` (one leaf's, in the order they are tried) whose descriptor
+    takes ``event``: one per transition, named for ``event`` (what its history row records)."""
+    found: list[Branch] = []
+    taken: set[int] = set()
+    for rank, branch in ordered:
+        if rank in taken or not matches(branch.event, event):
+            continue
+        taken.add(rank)
+        found.append(branch if branch.event == event else replace(branch, event=event))
+    return tuple(found)
+
+
 def _initial_leaf(state: State) -> State:
     while state.is_compound:
         children = list(state.states)
@@ -209,7 +263,9 @@ def _holders(leaf: State) -> list[State]:
     return [leaf, *_ancestors(leaf)]
 
 
-def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> tuple[tuple[Guard, bool], ...]:
+def _guards_of(
+    transition: Transition, guards: dict[str, Guard], where: str, states: dict[str, frozenset[str]]
+) -> tuple[tuple[Guard, bool], ...]:
     found: list[tuple[Guard, bool]] = []
     for spec in transition.cond:
         func: Any = spec.func
@@ -218,7 +274,11 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
                 f"{where}: guards must be named (cond='name'), so they can be persisted, re-checked and drawn; "
                 f"got {func!r}"
             )
-        for name in guard_names(func, unless=not spec.expected_value, where=where):
+        for item in read_cond(func, unless=not spec.expected_value, where=where):
+            if not isinstance(item, tuple):
+                found.append((expression_guard(item, guards, states, where), True))
+                continue
+            name, expected = item
             if name not in guards:
                 known = ", ".join(sorted(guards))
                 raise InvalidDefinition(
@@ -227,12 +287,12 @@ def _guards_of(transition: Transition, guards: dict[str, Guard], where: str) -> 
                     "engine judges guards on the stored entity, never on a chart instance)"
                 )
             g = guards[name]
-            if not spec.expected_value and g.condition is not None and negate_condition(g.condition(Policy())) is None:
+            if not expected and g.condition is not None and negate_condition(g.condition(Policy())) is None:
                 raise InvalidDefinition(
-                    f"{where}: unless={name!r} cannot be re-checked by the store at commit (only its positive "
-                    "form can); guard the transition positively (e.g. cond='holds_lease')"
+                    f"{where}: unless={name!r} (or 'not {name}') cannot be re-checked by the store at commit (only "
+                    "its positive form can); guard the transition positively (e.g. cond='holds_lease')"
                 )
-            found.append((g, bool(spec.expected_value)))
+            found.append((g, expected))
     return tuple(found)
 
 
@@ -269,13 +329,19 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         for t in s.transitions:
             order.setdefault(id(t), len(order))
 
+    states_under = {
+        s.id: frozenset(x.id for x in leaves if s is x or any(a is s for a in _ancestors(x))) for s in all_states
+    }
     timed = {s.id for s in all_states for t in s.transitions if meta_of(t).after is not None}
     scopes = timed_scopes(name, all_states, timed) if timed else {}
     branches: dict[tuple[str, str], list[Branch]] = {}
     events: list[str] = []
+    order_of: dict[int, int] = {}  # id(branch) -> the rank its transition is tried at from its leaf
     for leaf in leaves:
+        rank = 0
         for holder in _holders(leaf):
             for t in holder.transitions:
+                rank += 1
                 if t.is_eventless or t.initial:
                     continue
                 where = f"{name}: {describe(t)}"
@@ -283,7 +349,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                     raise InvalidDefinition(f"{where}: a transition needs exactly one target")
                 meta = meta_of(t)
                 target_leaf = _initial_leaf(t.targets[0])
-                gs = _guards_of(t, guards, where)
+                gs = _guards_of(t, guards, where, states_under)
                 for event in (str(e) for e in t.events):
                     if event not in events:
                         events.append(event)
@@ -312,6 +378,20 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                             timer=timer_mode(t, leaf.id, target_leaf, scopes) if scopes else TimerMode.KEEP,
                         )
                     )
+                    order_of[id(branches[(leaf.id, event)][-1])] = rank
+    by_leaf: dict[str, list[tuple[int, Branch]]] = {}
+    for (leaf_id, _event), found in branches.items():
+        by_leaf.setdefault(leaf_id, []).extend((order_of[id(b)], b) for b in found)
+    ordered = {leaf_id: tuple(sorted(pairs, key=lambda p: (p[0], p[1].event))) for leaf_id, pairs in by_leaf.items()}
+    if any(("." in e or "*" in e) for e in events):
+        # a descriptor matching other events (``error`` matches ``error.timeout``): each
+        # declared event takes every branch whose descriptor matches it, in statechart order
+        for leaf_id, pairs in ordered.items():
+            for event in events:
+                if not event.endswith(("*", ".")):
+                    merged = matching_branches(pairs, event)
+                    if merged:
+                        branches[(leaf_id, event)] = list(merged)
     configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}
     declared = sorted((b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source)))
     return CompiledTable(
@@ -324,6 +404,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         branches={k: tuple(v) for k, v in branches.items()},
         declared=tuple(declared),
         timed=scopes,
+        by_leaf=ordered,
     )
 
 
@@ -334,6 +415,8 @@ __all__ = [
     "branch_conditions",
     "compile_table",
     "exclusive",
+    "matches",
+    "matching_branches",
     "meta_of",
     "negate_condition",
 ]

@@ -43,9 +43,6 @@ _GENERIC_CONVENTIONS = {
     "on_invoke_state": "on entering every state, as an invoked service",
 }
 
-_SCXML_PREFIXES = ("error_", "done_state_", "done_invoke_")
-"""Attribute names python-statemachine also registers under a dotted SCXML event id."""
-
 _GROUP_ARGUMENT = {
     CallbackGroup.ENTER: "enter=",
     CallbackGroup.EXIT: "exit=",
@@ -133,27 +130,10 @@ def _event_ids(cls: Any) -> dict[str, Event]:
 
 
 def refuse_events(name: str, cls: Any, guards: Mapping[str, Guard], framework: frozenset[str]) -> None:
-    """Event forms the table does not match as python-statemachine does, and event names
-    that would replace a framework attribute or shadow a guard."""
+    """Delays the engine cannot keep, and event names that would replace a framework
+    attribute or shadow a guard.  (Dotted and wildcard descriptors are matched as
+    python-statemachine matches them: :func:`fsm.table.matches`.)"""
     for event_id, event in _event_ids(cls).items():
-        if event_id == "*":
-            raise InvalidDefinition(
-                f"{name}: wildcard event '*' is not supported: python-statemachine fires it for every event, "
-                "the compiled table matches event names exactly; declare the events by name (event='a b c')"
-            )
-        if "." in event_id:
-            attr = event_id.replace(".", "_")
-            if attr.startswith(_SCXML_PREFIXES) and attr in cls.__dict__:
-                raise InvalidDefinition(
-                    f"{name}: event attribute {attr!r} also declares the SCXML event {event_id!r}, "
-                    "python-statemachine's error/done routing, which is not supported; rename it "
-                    "(without the error_/done_state_/done_invoke_ prefix)"
-                )
-            raise InvalidDefinition(
-                f"{name}: dotted event {event_id!r} is not supported: python-statemachine matches event "
-                "descriptors by dotted prefix ('error' also fires on 'error.timeout', 'error.*' on any "
-                "'error.' event), the compiled table matches names exactly; use a name without dots"
-            )
         if event.delay and (
             isinstance(event.delay, bool)
             or not isinstance(event.delay, int | float)

@@ -91,8 +91,8 @@ def test_unknown_guard_name_is_refused_naming_the_transition() -> None:
             succeed = worker(active.finalizing.to(done, cond="holds_lease"))
 
 
-def test_guard_expressions_with_or_are_refused() -> None:
-    with pytest.raises(InvalidDefinition, match="not supported"):
+def test_a_fenced_guard_under_or_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="'holds_lease' is re-checked by the store at commit"):
 
         class Expr(Lifecycle):
             queued = State(initial=True)
@@ -229,8 +229,8 @@ def _base(**extra: object) -> dict[str, object]:
     return attrs
 
 
-def test_unless_combining_guards_is_refused_because_its_meaning_is_a_disjunction() -> None:
-    with pytest.raises(InvalidDefinition, match="unless="):
+def test_unless_combining_fenced_guards_is_refused_because_its_meaning_is_a_disjunction() -> None:
+    with pytest.raises(InvalidDefinition, match="may not appear under 'or' or 'not'"):
         type(
             "Ambiguous",
             (Lifecycle,),
@@ -301,7 +301,7 @@ def test_a_subclass_may_change_policy_but_not_declare_transitions() -> None:
 
 
 def test_unless_on_a_time_guard_is_refused_since_the_store_cannot_recheck_its_negation() -> None:
-    with pytest.raises(InvalidDefinition, match="unless='lease_stale' cannot be re-checked"):
+    with pytest.raises(InvalidDefinition, match=r"unless='lease_stale' .* cannot be re-checked"):
         type(
             "FreshOnly", (Lifecycle,), _base(abort=lambda a: worker(a["active"].to(a["failed"], unless="lease_stale")))
         )
@@ -368,7 +368,7 @@ def test_unless_on_a_user_guard_whose_condition_cannot_be_negated_is_refused() -
     custom = Guard("idle_long", lambda ctx: True, "idle", condition=lambda p: LeaseStale(p.stale_after * 2))
     attrs = _base(abort=lambda a: worker(a["active"].to(a["failed"], unless="idle_long")))
     attrs["idle_long"] = custom
-    with pytest.raises(InvalidDefinition, match="unless='idle_long' cannot be re-checked"):
+    with pytest.raises(InvalidDefinition, match=r"unless='idle_long' .* cannot be re-checked"):
         type("Custom", (Lifecycle,), attrs)
 
 

@@ -96,8 +96,8 @@ def extract(
     used: list[str] = []
     for branch in table.declared:
         for g, _expected in branch.guards:
-            if g.after is None and g.name not in used:  # a timer's own guard is drawn "after 24h"
-                used.append(g.name)
+            if g.after is None:  # a timer's own guard is drawn "after 24h"
+                used += [name for name in g.names if name not in used]  # an expression: its guards
     guards = tuple((name, lifecycle.guards[name].description) for name in used)
     diagram = Diagram(
         name=lifecycle.__name__,

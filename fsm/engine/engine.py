@@ -59,7 +59,7 @@ from fsm.errors import (
 from fsm.guards import HOLDS_LEASE
 from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
-from fsm.limits import MAX_CREATE_MANY, check_priority, check_run_after, json_copy
+from fsm.limits import MAX_CREATE_MANY, check_id, check_priority, check_run_after, json_copy
 from fsm.policy import Policy
 from fsm.records import (
     Actor,
@@ -393,7 +393,7 @@ class Engine(EngineWork):
         ``GuardRejected``, ``LeaseLost``, ``StaleVersion``, ``ConditionFailed``,
         ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
         """
-        if event_arg(event) not in self._events:
+        if event_arg(event) not in self._events and not self.table.knows(check_id("event", event)):
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         if actor is not Actor.WORKER:
             actor = actor_arg(actor)

@@ -19,7 +19,7 @@ from fsm.engine.announce import announce
 from fsm.engine.arguments import check_arguments, event_arg, optional_lease
 from fsm.engine.result import FireResult
 from fsm.errors import Fenced, FsmError, InvalidArgument, StaleVersion, UnknownEvent
-from fsm.limits import MAX_APPLY_MANY
+from fsm.limits import MAX_APPLY_MANY, check_id
 from fsm.records import Actor, HistoryRecord, Lease, Snapshot, TransitionWrite
 from fsm.table import Branch
 
@@ -60,7 +60,7 @@ def fire_many(
         if not isinstance(item, Fire):
             raise InvalidArgument(f"fire_many takes Fire items, not {type(item).__name__}")
         _held(item.entity)
-        if event_arg(item.event) not in engine._events:
+        if event_arg(item.event) not in engine._events and not engine.table.knows(check_id("event", item.event)):
             raise UnknownEvent(item.event, lifecycle=engine.kind, known=list(engine.table.events))
         engine.refuse_delayed(item.event)
         if item.data is not None:

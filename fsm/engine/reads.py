@@ -48,7 +48,8 @@ class EngineReads(EngineBase):
         if not isinstance(entity, Snapshot):
             raise InvalidArgument(f"would_fire takes a Snapshot, not {type(entity).__name__}")
         if (
-            event not in self._events
+            not isinstance(event, str)
+            or (event not in self._events and not (event.isascii() and self.table.knows(event)))
             or not isinstance(entity.state, str)
             or entity.state not in self.table.configurations
         ):

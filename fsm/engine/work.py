@@ -370,7 +370,7 @@ class EngineWork(EngineLeases):
         due it fires if the chart allows it, as python-statemachine processes it then, and is
         dropped with the refusal otherwise).  Returns the :class:`~fsm.engine.later.Delayed`
         request."""
-        if event_arg(event) not in self.table.events:
+        if event_arg(event) not in self.table.events and not self.table.knows(check_id("event", event)):
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         who = actor_arg(actor) if not isinstance(actor, Actor) else actor
         check_arguments(reason, idempotency_key, data)

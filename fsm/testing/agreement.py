@@ -25,8 +25,14 @@ class Disagreement(AssertionError):
 
 
 def _passes(values: Mapping[str, bool]) -> Callable[[Branch], bool]:
+    def answer(name: str) -> bool:
+        return bool(values.get(name, False))
+
     def passes(branch: Branch) -> bool:
-        return all(bool(values.get(g.name, False)) is expected for g, expected in branch.guards)
+        return all(
+            (answer(g.name) if g.evaluate is None else g.evaluate(answer, branch.source)) is expected
+            for g, expected in branch.guards
+        )
 
     return passes
 

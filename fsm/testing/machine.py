@@ -195,8 +195,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         hints: list[dict[str, Any] | None] = []
         for branch in self.lifecycle.table.branches_for(state, event):
             for g, _ in branch.guards:
-                if g.name in self.guard_data:
-                    hints += [dict(p) for p in self.guard_data[g.name]]
+                for name in g.names:
+                    hints += [dict(p) for p in self.guard_data.get(name, ())]
         if hints:
             hint: dict[str, Any] | None = data.draw(st.sampled_from([None, *hints]), label="data")
             return hint

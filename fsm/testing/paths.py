@@ -227,7 +227,8 @@ class _Run:
                 patches: list[str | None] = [None]
                 for b in branches:
                     for g, _ in b.guards:
-                        patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(g.name, ())]
+                        for name in g.names:
+                            patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(name, ())]
                 found += [Step("fire", event, actor, p) for p in dict.fromkeys(patches)]
         found.append(Step("acquire"))
         if self._lease(snap) is not None:

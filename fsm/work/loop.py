@@ -393,7 +393,7 @@ class WorkerCore:
 
     def may_fire(self, state: str, event: str) -> bool:
         """Whether the worker may fire ``event`` from ``state`` at all (guards aside)."""
-        return event in self.table.events and any(
+        return (event in self.table.events or self.table.knows(event)) and any(
             b.actor is Actor.WORKER for b in self.table.branches_for(state, event)
         )
 
