@@ -38,6 +38,7 @@ from fsm.errors import (
     TransitionNotAllowed,
     UnknownEntity,
     UnknownEvent,
+    ValidationFailed,
 )
 from fsm.policy import Policy, RetryPolicy
 from fsm.records import Actor, EffectRecord, FeedEntry, HistoryRecord, Lease, LeaseChange, LeaseRenewal, Snapshot
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from fsm.definition_rules import operator_override
     from fsm.engine import Engine, Fire, FireResult, PruneResult
     from fsm.evolution import DataMigration, Removed, Renamed, Split, check_store, migrate_rows
-    from fsm.guards import Guard, GuardContext, guard
+    from fsm.guards import Guard, GuardContext, guard, validator
     from fsm.lifecycle import Lifecycle, reaper, recovery, retries, starts, worker
     from fsm.lifecycles import JobData, JobLifecycle, PipelineData, PipelineLifecycle
     from fsm.reaping import Reaper, ReaperConfig, ReapPolicy, ReapResult
@@ -74,6 +75,7 @@ _LAZY = {
     "Guard": "fsm.guards",
     "GuardContext": "fsm.guards",
     "guard": "fsm.guards",
+    "validator": "fsm.guards",
     "Lifecycle": "fsm.lifecycle",
     "operator_override": "fsm.definition_rules",
     "itself": "fsm.builders",
@@ -183,6 +185,7 @@ __all__ = [
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
+    "ValidationFailed",
     "Worker",
     "check_store",
     "guard",
@@ -194,5 +197,6 @@ __all__ = [
     "recovery",
     "retries",
     "starts",
+    "validator",
     "worker",
 ]

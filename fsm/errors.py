@@ -109,6 +109,21 @@ class GuardRejected(FsmError):
         super().__init__(f"{event!r} from {state!r} of entity {entity_id!r} refused by guards ({detail})")
 
 
+class ValidationFailed(GuardRejected):
+    """A validator refused the event (python-statemachine's ``validators=``): it raised,
+    and its message is the reason.  Nothing was written; as in python-statemachine, no
+    later branch of the event is tried.  The validator's exception is the ``__cause__``."""
+
+    def __init__(self, *, entity_id: str, event: str, state: str, branch: str, validator: str, reason: str) -> None:
+        self.validator = validator
+        self.reason = reason
+        super().__init__(entity_id=entity_id, event=event, state=state, failed={branch: [validator]})
+        self.args = (f"{event!r} from {state!r} of entity {entity_id!r} refused by validator {validator!r}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class StaleVersion(FsmError):
     """A compare-and-set on the version lost: somebody else wrote the entity first (I3)."""
 

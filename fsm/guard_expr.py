@@ -90,6 +90,10 @@ def _check(
                 f"{where}: unknown guard {node.id!r} in {text!r} (known guards: {', '.join(sorted(guards))}); "
                 "declare it on the class as a function decorated with @guard taking a GuardContext"
             )
+        if g.validates:
+            raise InvalidDefinition(
+                f"{where}: {node.id!r} in {text!r} is a validator (it refuses by raising): name it in validators="
+            )
         if g.condition is not None or g is HOLDS_LEASE or g.after is not None:
             # the fencing token and the store's re-checks are conjunctions of the write
             raise InvalidDefinition(

@@ -71,6 +71,8 @@ class Guard:
     condition: ConditionFactory | None = None
     after: timedelta | None = None
     """Set on a timed transition's generated guard (:mod:`fsm.timers`): its delay."""
+    validates: bool = False
+    """A validator (:func:`validator`): ``check`` returns True or raises :class:`Invalid`."""
     members: tuple[str, ...] = ()
     """A guard expression's (:mod:`fsm.guard_expr`): the guard names it combines."""
     evaluate: Callable[[Callable[[str], bool], str], bool] | None = None
@@ -105,6 +107,53 @@ def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> An
     def make(check: GuardCheck) -> Guard:
         doc = description if description is not None else (check.__doc__ or "").strip()
         return Guard(name=check.__name__, check=check, description=doc)
+
+    if fn is not None:
+        return make(fn)
+    return make
+
+
+class Invalid(Exception):  # an internal signal: the engine raises ValidationFailed for it
+    """Raised by a validator's check: ``name`` refused, ``error`` says why."""
+
+    def __init__(self, name: str, error: Exception) -> None:
+        super().__init__(name, error)
+        self.name = name
+        self.error = error
+
+
+def validator(fn: Callable[[GuardContext], object] | None = None, *, description: str | None = None) -> Any:
+    """Declare a validator on a Lifecycle class, for python-statemachine's ``validators=``:
+    it refuses a transition by raising, and its message is the reason the caller gets::
+
+        class Payment(Lifecycle):
+            ...
+            charge = worker(pending.to(charged, validators="amount_positive"))
+
+            @validator
+            def amount_positive(ctx: GuardContext) -> None:
+                "the amount is positive"
+                if ctx.data.get("amount", 0) <= 0:
+                    raise ValueError("the amount must be positive")
+
+    The engine runs a branch's validators before its guards, on the entity as read; one
+    that raises refuses the whole event with :class:`~fsm.errors.ValidationFailed` (no
+    later branch is tried, as in python-statemachine) and nothing is written.  Like a
+    guard, a validator should depend only on the entity's row.
+    """
+
+    def make(check: Callable[[GuardContext], object]) -> Guard:
+        name = check.__name__
+
+        def run(ctx: GuardContext) -> bool:
+            try:
+                check(ctx)
+            except Exception as err:
+                raise Invalid(name, err) from err
+            return True
+
+        doc = description if description is not None else (check.__doc__ or "").strip()
+        return Guard(name=name, check=run, description=doc, validates=True)
 
     if fn is not None:
         return make(fn)
@@ -208,4 +257,5 @@ __all__ = [
     "Guard",
     "GuardContext",
     "guard",
+    "validator",
 ]

@@ -18,8 +18,8 @@
         expire = reaper(active.to(failed, cond="lease_stale"), reason="expired")
 
 At class creation the framework refuses every python-statemachine feature the compiled
-table would not run as python-statemachine does (callbacks, history states, wildcard and
-dotted events, guard operators: :mod:`fsm.unsupported`), checks the rules a reaper depends
+table would not run as python-statemachine does (callbacks, history states, parallel
+states: :mod:`fsm.unsupported`, :mod:`fsm.table`), checks the rules a reaper depends
 on (``finalizing`` is a sub-state of a compound active state; no reaper transition leaves
 ``finalizing`` without the ``lease_stale`` guard), resolves every guard name, and compiles
 the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
@@ -46,7 +46,7 @@ from fsm.coordination import Limits
 from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.evolution.declare import Declaration, Migrations, check_migrations
-from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext
+from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext, Invalid
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
@@ -314,8 +314,15 @@ class _GuardOracle:
     def _answer(g: Guard, values: Mapping[str, bool] | GuardContext | None) -> Any:
         if isinstance(values, GuardContext):
             ctx = values
-            return lambda: g.check(ctx)
+            return lambda: g.check(ctx)  # a validator raises Invalid out of send()
         table = values if values is not None else {}
+        if g.validates:
+
+            def validate() -> None:
+                if not table.get(g.name, False):
+                    raise Invalid(g.name, ValueError(f"{g.name} answered False"))
+
+            return validate
         return lambda: bool(table.get(g.name, False))
 
 

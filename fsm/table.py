@@ -267,6 +267,15 @@ def _guards_of(
     transition: Transition, guards: dict[str, Guard], where: str, states: dict[str, frozenset[str]]
 ) -> tuple[tuple[Guard, bool], ...]:
     found: list[tuple[Guard, bool]] = []
+    for spec in transition.validators:  # python-statemachine runs them before the conditions
+        named = spec.func
+        g = guards.get(named) if isinstance(named, str) else None
+        if g is None or not g.validates:
+            raise InvalidDefinition(
+                f"{where}: validators={named!r} must name a validator declared on the class with @validator "
+                "(a function taking a GuardContext that raises to refuse, its message the reason)"
+            )
+        found.append((g, True))
     for spec in transition.cond:
         func: Any = spec.func
         if not isinstance(func, str):
@@ -287,6 +296,11 @@ def _guards_of(
                     "engine judges guards on the stored entity, never on a chart instance)"
                 )
             g = guards[name]
+            if g.validates:
+                raise InvalidDefinition(
+                    f"{where}: {name!r} is a validator (it refuses by raising): name it in validators=, "
+                    "not in a condition"
+                )
             if not expected and g.condition is not None and negate_condition(g.condition(Policy())) is None:
                 raise InvalidDefinition(
                     f"{where}: unless={name!r} (or 'not {name}') cannot be re-checked by the store at commit (only "
@@ -350,6 +364,11 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                 meta = meta_of(t)
                 target_leaf = _initial_leaf(t.targets[0])
                 gs = _guards_of(t, guards, where, states_under)
+                if meta.actor is Actor.REAPER and any(g.validates for g, _ in gs):
+                    raise InvalidDefinition(
+                        f"{where}: a reaper transition cannot have validators: the reaper fires it with no caller to "
+                        "tell why it was refused; use a guard"
+                    )
                 for event in (str(e) for e in t.events):
                     if event not in events:
                         events.append(event)

@@ -189,8 +189,11 @@ def refuse_callbacks(name: str, cls: Any, guards: Mapping[str, Guard], base: typ
     the framework's own class: what it defines is the framework's, not a user callback."""
     for where, spec in _explicit_callbacks(cls):
         if spec.group is CallbackGroup.VALIDATOR:
+            if isinstance(spec.func, str):
+                continue  # a named validator: the table runs it (fsm.guards.validator)
             raise InvalidDefinition(
-                f"{name}: {where}: validators= are not supported (the engine would not run them); use a named guard"
+                f"{name}: {where}: validators= must name a validator declared with @validator, so the engine "
+                f"can run it on the stored entity; got {spec.func!r}"
             )
         argument = _GROUP_ARGUMENT.get(spec.group, spec.group.name.lower())
         raise InvalidDefinition(

@@ -238,8 +238,8 @@ def test_unless_combining_fenced_guards_is_refused_because_its_meaning_is_a_disj
         )
 
 
-def test_validators_are_refused_since_the_engine_would_not_run_them() -> None:
-    with pytest.raises(InvalidDefinition, match="validators"):
+def test_validators_must_name_a_declared_validator() -> None:
+    with pytest.raises(InvalidDefinition, match=r"validators='check' must name a validator declared on the class"):
         type(
             "Validated",
             (Lifecycle,),

@@ -260,8 +260,15 @@ def test_guard_named_like_a_callback_is_refused() -> None:
     )
 
 
-def test_validators_stay_refused() -> None:
-    _refused("validators= are not supported", lambda a: {"abort": worker(a["active"].to(a["failed"], validators="v"))})
+def test_a_validator_not_declared_with_at_validator_is_refused() -> None:
+    _refused(
+        "validators='v' must name a validator declared on the class with @validator",
+        lambda a: {"abort": operator_override(a["active"].to(a["failed"], validators="v"), reason=None)},
+    )
+    _refused(
+        "validators= must name a validator declared with @validator",
+        lambda a: {"abort": operator_override(a["active"].to(a["failed"], validators=_method), reason=None)},
+    )
 
 
 def test_class_level_listeners_are_refused() -> None:

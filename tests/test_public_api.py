@@ -79,6 +79,7 @@ FSM_API = {
     "TransitionNotAllowed",
     "UnknownEntity",
     "UnknownEvent",
+    "ValidationFailed",
     "Worker",
     "guard",
     "itself",
@@ -88,6 +89,7 @@ FSM_API = {
     "recovery",
     "retries",
     "starts",
+    "validator",
     "worker",
 }
 

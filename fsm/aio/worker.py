@@ -272,6 +272,7 @@ class AsyncWorker(CoreFace):
         :class:`~fsm.reaping.Reaper` on its own thread, over a synchronous twin of the
         async store (``store.sync_store()``: the same tables, connections of its own)."""
         self._reaper_store: Any = None
+        self._stop_task: asyncio.Future[None] | None = None
         if reap is not False:
             twin = getattr(engine.store, "sync_store", None)
             if twin is None:
@@ -386,7 +387,14 @@ class AsyncWorker(CoreFace):
     async def stop(self, grace: timedelta | None = None) -> None:
         """Stop claiming, wait up to ``grace`` for running handlers, then tell the rest
         (``job.lost``, reason ``"worker stopping"``), cancel them and release their leases,
-        so another worker can claim them at once.  Idempotent."""
+        so another worker can claim them at once.  Idempotent: a stop while another is
+        under way waits for that one (``run``'s own way out stops it too), so the two never
+        close what the other still uses."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, grace: timedelta | None) -> None:
         self._stopping = True
         self._changed.set()
         wait = self.grace if grace is None else grace.total_seconds()
@@ -410,8 +418,10 @@ class AsyncWorker(CoreFace):
         await self.completer.stop()  # what the finished handlers fired is written first
         await self.keepers.aclose()
         if self.reaper is not None:  # resigns the leader lease: another worker's reaper takes over
-            await asyncio.to_thread(self.reaper.stop)
-            if self._reaper_store is not getattr(self.engine.store, "sync", None):
+            ended = await asyncio.to_thread(self.reaper.stop)
+            if not ended:  # its thread may still use the twin's connections: closing them would crash it
+                log.warning("the reaper's loop did not end within its stop timeout; its store is left open")
+            elif self._reaper_store is not getattr(self.engine.store, "sync", None):
                 self._reaper_store.close()  # a twin of its own (SQL); idempotent
         self.metrics = await asyncio.to_thread(release_worker_metrics, self.metrics)  # its server's join blocks
 

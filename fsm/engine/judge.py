@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fsm.clock import Clock
 from fsm.engine.base import StoreClock
-from fsm.errors import EntityMovedOn, Fenced, GuardRejected, LeaseLost, TransitionNotAllowed
-from fsm.guards import GuardContext
+from fsm.errors import EntityMovedOn, Fenced, GuardRejected, LeaseLost, TransitionNotAllowed, ValidationFailed
+from fsm.guards import GuardContext, Invalid
 from fsm.policy import Policy
 from fsm.records import Actor, Lease, Snapshot
 from fsm.table import Branch, CompiledTable
@@ -61,11 +61,21 @@ def choose(
     )
     failed: dict[str, list[str]] = {}
     for branch in mine:
-        refused = [
-            g.name if expected else f"not {g.name}"
-            for g, expected in branch.guards
-            if bool(g.check(ctx)) is not expected
-        ]
+        try:
+            refused = [
+                g.name if expected else f"not {g.name}"
+                for g, expected in branch.guards
+                if bool(g.check(ctx)) is not expected
+            ]
+        except Invalid as invalid:  # a validator raised: the event is refused, as python-statemachine does
+            raise ValidationFailed(
+                entity_id=snap.id,
+                event=event,
+                state=snap.state,
+                branch=branch.label,
+                validator=invalid.name,
+                reason=str(invalid.error) or type(invalid.error).__name__,
+            ) from invalid.error
         if not refused:
             return branch
         failed[branch.label] = refused

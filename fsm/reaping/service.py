@@ -165,6 +165,7 @@ class Reaper:
         """Kind -> its stored schedules: each tick creates the due runs of the kinds it leads."""
         self._led: set[str] | None = None  # the kinds the last tick led (None: no leadership)
         self._thread: threading.Thread | None = None
+        self._ending: threading.Thread | None = None  # the loop the last stop() waited for
         self._stop = threading.Event()
         self._nudge = threading.Event()
         self._subscriptions: list[Callable[[], None]] = []
@@ -558,10 +559,15 @@ class Reaper:
             self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="fsm-reaper", daemon=True)
             self._thread.start()
 
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """Stop the schedule promptly (a tick in progress finishes); a second stop is a no-op."""
+    def stop(self, timeout: float | None = 10.0) -> bool:
+        """Stop the schedule promptly (a tick in progress finishes); a second stop waits
+        for the same loop.  Returns whether the loop has ended: until it has, its thread
+        may still be using the store's connections, so the store must not be closed."""
         with self._lock:
             thread, self._thread = self._thread, None
+            if thread is None:
+                thread = self._ending  # a stop racing another: wait for the same loop
+            self._ending = thread
             self._stop.set()
             self._nudge.set()
             for unsubscribe in self._subscriptions:
@@ -570,8 +576,9 @@ class Reaper:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             if not thread.is_alive():
-                return  # the loop resigned on its own way out, on its own connection
+                return True  # the loop resigned on its own way out, on its own connection
         self._resign()
+        return thread is None or not thread.is_alive()
 
     def _resign(self) -> None:
         """Give every leader lease back: a standby takes over at its next tick, not after

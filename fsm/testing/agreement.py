@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from statemachine.exceptions import TransitionNotAllowed as SmNotAllowed
 
+from fsm.guards import Invalid
 from fsm.lifecycle import Lifecycle
 from fsm.table import Branch
 
@@ -35,6 +36,18 @@ def _passes(values: Mapping[str, bool]) -> Callable[[Branch], bool]:
         )
 
     return passes
+
+
+def _chosen(branches: Sequence[Branch], values: Mapping[str, bool]) -> Branch | None:
+    """The branch taken under ``values``: the first whose guards pass, unless a validator of
+    a branch tried before it refuses the whole event (python-statemachine's order)."""
+    passes = _passes(values)
+    for branch in branches:
+        if any(g.validates and not values.get(g.name, False) for g, _ in branch.guards):
+            return None
+        if passes(branch):
+            return branch
+    return None
 
 
 def _active(machine: Lifecycle) -> set[str]:
@@ -58,11 +71,11 @@ def check_agreement(
         values.clear()
         values.update(outcome)
         where = f"{lifecycle.__name__} step {n}: {event!r} from {leaf!r} with guards {dict(outcome)}"
-        branch = table.select(leaf, event, _passes(outcome))
+        branch = _chosen(table.branches_for(leaf, event), outcome)
         try:
             reference.send(event)
             accepted = True
-        except SmNotAllowed:
+        except (SmNotAllowed, Invalid):  # not allowed, or a validator refused it
             accepted = False
         if accepted != (branch is not None):
             taken = "took" if accepted else "refused"

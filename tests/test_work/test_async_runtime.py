@@ -216,6 +216,67 @@ def test_an_async_worker_that_reaps_recovers_a_dead_holders_job(where: str, tmp_
     asyncio.run(scenario())
 
 
+def test_two_stops_at_once_close_the_reapers_store_only_after_its_loop_ended(tmp_path: Any) -> None:
+    """A stop while another is under way (the run's own way out and the caller's) waits for
+    it: the reaper's twin store is closed once, after the reaper's loop has resigned.  A
+    second stop used to resign and close the twin while the loop still resigned on it (a
+    segfault in the SQLite driver, seen in CI)."""
+    import threading
+    import time
+
+    from fsm import ManualClock
+    from fsm.reaping import ReaperConfig
+    from fsm.reaping.leader import LeaderLease
+    from stores.aio import AsyncSqlStore
+
+    async def scenario() -> None:
+        clock = ManualClock()
+        store = AsyncSqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=clock)
+        engine = AsyncEngine(JobLifecycle, store, clock=clock)
+
+        async def exited(job: AsyncJob) -> str:
+            return "exited"
+
+        worker = AsyncWorker(
+            engine,
+            {"running": exited, "finalizing": exited},
+            poll_interval=A_DAY,
+            reap=ReaperConfig(interval=timedelta(milliseconds=20)),
+        )
+        assert worker.reaper is not None
+        seen: list[tuple[str, bool]] = []
+        loops: list[threading.Thread] = []
+        resign = LeaderLease.resign
+
+        def slow_resign(self: LeaderLease) -> None:
+            time.sleep(0.3)  # the loop is still resigning when the second stop comes
+            seen.append(("resigned on", threading.current_thread().name == "fsm-reaper"))
+            resign(self)
+
+        twin = worker._reaper_store
+        close = twin.close
+
+        def recorded_close() -> None:
+            seen.append(("closed", not loops[0].is_alive()))
+            close()
+
+        LeaderLease.resign = slow_resign  # type: ignore[method-assign]
+        twin.close = recorded_close
+        try:
+            task = asyncio.create_task(worker.run())
+            await until(lambda: worker.reaper is not None and bool(worker.reaper._led), "the reaper leads")
+            loops.append(worker.reaper._thread)  # type: ignore[arg-type]
+            await asyncio.gather(worker.stop(), worker.stop())
+            await task
+        finally:
+            LeaderLease.resign = resign  # type: ignore[method-assign]
+            await store.close()
+        assert seen.count(("closed", True)) == 1 and ("closed", False) not in seen
+        assert ("resigned on", True) in seen
+
+    asyncio.run(scenario())
+
+
 def test_reap_needs_an_async_store_with_a_sync_twin() -> None:
     from fsm import ConfigError
 
