@@ -68,9 +68,15 @@ def check_actors_declared(name: str, states: Any) -> None:
     """Refuse a transition not wrapped in ``worker()``, ``reaper()`` or ``operator_override()``."""
     for state in states:
         for t in state.transitions:
-            if t.initial or t.is_eventless:
+            if t.initial:
                 continue
-            if not isinstance(getattr(t, META_ATTR, None), TransitionMeta):
+            meta = getattr(t, META_ATTR, None)
+            if t.is_eventless and isinstance(meta, TransitionMeta) and meta.actor is Actor.REAPER:
+                raise InvalidDefinition(
+                    f"{name}: eventless {describe(t)} is declared with reaper(...): an eventless transition is "
+                    "taken within the fire that led to it, by that caller; declare it with worker(...)"
+                )
+            if not isinstance(meta, TransitionMeta):
                 raise InvalidDefinition(
                     f"{name}: {describe(t)} does not name its actor; wrap it in worker(...) (the entity's "
                     "owner fires it), reaper(...) (the reaper fires it) or operator_override(...)"
@@ -79,8 +85,8 @@ def check_actors_declared(name: str, states: Any) -> None:
 
 def check_finalizer_fenced(name: str, table: CompiledTable, finalizing: str) -> None:
     """Refuse a worker transition leaving ``finalizing`` without ``holds_lease`` (unless it
-    is declared an operator override)."""
-    for branch in table.declared:
+    is declared an operator override); an eventless one too, taken in a caller's fire."""
+    for branch in (*table.declared, *(b for found in table.automatic.values() for b in found)):
         if branch.source != finalizing or branch.actor is not Actor.WORKER or branch.holds_lease:
             continue
         if branch.target == finalizing and branch.lease_effect is LeaseChange.KEEP:

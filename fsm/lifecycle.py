@@ -42,6 +42,7 @@ from statemachine.transition import Transition
 from statemachine.transition_list import TransitionList
 
 from fsm.builders import Transitions, transition_list
+from fsm.chains import check_chains
 from fsm.coordination import Limits
 from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
@@ -245,6 +246,7 @@ class LifecycleMeta(StateMachineMetaclass):
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        check_chains(name, cls.table)
         cls.evolution = check_migrations(
             name, getattr(cls, "version", 1), getattr(cls, "migrations", ()), cls.table.leaves
         )

@@ -398,6 +398,28 @@ def check_transition_writes(writes: object) -> list[TransitionWrite]:
     return [check_transition_write(w) for w in writes]
 
 
+MAX_CHAIN_WRITES = 65
+"""The most writes one ``apply_chain`` commits: an event and its microsteps (``fsm.chains``)."""
+
+
+def check_chain(writes: object) -> list[TransitionWrite]:
+    """An ``apply_chain`` call: 1 to :data:`MAX_CHAIN_WRITES` valid writes of one entity, each
+    expecting the version the one before it leaves (the first's plus one, and so on)."""
+    if not isinstance(writes, list | tuple) or not 1 <= len(writes) <= MAX_CHAIN_WRITES:
+        raise InvalidArgument(
+            f"apply_chain takes a list of 1 to {MAX_CHAIN_WRITES} TransitionWrite, not {_shown(writes)}"
+        )
+    checked = [check_transition_write(w) for w in writes]
+    first = checked[0]
+    for n, write in enumerate(checked[1:], 1):
+        if write.entity_id != first.entity_id or write.expect_version != first.expect_version + n:
+            raise InvalidArgument(
+                "apply_chain takes the writes of one entity, each expecting the version the one before it "
+                f"leaves: write {n} is for {write.entity_id!r} at version {write.expect_version}"
+            )
+    return checked
+
+
 def check_renewals(leases: object, ttl: object, budgets: object) -> list[Lease]:
     """A ``renew_leases`` call: at most :data:`MAX_APPLY_MANY` leases, a store TTL, and
     ``(state, budget)`` pairs."""
@@ -635,6 +657,7 @@ def check_listing(kind: object, state: object, limit: object, after_id: object) 
 
 __all__ = [
     "MAX_APPLY_MANY",
+    "MAX_CHAIN_WRITES",
     "MAX_CREATE_MANY",
     "MAX_DURATION",
     "MAX_ID_LENGTH",
@@ -643,6 +666,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "as_duration",
     "check_batch_write",
+    "check_chain",
     "check_claim_request",
     "check_definition",
     "check_duration",

@@ -131,6 +131,15 @@ class CompiledTable:
     """Leaf -> every branch an event in it may take, in the order the statechart tries them,
     each with its transition's declaration order (:func:`matches`: a dotted or wildcard
     descriptor takes events it was not declared for)."""
+    automatic: dict[str, tuple[Branch, ...]] = field(default_factory=dict)
+    """Leaf -> its eventless transitions (their ``event`` is :data:`AUTOMATIC`), in the order
+    the statechart tries them: taken by themselves once their guards hold."""
+    completion: dict[str, str] = field(default_factory=dict)
+    """A final state nested in a compound -> the completion event entering it raises
+    (``done.state.<compound>``)."""
+    chain_heads: frozenset[str] = frozenset()
+    """The leaves whose entry may take more transitions by itself (eventless ones, or a
+    completion event's): a write into one carries its microsteps (:mod:`fsm.chains`)."""
     _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -208,6 +217,9 @@ def branch_conditions(branch: Branch, policy: Policy) -> tuple[Condition, ...]:
             found.append(negated)
     return tuple(found)
 
+
+AUTOMATIC = "(automatic)"
+"""The event an eventless transition's history row records (python-statemachine's has none)."""
 
 MAX_MATCHED = 4096
 """How many (leaf, undeclared event) answers :meth:`CompiledTable.branches_for` keeps."""
@@ -323,16 +335,6 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     all_states = list(states)
     by_id = {s.id: s for s in all_states}
     for s in all_states:
-        if s.final and s.parent is not None:
-            raise InvalidDefinition(
-                f"{name}: final state {s.id!r} is nested in {s.parent.id!r}; final states must be top-level, "
-                "or transitions declared on the parent would leave them (final states are absorbing)"
-            )
-        for t in s.transitions:
-            if t.is_eventless and not t.initial:
-                raise InvalidDefinition(
-                    f"{name}: eventless {describe(t)} is not supported: every transition is fired by an actor"
-                )
         if s.parallel:
             raise InvalidDefinition(f"{name}: parallel state {s.id!r} is not supported (a leaf id cannot hold it)")
     leaves = [s for s in all_states if not s.is_compound]
@@ -351,53 +353,66 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     branches: dict[tuple[str, str], list[Branch]] = {}
     events: list[str] = []
     order_of: dict[int, int] = {}  # id(branch) -> the rank its transition is tried at from its leaf
+    top_finals = {s.id for s in leaves if s.final and s.parent is None}
+
+    def branch_of(t: Transition, event: str, leaf: State, holder: State, where: str) -> Branch:
+        meta = meta_of(t)
+        target_leaf = _initial_leaf(t.targets[0])
+        gs = _guards_of(t, guards, where, states_under)
+        if meta.actor is Actor.REAPER and any(g.validates for g, _ in gs):
+            raise InvalidDefinition(
+                f"{where}: a reaper transition cannot have validators: the reaper fires it with no caller to "
+                "tell why it was refused; use a guard"
+            )
+        # a final state nested in a compound is where the compound completes, not the end
+        ends = target_leaf.id in top_finals
+        return Branch(
+            event=event,
+            source=leaf.id,
+            declared_on=holder.id,
+            target=target_leaf.id,
+            declared_target=t.targets[0].id,
+            actor=meta.actor,
+            guards=gs,
+            reason=meta.reason,
+            lease=meta.lease,
+            bump_attempt=meta.bump_attempt,
+            bump_reclaims=meta.bump_reclaims,
+            to_final=ends,
+            order=order[id(t)],
+            holds_lease=any(g is HOLDS_LEASE and expected for g, expected in gs),
+            lease_effect=LeaseChange.CLEAR if ends else meta.lease,
+            rechecked=any(g.condition is not None for g, _ in gs),
+            actor_name=meta.actor.value,
+            override=meta.override,
+            changes=meta.changes,
+            after=meta.after,
+            timer=timer_mode(t, leaf.id, target_leaf, scopes) if scopes else TimerMode.KEEP,
+        )
+
+    automatic: dict[str, list[Branch]] = {}
     for leaf in leaves:
         rank = 0
         for holder in _holders(leaf):
             for t in holder.transitions:
                 rank += 1
-                if t.is_eventless or t.initial:
+                if t.initial:
                     continue
                 where = f"{name}: {describe(t)}"
                 if len(t.targets) != 1:
                     raise InvalidDefinition(f"{where}: a transition needs exactly one target")
-                meta = meta_of(t)
-                target_leaf = _initial_leaf(t.targets[0])
-                gs = _guards_of(t, guards, where, states_under)
-                if meta.actor is Actor.REAPER and any(g.validates for g, _ in gs):
-                    raise InvalidDefinition(
-                        f"{where}: a reaper transition cannot have validators: the reaper fires it with no caller to "
-                        "tell why it was refused; use a guard"
-                    )
+                if t.is_eventless:  # taken by itself once its guards hold (fsm.chains)
+                    made = branch_of(t, AUTOMATIC, leaf, holder, where)
+                    if any(g.validates for g, _ in made.guards):
+                        raise InvalidDefinition(f"{where}: an eventless transition cannot have validators; use a guard")
+                    automatic.setdefault(leaf.id, []).append(made)
+                    continue
                 for event in (str(e) for e in t.events):
                     if event not in events:
                         events.append(event)
-                    branches.setdefault((leaf.id, event), []).append(
-                        Branch(
-                            event=event,
-                            source=leaf.id,
-                            declared_on=holder.id,
-                            target=target_leaf.id,
-                            declared_target=t.targets[0].id,
-                            actor=meta.actor,
-                            guards=gs,
-                            reason=meta.reason,
-                            lease=meta.lease,
-                            bump_attempt=meta.bump_attempt,
-                            bump_reclaims=meta.bump_reclaims,
-                            to_final=bool(target_leaf.final),
-                            order=order[id(t)],
-                            holds_lease=any(g is HOLDS_LEASE and expected for g, expected in gs),
-                            lease_effect=LeaseChange.CLEAR if target_leaf.final else meta.lease,
-                            rechecked=any(g.condition is not None for g, _ in gs),
-                            actor_name=meta.actor.value,
-                            override=meta.override,
-                            changes=meta.changes,
-                            after=meta.after,
-                            timer=timer_mode(t, leaf.id, target_leaf, scopes) if scopes else TimerMode.KEEP,
-                        )
-                    )
+                    branches.setdefault((leaf.id, event), []).append(branch_of(t, event, leaf, holder, where))
                     order_of[id(branches[(leaf.id, event)][-1])] = rank
+    declared = sorted((b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source)))
     by_leaf: dict[str, list[tuple[int, Branch]]] = {}
     for (leaf_id, _event), found in branches.items():
         by_leaf.setdefault(leaf_id, []).extend((order_of[id(b)], b) for b in found)
@@ -412,22 +427,28 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
                     if merged:
                         branches[(leaf_id, event)] = list(merged)
     configurations = {leaf.id: tuple(s.id for s in reversed([leaf, *_ancestors(leaf)])) for leaf in leaves}
-    declared = sorted((b for bs in branches.values() for b in bs), key=lambda b: (b.order, list(by_id).index(b.source)))
+    completion = {
+        s.id: f"done.state.{s.parent.id}" for s in leaves if s.final and s.parent is not None and not s.parent.parallel
+    }
     return CompiledTable(
         name=name,
         initial=_initial_leaf(initial_root).id,
         leaves=tuple(s.id for s in leaves),
-        finals=frozenset(s.id for s in leaves if s.final),
+        finals=frozenset(top_finals),
         events=tuple(events),
         configurations=configurations,
         branches={k: tuple(v) for k, v in branches.items()},
         declared=tuple(declared),
         timed=scopes,
         by_leaf=ordered,
+        automatic={leaf_id: tuple(found) for leaf_id, found in automatic.items()},
+        completion=completion,
+        chain_heads=frozenset(automatic) | frozenset(completion),
     )
 
 
 __all__ = [
+    "AUTOMATIC",
     "Branch",
     "CompiledTable",
     "TransitionMeta",

@@ -92,6 +92,15 @@ class Store(Protocol):
         """
         ...
 
+    def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
+        """Apply an event's write and the microsteps it takes by itself (eventless and
+        completion transitions, :mod:`fsm.chains`): the writes of one entity, each expecting
+        the version the one before leaves, judged in order as :meth:`apply` judges each,
+        committed together or not at all.  Returns each write's new row and history row; a
+        refusal raises what :meth:`apply` would have raised for that write, and nothing is
+        written.  Malformed writes -> ``InvalidArgument`` (nothing written)."""
+        ...
+
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """Apply many transitions in one transaction (one commit), each fenced on its own.
 

@@ -30,6 +30,7 @@ from fsm.errors import (
 from fsm.id_write import IdWrite, check_id_write
 from fsm.limits import (
     check_batch_write,
+    check_chain,
     check_children_args,
     check_claim_request,
     check_effect_args,
@@ -351,6 +352,34 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 except FsmError as err:
                     results.append(err)
         return results
+
+    def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
+        """See :meth:`stores.Store.apply_chain`: every write under the lock, in order; a refusal
+        undoes the ones before it (the row, its history, the feed and the idempotency key)."""
+        checked = check_chain(writes)
+        entity_id = checked[0].entity_id
+        with self._lock:
+            row = self._rows.get(entity_id)
+            history = len(self._history.get(entity_id, ()))
+            feed = len(self._feed)
+            keys = [(entity_id, w.idempotency_key) for w in checked if w.idempotency_key is not None]
+            kept = {k: self._keys[k] for k in keys if k in self._keys}
+            done: list[tuple[Snapshot, HistoryRecord]] = []
+            try:
+                for write in checked:
+                    done.append(self.apply_checked(write))
+            except BaseException:
+                if done and row is not None:
+                    self._rows[entity_id] = row
+                    del self._history[entity_id][history:]
+                    del self._feed[feed:]
+                    for k in keys:
+                        if k in kept:
+                            self._keys[k] = kept[k]
+                        else:
+                            self._keys.pop(k, None)
+                raise
+            return done
 
     def _holds(self, condition: Condition, row: Snapshot, now: datetime) -> bool:
         sibling = self._newer_sibling(row) if isinstance(condition, NewerSibling) else None

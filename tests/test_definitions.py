@@ -247,8 +247,8 @@ def test_validators_must_name_a_declared_validator() -> None:
         )
 
 
-def test_eventless_transitions_are_refused() -> None:
-    with pytest.raises(InvalidDefinition, match="eventless"):
+def test_an_eventless_transition_must_name_its_actor() -> None:
+    with pytest.raises(InvalidDefinition, match="does not name its actor"):
 
         class Eventless(Lifecycle):
             queued = State(initial=True)
@@ -263,8 +263,43 @@ def test_eventless_transitions_are_refused() -> None:
             active.finalizing.to(done)  # no event: python-statemachine would take it by itself
 
 
-def test_a_final_state_nested_in_the_compound_is_refused() -> None:
-    with pytest.raises(InvalidDefinition, match="final state 'shipped' is nested"):
+def test_an_eventless_transition_leaving_finalizing_must_hold_the_lease() -> None:
+    with pytest.raises(InvalidDefinition, match=r"worker transition '\(automatic\)' from 'finalizing' to 'done'"):
+
+        class Unfenced(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            worker(active.finalizing.to(done))  # taken by itself: any caller's fire into finalizing
+
+
+def test_an_eventless_reaper_transition_is_refused() -> None:
+    with pytest.raises(InvalidDefinition, match="is declared with reaper"):
+
+        class Reaped(Lifecycle):
+            queued = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            done = State(final=True)
+            start = worker(queued.to(active))
+            finish = worker(active.running.to(active.finalizing))
+            succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+            reaper(active.running.to(active.finalizing, cond="lease_stale"))
+
+
+def test_a_final_state_nested_in_the_compound_needs_its_exits_fenced() -> None:
+    """A nested final completes its compound (done.state.active); the entity goes on, so
+    the compound's transitions still leave it, and the finalizer's rules still hold."""
+    with pytest.raises(InvalidDefinition, match="worker transition 'abort' from 'finalizing'"):
 
         class NestedFinal(Lifecycle):
             queued = State(initial=True)

@@ -52,6 +52,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.builders",
             "fsm.guard_expr",
             "fsm.table",
+            "fsm.chains",
             "fsm.unsupported",
             "fsm.definition_rules",
             "fsm.lifecycle",

@@ -92,9 +92,11 @@ def extract(
     if not isinstance(lifecycle, type) or not issubclass(lifecycle, Lifecycle) or not hasattr(lifecycle, "table"):
         raise TypeError(f"extract needs a Lifecycle subclass with states, got {lifecycle!r}")
     table = lifecycle.table
-    edges = _edges(table.declared)
+    # eventless transitions are drawn as the edges they are, labelled "(automatic)"
+    drawn = (*table.declared, *(b for found in table.automatic.values() for b in found))
+    edges = _edges(drawn)
     used: list[str] = []
-    for branch in table.declared:
+    for branch in drawn:
         for g, _expected in branch.guards:
             if g.after is None:  # a timer's own guard is drawn "after 24h"
                 used += [name for name in g.names if name not in used]  # an expression: its guards

@@ -31,6 +31,7 @@ from fsm.engine.arguments import (
 from fsm.engine.base import StoreClock
 from fsm.engine.by_id import by_id_of, id_plans, id_write
 from fsm.engine.cascade import Cancelled, cascade, check_lifecycles
+from fsm.engine.chained import chain_writes
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
@@ -145,7 +146,8 @@ class Engine(EngineWork):
             unchecked_create_many(store) or store.create_many
         )
         # firing by id without a read, where the store judges the branch (fsm.engine.by_id)
-        self._by_id = by_id_of(store)
+        # (a lifecycle with eventless or completion transitions judges each fire's chain first)
+        self._by_id = None if self.table.chain_heads else by_id_of(store)
         self._id_plans = id_plans(self.table) if self._by_id is not None else {}
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
@@ -564,7 +566,10 @@ class Engine(EngineWork):
         )
         if fence is not None:
             write.require = (*write.require, fence)
+        chain = chain_writes(self, write, branch, lease, owner) if branch.target in self.table.chain_heads else None
         try:
+            if chain is not None and len(chain[0]) > 1:
+                return self._apply_chain(*chain)
             new, record = self._apply(write)
         except StaleVersion:
             if not reread:
@@ -583,6 +588,19 @@ class Engine(EngineWork):
             return replay
         announce(self.kind, new, record, branch)
         return FireResult(new, record)
+
+    def _apply_chain(self, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
+        """The event's write and its microsteps, committed together (:mod:`fsm.chains`)."""
+        apply_chain = getattr(self.store, "apply_chain", None)
+        if apply_chain is None:
+            raise ConfigError(
+                f"{type(self.store).__name__} cannot commit eventless or completion transitions with their event "
+                "(it has no apply_chain)"
+            )
+        results: list[tuple[Snapshot, HistoryRecord]] = apply_chain(writes)
+        for (new, record), branch in zip(results, branches, strict=True):
+            announce(self.kind, new, record, branch)
+        return FireResult(results[-1][0], results[0][1], automatic=tuple(record for _, record in results[1:]))
 
     # -- the live feed --------------------------------------------------------------------
 

@@ -75,6 +75,9 @@ def fire_many(
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )
+            if branch.target in engine.table.chain_heads:  # its microsteps: a commit of its own
+                results[i] = engine._fire(snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None)
+                continue
             planned.append((i, write, branch, held))
         except FsmError as err:
             results[i] = _refused(engine, item, err)

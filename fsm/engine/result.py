@@ -19,6 +19,9 @@ class FireResult:
     snapshot: Snapshot
     record: HistoryRecord
     replayed: bool = False
+    automatic: tuple[HistoryRecord, ...] = ()
+    """The history rows of the eventless and completion transitions the event took by
+    itself, in the same commit (:mod:`fsm.chains`); ``snapshot`` is where they left it."""
 
     @property
     def state(self) -> str:

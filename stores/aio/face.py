@@ -75,6 +75,10 @@ class AsyncFace:
         result: list[tuple[Snapshot, HistoryRecord] | FsmError] = await self._invoke("apply_many", writes)
         return result
 
+    async def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("apply_chain", writes)
+        return result
+
     async def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
@@ -260,6 +264,10 @@ class BridgeStore(LedgerRun):
 
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         result: list[tuple[Snapshot, HistoryRecord] | FsmError] = self._call("apply_many", (writes,), {})
+        return result
+
+    def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
+        result: list[tuple[Snapshot, HistoryRecord]] = self._call("apply_chain", (writes,), {})
         return result
 
     def renew_leases(

@@ -1,0 +1,63 @@
+"""An event's write with its microsteps: the writes :func:`fsm.chains.settle` adds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fsm.chains import after_write, settle
+from fsm.engine.base import StoreClock
+from fsm.engine.writes import write_for
+from fsm.guards import GuardContext
+from fsm.records import Lease, Snapshot, TransitionWrite, apply_changes
+from fsm.table import Branch
+
+if TYPE_CHECKING:
+    from fsm.engine.engine import Engine
+
+
+def chain_writes(
+    engine: Engine, write: TransitionWrite, branch: Branch, lease: Lease | None, owner: str | None
+) -> tuple[list[TransitionWrite], list[Branch]]:
+    """``write`` (the event's, into one of the table's chain heads) followed by a write per
+    microstep it takes by itself, each judged on the entity as the steps before leave it
+    (guards see its state, lease, counters and data; the caller's lease stays its own while
+    the chain keeps it)."""
+    before = write.before
+    assert before is not None  # the engine's writes carry the snapshot they were judged on
+    current: Snapshot = after_write(before, write)
+    writes, branches = [write], [branch]
+    clock = StoreClock(engine.store)
+
+    def holder() -> Lease | None:
+        if lease is None or current.lease_owner != lease.owner:
+            return None
+        return lease._replace(token=current.lease_token)
+
+    def passes(step: Branch) -> bool:
+        ctx = GuardContext(
+            snapshot=current,
+            clock=clock,
+            lease=holder(),
+            policy=engine.policy,
+            newer_sibling=lambda: engine.store.has_newer_sibling(current.id),
+        )
+        return all(bool(g.check(ctx)) is expected for g, expected in step.guards)
+
+    def taken(step: Branch) -> None:
+        nonlocal current
+        data = None
+        if step.changes:
+            changed = apply_changes(step.changes, current.data)
+            if changed is not None:
+                data = engine._validate(changed, entity_id=current.id)
+        made = write_for(engine.policy, engine.owner, current, step, holder(), None, None, data, None, owner)
+        made.before = None  # judged on a snapshot the store never held: it reads the row back
+        writes.append(made)
+        branches.append(step)
+        current = after_write(current, made)
+
+    settle(engine.table, before.id, write.event, branch.target, passes, taken)
+    return writes, branches
+
+
+__all__ = ["chain_writes"]

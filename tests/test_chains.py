@@ -1,0 +1,244 @@
+"""Eventless transitions, final states nested in a compound and completion events
+(``done.state.<compound>``), taken in the event's own commit: one history row per taken
+transition, every write guarded by its own version, all or nothing; python-statemachine
+takes the same steps (random event sequences from the initial state)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from statemachine import State
+
+from fsm import (
+    ConditionFailed,
+    Engine,
+    Guard,
+    GuardContext,
+    InvalidDefinition,
+    Lifecycle,
+    ManualClock,
+    TransitionNotAllowed,
+    guard,
+    operator_override,
+    reaper,
+    starts,
+    worker,
+)
+from fsm.chains import MAX_CHAIN
+from fsm.engine import Fire
+from fsm.table import AUTOMATIC
+from fsm.testing.agreement import check_agreement
+from stores import MemoryStore
+
+
+class Build(Lifecycle):
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+
+        class checks(State.Compound):
+            lint = State(initial=True)
+            test = State()
+            passed = State(final=True)
+
+            worker(lint.to(test, cond="lint_ok"))  # eventless: taken once its guard holds
+            worker(test.to(passed, cond="tests_ok"))
+
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = worker(queued.to(active))
+    check = worker(active.running.to(active.checks))
+    poke = worker(active.checks.to.itself(internal=True))  # an event that lets the eventless ones look again
+    done_state_checks = worker(active.checks.to(active.finalizing))  # the completion event of checks
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    abort = operator_override(active.to(failed), reason=None)
+
+    @guard
+    def lint_ok(ctx: GuardContext) -> bool:
+        "the linter passed"
+        return bool(ctx.data.get("lint_ok"))
+
+    @guard
+    def tests_ok(ctx: GuardContext) -> bool:
+        "the tests passed"
+        return bool(ctx.data.get("tests_ok"))
+
+
+GUARDS = ["lint_ok", "tests_ok", "holds_lease"]
+
+
+def test_random_sequences_agree_with_python_statemachine() -> None:
+    """Each sequence with one set of guard answers, as a stored entity's data answers them
+    between fires (the engine takes eventless steps after a transition, on the entity as
+    it leaves it; python-statemachine also looks before an event when its guards changed
+    in between, which a stored entity's cannot without a write)."""
+    rng = random.Random(7)
+    events = [*Build.table.events, "done.state.checks"]
+    for _ in range(1500):
+        answers = {g: rng.random() < 0.6 for g in GUARDS}
+        check_agreement(Build, [(rng.choice(events), answers) for _ in range(rng.randint(1, 7))])
+
+
+def test_the_table_knows_the_chain() -> None:
+    table = Build.table
+    assert table.completion == {"passed": "done.state.checks"}
+    assert [(b.source, b.target, b.event) for b in table.automatic["lint"]] == [("lint", "test", AUTOMATIC)]
+    assert table.chain_heads == {"lint", "test", "passed"}
+    assert "passed" not in table.finals  # a nested final completes its compound; the entity goes on
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Any) -> Any:
+    from conftest import postgres_url
+
+    from stores.sql import SqlStore
+
+    if request.param == "memory":
+        store: Any = MemoryStore(clock)
+    elif request.param == "sqlite":
+        store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=clock)
+    else:
+        url = postgres_url()
+        if url is None:
+            pytest.skip("no PostgreSQL (FSM_TEST_POSTGRES_URL)")
+        store = SqlStore(url, clock=clock, table_prefix=f"ch{random.randrange(1 << 30)}_")
+    yield Engine(Build, store, clock=clock)
+    if request.param == "postgres":
+        from stores.sql.migrate import drop_schema
+
+        drop_schema(store.engine, table_prefix=store.table_prefix)
+    if request.param != "memory":
+        store.close()
+
+
+def test_an_event_takes_its_eventless_and_completion_steps_in_one_commit(engine: Engine) -> None:
+    engine.create("b1", data={"lint_ok": True, "tests_ok": True})
+    engine.fire("b1", "start")
+    fired = engine.fire("b1", "check")
+    assert fired.state == "finalizing"
+    assert fired.record.event == "check" and fired.record.target == "lint"
+    assert [(r.event, r.source, r.target) for r in fired.automatic] == [
+        (AUTOMATIC, "lint", "test"),
+        (AUTOMATIC, "test", "passed"),
+        ("done.state.checks", "passed", "finalizing"),
+    ]
+    history = engine.history("b1")
+    assert [h.event for h in history] == ["start", "check", AUTOMATIC, AUTOMATIC, "done.state.checks"]
+    assert [h.seq for h in history] == [1, 2, 3, 4, 5] and engine.get("b1").version == 5
+
+
+def test_a_guard_that_does_not_hold_stops_the_chain_where_it_is(engine: Engine) -> None:
+    engine.create("b2", data={"lint_ok": True})
+    engine.fire("b2", "start")
+    assert engine.fire("b2", "check").state == "test"
+    # the eventless steps look again after the next transition, with the data it brings
+    # (poke re-enters checks at its initial state, lint)
+    fired = engine.fire("b2", "poke", data={"tests_ok": True})
+    assert fired.state == "finalizing"
+    assert [r.event for r in fired.automatic] == [AUTOMATIC, AUTOMATIC, "done.state.checks"]
+
+
+def test_a_refused_step_undoes_the_whole_chain(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine.create("b3", data={"lint_ok": True, "tests_ok": True})
+    before = engine.fire("b3", "start").snapshot
+    store: Any = engine.store
+    calls = {"n": 0}
+    apply_checked = store.apply_checked
+
+    def second_step_refused(write: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the event's write and one step went through; the next is refused
+            raise ConditionFailed(write.entity_id, condition="somebody else's")
+        return apply_checked(write)
+
+    monkeypatch.setattr(store, "apply_checked", second_step_refused)
+    with pytest.raises(ConditionFailed):
+        engine.fire("b3", "check")
+    monkeypatch.undo()
+    assert calls["n"] == 3
+    assert engine.get("b3") == before and [h.event for h in engine.history("b3")] == ["start"]
+    assert engine.fire("b3", "check").state == "finalizing"  # nothing left behind in the way
+
+
+def test_fire_many_gives_a_chained_outcome_a_commit_of_its_own(engine: Engine) -> None:
+    engine.create("b4", data={"lint_ok": True, "tests_ok": True})
+    engine.create("b5")
+    a = engine.fire("b4", "start")
+    b = engine.fire("b5", "start")
+    done = engine.fire_many([Fire(a, "check"), Fire(b, "abort")])
+    assert [r.state for r in done] == ["finalizing", "failed"]  # type: ignore[union-attr]
+
+
+def test_an_eventless_cycle_that_never_settles_is_refused_and_writes_nothing(clock: ManualClock) -> None:
+    class Spin(Lifecycle):
+        queued = State(initial=True)
+
+        class active(State.Compound):
+            running = State(initial=True)
+            ping = State()
+            pong = State()
+            finalizing = State()
+
+            worker(ping.to(pong))
+            worker(pong.to(ping))
+
+        done = State(final=True)
+        start = worker(queued.to(active))
+        spin = worker(active.running.to(active.ping))
+        finish = worker(active.to(active.finalizing))
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+
+    engine = Engine(Spin, MemoryStore(clock), clock=clock)
+    engine.create("s1")
+    engine.fire("s1", "start")
+    with pytest.raises(TransitionNotAllowed, match=f"did not settle within {MAX_CHAIN} steps"):
+        engine.fire("s1", "spin")
+    assert engine.get("s1").state == "running" and len(engine.history("s1")) == 1
+
+
+def _declare(entry: str) -> type[Lifecycle]:
+    """A chart whose ``gate`` takes an eventless transition, entered by ``entry``."""
+    queued = State(initial=entry != "initial")
+    gate = State(initial=entry == "initial")
+    active = type(State.Compound)("active", (State.Compound,), {"running": State(initial=True), "finalizing": State()})
+    done = State(final=True)
+    failed = State(final=True)
+    worker(gate.to(active, cond="ready"))  # eventless
+    body: dict[str, Any] = {"queued": queued, "gate": gate, "active": active, "done": done, "failed": failed}
+    body["finish"] = worker(active.running.to(active.finalizing))
+    body["succeed"] = worker(active.finalizing.to(done, cond="holds_lease"))
+    body["abort"] = operator_override(active.to(failed), reason=None)
+    body["ready"] = Guard("ready", lambda ctx: True)
+    if entry == "initial":
+        body["back"] = worker(active.running.to(queued))
+        body["go"] = worker(queued.to(gate))
+    elif entry == "reaper":
+        body["stall"] = reaper(queued.to(gate))
+    elif entry == "claim":
+        body["begin"] = starts(queued.to(gate))
+    else:
+        body["go"] = worker(queued.to(gate))
+    return type("Chart", (Lifecycle,), body)
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ("reaper", "reaper transition 'stall' from 'queued' enters 'gate'.*the reaper's set-based batch"),
+        ("claim", "'begin' from 'queued' is a claim's start into 'gate'"),
+        ("initial", "the initial state 'gate' has eventless or completion transitions"),
+    ],
+)
+def test_a_chain_where_no_caller_fires_is_refused_at_declaration(entry: str, match: str) -> None:
+    with pytest.raises(InvalidDefinition, match=match):
+        _declare(entry)
+
+
+def test_a_chain_a_caller_fires_is_accepted() -> None:
+    assert _declare("worker").table.automatic["gate"][0].target == "running"
