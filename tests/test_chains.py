@@ -6,12 +6,14 @@ takes the same steps (random event sequences from the initial state)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from statemachine import State
 
 from fsm import (
+    Actor,
     ConditionFailed,
     Engine,
     Guard,
@@ -28,6 +30,7 @@ from fsm import (
 )
 from fsm.chains import MAX_CHAIN
 from fsm.engine import Fire
+from fsm.engine.chained import chain_writes
 from fsm.table import AUTOMATIC
 from fsm.testing.agreement import check_agreement
 from stores import MemoryStore
@@ -242,3 +245,32 @@ def test_a_chain_where_no_caller_fires_is_refused_at_declaration(entry: str, mat
 
 def test_a_chain_a_caller_fires_is_accepted() -> None:
     assert _declare("worker").table.automatic["gate"][0].target == "running"
+
+
+def test_apply_chain_refuses_hostile_input_and_leaves_the_row_as_it_was(engine: Engine) -> None:
+    from fsm import InvalidArgument, InvalidData
+
+    engine.create("h1", data={"lint_ok": True, "tests_ok": True})
+    engine.create("h2")
+    snap = engine.fire("h1", "start").snapshot
+    other = engine.fire("h2", "start").snapshot
+    write, branch, _ = engine._prepare("h1", "check", Actor.WORKER, None, None, None, None, None)
+    writes, _ = chain_writes(engine, write, branch, None, None)
+    (other_write, _, _) = engine._prepare("h2", "check", Actor.WORKER, None, None, None, None, None)
+    store: Any = engine.store
+    hostile: list[Any] = [
+        None,
+        "writes",
+        [],
+        [object()],
+        writes * 40,  # too many
+        [writes[0], other_write],  # two entities
+        [writes[0], writes[2]],  # a version skipped
+        [*writes[:1], replace(writes[1], event="x\x00")],
+        [*writes[:1], replace(writes[1], data={"n": float("nan")})],
+    ]
+    for bad in hostile:
+        with pytest.raises((InvalidArgument, InvalidData)):  # a typed refusal, before anything is written
+            store.apply_chain(bad)
+    assert engine.get("h1") == snap and engine.get("h2") == other
+    assert [h.event for h in engine.history("h1")] == ["start"]

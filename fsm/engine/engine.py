@@ -35,7 +35,7 @@ from fsm.engine.chained import chain_writes
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
-from fsm.engine.result import FireResult
+from fsm.engine.result import ChainedResult, FireResult
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.timers import DueTimer, timers_after
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
@@ -147,7 +147,8 @@ class Engine(EngineWork):
         )
         # firing by id without a read, where the store judges the branch (fsm.engine.by_id)
         # (a lifecycle with eventless or completion transitions judges each fire's chain first)
-        self._by_id = None if self.table.chain_heads else by_id_of(store)
+        self._heads = self.table.chain_heads
+        self._by_id = None if self._heads else by_id_of(store)
         self._id_plans = id_plans(self.table) if self._by_id is not None else {}
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
@@ -566,7 +567,7 @@ class Engine(EngineWork):
         )
         if fence is not None:
             write.require = (*write.require, fence)
-        chain = chain_writes(self, write, branch, lease, owner) if branch.target in self.table.chain_heads else None
+        chain = chain_writes(self, write, branch, lease, owner) if branch.target in self._heads else None
         try:
             if chain is not None and len(chain[0]) > 1:
                 return self._apply_chain(*chain)
@@ -600,7 +601,7 @@ class Engine(EngineWork):
         results: list[tuple[Snapshot, HistoryRecord]] = apply_chain(writes)
         for (new, record), branch in zip(results, branches, strict=True):
             announce(self.kind, new, record, branch)
-        return FireResult(results[-1][0], results[0][1], automatic=tuple(record for _, record in results[1:]))
+        return ChainedResult(results[-1][0], results[0][1], steps=tuple(record for _, record in results[1:]))
 
     # -- the live feed --------------------------------------------------------------------
 

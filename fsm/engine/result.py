@@ -19,9 +19,12 @@ class FireResult:
     snapshot: Snapshot
     record: HistoryRecord
     replayed: bool = False
-    automatic: tuple[HistoryRecord, ...] = ()
-    """The history rows of the eventless and completion transitions the event took by
-    itself, in the same commit (:mod:`fsm.chains`); ``snapshot`` is where they left it."""
+
+    @property
+    def automatic(self) -> tuple[HistoryRecord, ...]:
+        """The history rows of the eventless and completion transitions the event took by
+        itself, in the same commit (:mod:`fsm.chains`); ``snapshot`` is where they left it."""
+        return ()
 
     @property
     def state(self) -> str:
@@ -32,4 +35,16 @@ class FireResult:
         return self.snapshot.lease
 
 
-__all__ = ["FireResult"]
+@dataclass(frozen=True, slots=True)
+class ChainedResult(FireResult):
+    """A :class:`FireResult` whose event took eventless or completion steps (a class of its
+    own, so the common fire builds no field it never uses)."""
+
+    steps: tuple[HistoryRecord, ...] = ()
+
+    @property
+    def automatic(self) -> tuple[HistoryRecord, ...]:
+        return self.steps
+
+
+__all__ = ["ChainedResult", "FireResult"]
