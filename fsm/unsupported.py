@@ -87,6 +87,15 @@ def refuse_history(name: str, cls: Any) -> None:
 def refuse_state_values(name: str, cls: Any) -> None:
     """Custom ``value=`` is allowed, but two states sharing one value would share one key of
     ``states_map``, and one of them would vanish from the compiled table."""
+    ids: dict[str, str] = {}
+    for state in _states(cls):
+        where = state.parent.id if state.parent is not None else "the chart"
+        if state.id in ids:
+            raise InvalidDefinition(
+                f"{name}: two states share the id {state.id!r} (in {ids[state.id]} and in {where}); the engine "
+                "persists a state by its id, so ids must be unique in the whole chart: rename one"
+            )
+        ids[state.id] = where
     seen: dict[Any, str] = {}
     for state in _states(cls):
         if state.value in seen:

@@ -274,3 +274,29 @@ def test_apply_chain_refuses_hostile_input_and_leaves_the_row_as_it_was(engine: 
             store.apply_chain(bad)
     assert engine.get("h1") == snap and engine.get("h2") == other
     assert [h.event for h in engine.history("h1")] == ["start"]
+
+
+BUILD_HINTS = {
+    "lint_ok": ({"lint_ok": True}, {"lint_ok": False}),
+    "tests_ok": ({"tests_ok": True}, {"tests_ok": False}),
+}
+
+
+def test_the_path_finder_steers_the_guards_of_the_steps_an_event_takes_next() -> None:
+    from fsm.testing.paths import shortest_paths
+
+    paths = shortest_paths(Build, guard_data=BUILD_HINTS)
+    # 'test' is where a check rests when lint passes and tests do not; 'passed' is never a
+    # resting state (its completion event is always taken)
+    assert set(paths.states) == {"queued", "running", "lint", "test", "finalizing", "done", "failed"}
+
+
+def test_the_property_machine_runs_a_lifecycle_with_chains() -> None:
+    from hypothesis import settings
+
+    from fsm.testing import lifecycle_machine, memory_stores
+
+    machine = lifecycle_machine(Build, memory_stores(), guard_data=BUILD_HINTS)
+    case = machine.TestCase
+    case.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
+    case().runTest()

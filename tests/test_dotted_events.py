@@ -156,3 +156,16 @@ def test_a_hostile_dotted_name_is_refused_as_invalid_and_writes_nothing(
     with pytest.raises(InvalidArgument):
         engine.fire("a3", event)
     assert engine.get("a3").state == "running" and len(engine.history("a3")) == 1
+
+
+def test_the_property_machine_names_a_rule_for_each_sent_name() -> None:
+    from hypothesis import settings
+
+    from fsm.testing import lifecycle_machine, memory_stores
+
+    machine = lifecycle_machine(Alarms, memory_stores())
+    assert {"fire_error_timeout", "fire_error_timeout_2", "fire_error_disk", "fire_resume_soon"} <= set(vars(machine))
+    assert not any(name.endswith("_") for name in vars(machine) if name.startswith("fire_"))  # no 'abort.*' rule
+    case = machine.TestCase
+    case.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
+    case().runTest()

@@ -313,3 +313,21 @@ def test_fsm_import_path_does_not_import_hypothesis() -> None:
         "fsm.diagram, fsm.unsupported, stores; assert 'hypothesis' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_two_states_sharing_an_id_in_sibling_compounds_are_refused() -> None:
+    """python-statemachine keeps both (their values differ); the engine persists ids, so
+    one of the two would be lost in the table."""
+
+    def extra(a: dict[str, Any]) -> dict[str, Any]:
+        g1 = type(State.Compound)("g1", (State.Compound,), {"x": State(initial=True, value="g1__x")})
+        g2 = type(State.Compound)("g2", (State.Compound,), {"x": State(initial=True, value="g2__x")})
+        return {
+            "g1": g1,
+            "g2": g2,
+            "go": worker(a["queued"].to(g1)),
+            "on": worker(g1.to(g2)),
+            "back": worker(g2.to(a["active"])),
+        }
+
+    _refused(r"two states share the id 'x' \(in g1 and in g2\)", extra)

@@ -41,6 +41,7 @@ history, and a restore round trip.  Subclass to add ``@rule``\\ s and ``@invaria
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -193,8 +194,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             drawn: dict[str, Any] | None = data.draw(self.event_data[event], label="data")
             return drawn
         hints: list[dict[str, Any] | None] = []
-        for branch in self.lifecycle.table.branches_for(state, event):
-            for g, _ in branch.guards:
+        table = self.lifecycle.table
+        for branch in table.branches_for(state, event):
+            # its guards, and those of the eventless steps it may take next
+            for g, _ in (*branch.guards, *(x for a in table.automatic.get(branch.target, ()) for x in a.guards)):
                 for name in g.names:
                     hints += [dict(p) for p in self.guard_data.get(name, ())]
         if hints:
@@ -604,11 +607,21 @@ def core_period(core: KeeperCore) -> timedelta:
     return timedelta(seconds=core.period)
 
 
-def _fire_rule(event: str) -> Any:
+def _rule_name(event: str, taken: Mapping[str, Any]) -> str:
+    """``fire_<event>`` as an identifier (a dotted event's dots become underscores), unique."""
+    base = "fire_" + re.sub(r"\W", "_", event)
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def _fire_rule(event: str, name: str) -> Any:
     def fire(self: LifecycleMachine, data: st.DataObject) -> None:
         self.fire_event(event, data)
 
-    fire.__name__ = f"fire_{event}"
+    fire.__name__ = name
     fire.__doc__ = f"Fire {event!r} on an entity whose state has a branch for it."
     return precondition(lambda self: bool(self._sources(event)))(rule(data=st.data())(fire))
 
@@ -648,7 +661,10 @@ def lifecycle_machine(
     if max_entities is not None:
         namespace["max_entities"] = max_entities
     for event in lifecycle.table.events:
-        namespace[f"fire_{event}"] = _fire_rule(event)
+        if event == "*" or event.endswith((".", ".*")):
+            continue  # a descriptor matching sent events, not one a caller sends
+        name = _rule_name(event, namespace)
+        namespace[name] = _fire_rule(event, name)
     cls_name = name or f"{lifecycle.__name__}Machine"
     machine: type[LifecycleMachine] = type(cls_name, (LifecycleMachine,), namespace)
     return machine

@@ -226,7 +226,8 @@ class _Run:
             for actor in sorted({b.actor for b in branches}):
                 patches: list[str | None] = [None]
                 for b in branches:
-                    for g, _ in b.guards:
+                    # the branch's guards, and those of the eventless steps it may take next
+                    for g, _ in (*b.guards, *(x for a in table.automatic.get(b.target, ()) for x in a.guards)):
                         for name in g.names:
                             patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(name, ())]
                 found += [Step("fire", event, actor, p) for p in dict.fromkeys(patches)]
