@@ -300,3 +300,64 @@ def test_the_property_machine_runs_a_lifecycle_with_chains() -> None:
     case = machine.TestCase
     case.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
     case().runTest()
+
+
+class Pipe(Lifecycle):
+    """A worker's lifecycle whose handler outcome takes a chain: running -check-> lint
+    -(automatic)-> passed -done.state.checks-> finalizing."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+
+        class checks(State.Compound):
+            lint = State(initial=True)
+            passed = State(final=True)
+
+            worker(lint.to(passed, cond="lint_ok"))
+
+        finalizing = State()
+
+    completed = State(final=True)
+    failed = State(final=True)
+
+    start = starts(queued.to(active))
+    check = worker(active.running.to(active.checks, cond="holds_lease"))
+    done_state_checks = worker(active.checks.to(active.finalizing, cond="holds_lease"))
+    complete = worker(active.finalizing.to(completed, cond="holds_lease"))
+    fail = operator_override(active.to(failed), reason=None)
+
+    @guard
+    def lint_ok(ctx: GuardContext) -> bool:
+        "the linter passed"
+        return bool(ctx.data.get("lint_ok"))
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite"])
+def test_a_worker_outcome_takes_its_chain_through_the_completer(where: str, tmp_path: Any) -> None:
+    import threading
+    import time
+
+    from fsm import Worker
+    from stores.sql import SqlStore
+
+    store: Any = MemoryStore() if where == "memory" else SqlStore(f"sqlite:///{tmp_path}/fsm.db")
+    engine = Engine(Pipe, store)
+    ids = [engine.create(data={"lint_ok": True}).id for _ in range(12)]
+    handlers: dict[str, Any] = {"running": lambda job: "check", "finalizing": lambda job: "complete"}
+    handlers["lint"] = lambda job: "fail"  # the chain never rests in lint here
+    work = Worker(engine, handlers)
+    thread = threading.Thread(target=work.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(engine.get(i).state != "completed" for i in ids):
+            time.sleep(0.02)
+    finally:
+        work.stop()
+        thread.join()
+    assert {engine.get(i).state for i in ids} == {"completed"}
+    for i in ids:
+        events = [h.event for h in engine.history(i)]
+        assert events == ["start", "check", AUTOMATIC, "done.state.checks", "complete"]
