@@ -137,6 +137,8 @@ class CompiledTable:
     completion: dict[str, str] = field(default_factory=dict)
     """A final state nested in a compound -> the completion event entering it raises
     (``done.state.<compound>``)."""
+    wide: bool = False
+    """Some descriptor takes an undotted event it does not name (``*``, ``x.*``, ``x.``)."""
     chain_heads: frozenset[str] = frozenset()
     """The leaves whose entry may take more transitions by itself (eventless ones, or a
     completion event's): a write into one carries its microsteps (:mod:`fsm.chains`)."""
@@ -161,7 +163,7 @@ class CompiledTable:
         found = self.branches.get((leaf, event))
         if found is not None:
             return found
-        if "." not in event and "*" not in self.events:
+        if "." not in event and not self.wide:
             return ()  # no descriptor but the event itself can match an undotted name
         key = (leaf, event)
         found = self._matched.get(key)
@@ -444,6 +446,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         automatic={leaf_id: tuple(found) for leaf_id, found in automatic.items()},
         completion=completion,
         chain_heads=frozenset(automatic) | frozenset(completion),
+        wide=any(e == "*" or e.endswith((".", ".*")) for e in events),
     )
 
 

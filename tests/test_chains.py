@@ -361,3 +361,24 @@ def test_a_worker_outcome_takes_its_chain_through_the_completer(where: str, tmp_
     for i in ids:
         events = [h.event for h in engine.history(i)]
         assert events == ["start", "check", AUTOMATIC, "done.state.checks", "complete"]
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite"])
+def test_a_retried_chained_fire_is_replayed_to_its_holder_not_fenced(where: str, tmp_path: Any) -> None:
+    """The event's history row is no longer the entity's last move (its steps follow): the
+    holder's retry with the same key is still its own, whether the chain kept the lease
+    or ended it in a final state."""
+    from stores.sql import SqlStore
+
+    store: Any = MemoryStore() if where == "memory" else SqlStore(f"sqlite:///{tmp_path}/fsm.db")
+    engine = Engine(Pipe, store)
+    engine.create("p1", data={"lint_ok": True})
+    (claimed,) = engine.claim(1)
+    lease = claimed.lease
+    assert lease is not None
+    first = engine.fire("p1", "check", lease=lease, idempotency_key="k1")
+    assert first.state == "finalizing" and len(first.automatic) == 2
+    again = engine.fire("p1", "check", lease=lease, idempotency_key="k1")
+    assert again.replayed and again.record == first.record and again.state == "finalizing"
+    steps = engine.history("p1")[-2:]
+    assert all((h.owner, h.lease_token) == (lease.owner, lease.token) for h in steps)

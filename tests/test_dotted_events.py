@@ -45,6 +45,7 @@ class Alarms(Lifecycle):
     finish = worker(active.running.to(active.finalizing))
     succeed = worker(active.finalizing.to(done, cond="holds_lease"))
     abort = operator_override(active.to(failed, event="abort.*"), reason="aborted")
+    operator_override(active.paused.to(failed, event="halt.*"), reason="halted")  # no plain 'halt' declared
 
 
 class Catchall(Lifecycle):
@@ -80,6 +81,8 @@ SENT = [
     "succeed",
     "whatever",
     "error.",
+    "halt",
+    "halt.now",
 ]
 
 
@@ -97,6 +100,8 @@ def test_the_statechart_order_decides_between_matching_descriptors() -> None:
     assert [b.target for b in table.branches_for("paused", "error.timeout")] == ["failed"]
     assert table.branches_for("running", "errors") == ()  # a prefix only at a dot
     assert {b.event for b in table.branches_for("running", "abort.now")} == {"abort.now"}
+    assert [b.target for b in table.branches_for("paused", "halt")] == ["failed"]  # 'halt.*' takes 'halt'
+    assert table.knows("halt") and not table.knows("haltx")
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -50,8 +50,11 @@ def chain_writes(
             changed = apply_changes(step.changes, current.data)
             if changed is not None:
                 data = engine._validate(changed, entity_id=current.id)
-        made = write_for(engine.policy, engine.owner, current, step, holder(), None, None, data, None, owner)
+        held = holder()
+        made = write_for(engine.policy, engine.owner, current, step, held, None, None, data, None, owner)
         made.before = None  # judged on a snapshot the store never held: it reads the row back
+        if held is not None:  # the caller's step: fenced by its lease, and its history row says whose
+            made.expect_owner, made.expect_token = held.owner, held.token
         writes.append(made)
         branches.append(step)
         current = after_write(current, made)
