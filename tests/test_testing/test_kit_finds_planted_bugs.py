@@ -143,7 +143,9 @@ def test_a_reaper_rule_without_the_lease_guard_breaks_i1() -> None:
     assert all(LEASE_STALE not in [g for g, _ in b.guards] for b in Unguarded.table.declared if b.event == "reclaim")
     message, steps = kit_fails(lifecycle_machine(Unguarded))
     assert message.startswith("I1:") and "while its lease was fresh" in message
-    assert "state = " in steps and "fire_exited" in steps
+    # the printed reproduction: a holder took the lease (which path hypothesis shrinks to
+    # varies with its database: a fire that takes it on the way to finalizing, or a claim)
+    assert "state = " in steps and ("fire_exited" in steps or "claim()" in steps)
 
 
 def test_the_unpatched_lifecycle_passes() -> None:
