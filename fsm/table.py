@@ -100,6 +100,9 @@ class Branch:
     """A timed transition's delay (:mod:`fsm.timers`), drawn as ``after 24h``."""
     timer: TimerMode = TimerMode.KEEP
     """What the write does to the entity's timer clock: computed here, once."""
+    matched: str | None = None
+    """For an event a dotted or wildcard descriptor takes (:func:`matches`), the descriptor
+    the transition was declared with (``event`` is the one sent); ``None``: declared."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -250,7 +253,7 @@ def matching_branches(ordered: Iterable[tuple[int, Branch]], event: str) -> tupl
         if rank in taken or not matches(branch.event, event):
             continue
         taken.add(rank)
-        found.append(branch if branch.event == event else replace(branch, event=event))
+        found.append(branch if branch.event == event else replace(branch, event=event, matched=branch.event))
     return tuple(found)
 
 

@@ -174,3 +174,32 @@ def test_the_property_machine_names_a_rule_for_each_sent_name() -> None:
     case = machine.TestCase
     case.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
     case().runTest()
+
+
+def test_the_reaper_plans_one_rule_per_declared_branch_not_one_per_matching_event(clock: ManualClock) -> None:
+    """'error.timeout' is declared (a worker's), so its branch list also holds the reaper's
+    'error' transition, renamed; the reaper must fire that one as 'error' only."""
+    from fsm import reaper
+    from fsm.reaping.rules import plan_rules
+
+    class Watched(Lifecycle):
+        queued = State(initial=True)
+
+        class active(State.Compound):
+            running = State(initial=True)
+            paused = State()
+            finalizing = State()
+
+        done = State(final=True)
+        failed = State(final=True)
+
+        start = worker(queued.to(active))
+        error = reaper(active.running.to(failed, cond=["lease_stale", "owned"]))
+        error_timeout = worker(active.running.to(active.paused))
+        finish = worker(active.to(active.finalizing))
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+
+    table = Watched.table
+    assert [b.event for b in table.branches_for("running", "error.timeout")] == ["error.timeout", "error.timeout"]
+    rules = plan_rules(Engine(Watched, MemoryStore(clock), clock=clock))
+    assert [(r.branch.source, r.branch.event) for r in rules] == [("running", "error")]

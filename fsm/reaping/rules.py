@@ -42,7 +42,9 @@ def plan_rules(engine: Engine) -> list[Rule]:
         for event in table.events:
             earlier: list[tuple[Condition, ...]] = []
             for branch in table.branches_for(leaf, event):
-                if branch.actor is not Actor.REAPER:
+                # a branch another descriptor takes for this event ('error' for 'error.timeout')
+                # is the reaper's under its own event only: one rule per declared branch
+                if branch.actor is not Actor.REAPER or branch.matched is not None:
                     continue
                 own = branch_conditions(branch, engine.policy)
                 # every guard (cond, or unless on a counter) has a store condition: SQL can run it
