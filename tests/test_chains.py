@@ -382,3 +382,14 @@ def test_a_retried_chained_fire_is_replayed_to_its_holder_not_fenced(where: str,
     assert again.replayed and again.record == first.record and again.state == "finalizing"
     steps = engine.history("p1")[-2:]
     assert all((h.owner, h.lease_token) == (lease.owner, lease.token) for h in steps)
+
+
+def test_the_diagram_draws_eventless_edges_and_says_what_a_nested_final_does() -> None:
+    from fsm.diagram import extract, to_dot, to_mermaid
+
+    text = to_mermaid(extract(Build))
+    assert "lint --> test : (automatic) [lint_ok] (worker)" in text
+    assert "passed --> [*]" in text  # the nested final, inside checks
+    assert "checks --> finalizing : done.state.checks (worker)" in text
+    assert "one inside a compound completes it" in text
+    assert "inside a compound: completes it" in to_dot(extract(Build))

@@ -100,6 +100,12 @@ def edge_label(edge: Edge, timer: PendingTimer | None = None) -> str:
     return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
+FINALS = "double border: final (clears the lease); black dot: initial"
+FINALS_NESTED = (
+    "double border: final (top level: clears the lease; inside a compound: completes it); black dot: initial"
+)
+
+
 def _row(*cells: str) -> str:
     """A left-aligned HTML table row; a single cell spans both legend columns."""
     if len(cells) == 1:
@@ -271,7 +277,7 @@ class _Writer:
                 if self.d.timed
                 else []
             ),
-            _row("states", "double border: final (clears the lease); black dot: initial"),
+            _row("states", FINALS_NESTED if any(n.final and n.parent for n in self.d.nodes) else FINALS),
         ]
         if self.d.guards:
             rows.append(_row("<b>Guards</b>"))

@@ -57,6 +57,7 @@ LEGEND = (
 )
 
 OVERRIDE_LEGEND = "(operator override) fired on purpose; may fail a live finalizer"
+NESTED_FINAL_LEGEND = "a top-level final state clears the lease; one inside a compound completes it (done.state.X)"
 TIMER_LEGEND = (
     "event after t: a timer, the reaper fires it once the entity has been in the state it leaves for t "
     "(and the [guards] hold)"
@@ -219,6 +220,8 @@ class _Writer:
             )
             if d.timed:
                 legend = (*legend[:-2], TIMER_LEGEND, *legend[-2:])
+            if any(n.final and n.parent is not None for n in d.nodes):
+                legend = (*legend[:-1], NESTED_FINAL_LEGEND)
             legend += tuple(loop_line(e) for e in d.edges if e.source == e.target)
             if d.guards:
                 legend += ("Guards:", *(f"{name}: {desc or '(no description)'}" for name, desc in d.guards))
