@@ -75,8 +75,12 @@ def fire_many(
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )
-            if branch.target in engine.table.chain_heads:  # its microsteps: a commit of its own
-                results[i] = engine._fire(snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None)
+            if branch.target in engine._heads:
+                # its microsteps: a commit of its own, through fire's path (judged again on the
+                # same held snapshot, without reading the row: chains are rare)
+                results[i] = engine._fire(
+                    snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
+                )
                 continue
             planned.append((i, write, branch, held))
         except FsmError as err:
