@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fsm.clock import Clock
+from fsm.errors import InvalidDefinition
 from fsm.policy import Policy
 from fsm.records import (
     Condition,
@@ -86,6 +87,13 @@ class Guard:
         return self.members if self.evaluate is not None else (self.name,)
 
 
+def _check_decorated(decorator: str, fn: object) -> None:
+    """``@guard`` and ``@validator`` take a named function, whose name becomes the guard's."""
+    name = getattr(fn, "__name__", None)
+    if not callable(fn) or not isinstance(name, str) or not name.isidentifier():
+        raise InvalidDefinition(f"@{decorator} decorates a function taking a GuardContext, not {fn!r}")
+
+
 def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> Any:
     """Declare a guard on a Lifecycle class; the function's name is the guard's name.
 
@@ -105,6 +113,7 @@ def guard(fn: GuardCheck | None = None, *, description: str | None = None) -> An
     """
 
     def make(check: GuardCheck) -> Guard:
+        _check_decorated("guard", check)
         doc = description if description is not None else (check.__doc__ or "").strip()
         return Guard(name=check.__name__, check=check, description=doc)
 
@@ -143,6 +152,7 @@ def validator(fn: Callable[[GuardContext], object] | None = None, *, description
     """
 
     def make(check: Callable[[GuardContext], object]) -> Guard:
+        _check_decorated("validator", check)
         name = check.__name__
 
         def run(ctx: GuardContext) -> bool:

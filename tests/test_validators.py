@@ -171,3 +171,10 @@ def test_a_declared_validator_is_accepted() -> None:
     chart = _chart(start=lambda a: worker(a["queued"].to(a["active"], validators="_ok")))
     (branch,) = chart.table.branches_for("queued", "start")
     assert [(g.name, g.validates) for g, _ in branch.guards] == [("_ok", True)]
+
+
+@pytest.mark.parametrize("bad", ["amount_positive", 5, b"x", object()])
+def test_guard_and_validator_refuse_what_is_not_a_named_function(bad: object) -> None:
+    for decorator in (guard, validator):
+        with pytest.raises(InvalidDefinition, match="decorates a function taking a GuardContext"):
+            decorator(bad)
