@@ -39,11 +39,14 @@ def settle(
     leaf: str,
     passes: Callable[[Branch], bool],
     taken: Callable[[Branch], None],
+    resolve: Callable[[Branch], Branch] | None = None,
 ) -> list[Branch]:
     """The microsteps after entering ``leaf``, in the order python-statemachine takes them:
     the first eventless transition whose guards ``passes`` accepts, else the first
     transition of the oldest queued completion event; ``taken`` is told of each one before
-    the next is judged (so ``passes`` sees the entity as the chain leaves it)."""
+    the next is judged (so ``passes`` sees the entity as the chain leaves it).  ``resolve``
+    turns a step that targets a history state into the one the entity's memory picks
+    (:func:`fsm.history.resolve`)."""
     steps: list[Branch] = []
     queued: deque[str] = deque()
     if leaf in table.completion:
@@ -63,6 +66,8 @@ def settle(
                 actor="automatic",
                 detail=f"its eventless and completion transitions did not settle within {MAX_CHAIN} steps",
             )
+        if resolve is not None and step.restores is not None:
+            step = resolve(step)
         steps.append(step)
         taken(step)
         leaf = step.target
@@ -72,7 +77,7 @@ def settle(
 
 def after_write(snap: Snapshot, write: TransitionWrite) -> Snapshot:
     """The entity as ``write`` leaves it, as far as the next microstep's judgement and write
-    need it (state, version, lease holder and token, counters, data)."""
+    need it (state, version, lease holder and token, counters, data, history memory)."""
     owner, token, expires = snap.lease_owner, snap.lease_token, snap.lease_expires_at
     if write.lease_change is LeaseChange.ACQUIRE:
         owner, token = write.new_owner, token + 1
@@ -89,6 +94,7 @@ def after_write(snap: Snapshot, write: TransitionWrite) -> Snapshot:
         attempt=attempt,
         reclaims=reclaims,
         data=snap.data if write.data is None else write.data,
+        memory=snap.memory if write.memory is None else write.memory,
     )
 
 

@@ -228,6 +228,7 @@ def _entity(snap: Snapshot) -> dict[str, Any]:
         else {"owner": snap.lease_owner, "token": snap.lease_token, "expires_at": _when(snap.lease_expires_at)},
         "lease_token": snap.lease_token,
         "data": snap.data,
+        "memory": snap.memory,
     }
 
 
@@ -351,6 +352,11 @@ def run_show(args: argparse.Namespace) -> int:
         *([f"  parent: {snap.parent_id}"] if snap.parent_id is not None else []),
         *child_lines(kids),
         f"  data: {json.dumps(snap.data, sort_keys=True)}",
+        *(
+            [f"  history memory: {', '.join(f'{c} was left in {leaf}' for c, leaf in sorted(snap.memory.items()))}"]
+            if snap.memory
+            else []
+        ),
         f"history ({len(history)}):",
     ]
     for r in history:

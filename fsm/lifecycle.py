@@ -48,6 +48,7 @@ from fsm.definition_rules import check_definition
 from fsm.errors import InvalidDefinition
 from fsm.evolution.declare import Declaration, Migrations, check_migrations
 from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext, Invalid
+from fsm.history import check_history, restore_memory
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
@@ -247,6 +248,7 @@ class LifecycleMeta(StateMachineMetaclass):
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
         check_chains(name, cls.table)
+        check_history(name, cls.table)
         cls.evolution = check_migrations(
             name, getattr(cls, "version", 1), getattr(cls, "migrations", ()), cls.table.leaves
         )
@@ -387,19 +389,29 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
         super().__init__(model, state_field, start_value, listeners, **kwargs)
 
     @classmethod
-    def restore(cls, leaf: str, guards: Mapping[str, bool] | GuardContext | None = None) -> Lifecycle:
+    def restore(
+        cls,
+        leaf: str,
+        guards: Mapping[str, bool] | GuardContext | None = None,
+        memory: Mapping[str, str] | None = None,
+    ) -> Lifecycle:
         """A live StateChart in the configuration a stored leaf state stands for.
 
         The full configuration (``active`` + ``finalizing``) is rebuilt from the leaf, so
         a transition declared on the compound parent works after the restore.  Guards
         answer from ``guards`` (a name -> bool mapping, or a context evaluated live).
+        ``memory``: the entity's history memory (:attr:`fsm.records.Snapshot.memory`),
+        restored into the chart's history states.
         """
         if leaf not in cls.table.configurations:
             raise InvalidDefinition(f"{cls.__name__} has no leaf state {leaf!r}")
         # the engine persists state ids; python-statemachine starts from a state *value*,
         # which differs from the id for a state declared with State(value=...)
         value = next(s.value for s in cls.states_map.values() if s.id == leaf)
-        return cls(start_value=value, guards=guards)
+        machine = cls(start_value=value, guards=guards)
+        if memory:
+            restore_memory(machine, memory)
+        return machine
 
 
 __all__ = ["FINALIZING", "Lifecycle", "Recovery", "reaper", "recovery", "retries", "starts", "worker"]

@@ -382,7 +382,26 @@ def check_transition_write(write: object) -> TransitionWrite:
         check_timer_mode(write.timer)
     if write.definition is not None:
         check_definition("TransitionWrite.definition", write.definition)
+    if write.memory is not None:
+        check_memory(write.memory)
     return write
+
+
+MAX_MEMORY = 256
+"""The most compound states one entity's history memory holds (one per compound state with
+a history state: a chart has far fewer)."""
+
+
+def check_memory(memory: object) -> dict[str, str]:
+    """A history memory (``{compound state id: leaf state id}``, :mod:`fsm.history`)."""
+    if not isinstance(memory, dict) or len(memory) > MAX_MEMORY:
+        raise InvalidArgument(
+            f"a history memory is a dict of at most {MAX_MEMORY} state ids to leaf state ids, not {_shown(memory)}"
+        )
+    for compound, leaf in memory.items():
+        check_id("memory state", compound)
+        check_id("memory leaf", leaf)
+    return memory
 
 
 MAX_APPLY_MANY = 1000

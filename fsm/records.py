@@ -103,6 +103,10 @@ class Snapshot(NamedTuple):
     (the shape of its state and data); ``None`` for rows written before versions were
     recorded.  A claim of definition ``n`` takes only rows at ``n`` or below (or ``None``);
     claims and transitions leave it as it is."""
+    memory: dict[str, str] | None = None
+    """History memory (:mod:`fsm.history`): for each compound state with a history state
+    that the entity has left, the leaf it was in when it left; ``None`` when it has left
+    none.  Entering the compound's history state restores from it."""
 
     @property
     def lease(self) -> Lease | None:
@@ -526,6 +530,9 @@ class TransitionWrite:
     definition: int | None = None
     """The lifecycle definition version the write records on the row (a lifecycle
     migration's, or a claim's start); ``None`` keeps the row's."""
+    memory: dict[str, str] | None = None
+    """The entity's new history memory (:attr:`Snapshot.memory`), whole, when the
+    transition leaves a compound state with a history state; ``None`` keeps the row's."""
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the holder."""

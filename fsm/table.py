@@ -20,6 +20,7 @@ from statemachine.transition import Transition
 from fsm.errors import InvalidDefinition
 from fsm.guard_expr import expression_guard, read_cond
 from fsm.guards import HOLDS_LEASE, Guard
+from fsm.history import child_on_path, default_entry, exited, history_of, remembering
 from fsm.policy import Policy
 from fsm.records import (
     Actor,
@@ -103,6 +104,16 @@ class Branch:
     matched: str | None = None
     """For an event a dotted or wildcard descriptor takes (:func:`matches`), the descriptor
     the transition was declared with (``event`` is the one sent); ``None``: declared."""
+    remembers: tuple[str, ...] = ()
+    """The compound states with a history state this branch leaves: its write records the
+    source leaf as where each was left (:mod:`fsm.history`)."""
+    restores: str | None = None
+    """The compound whose history state the transition targets (``declared_target``), or
+    ``None``.  ``target`` is then the default (the compound never left); :attr:`variants`
+    hold the others (each with ``restores`` set and no variants of its own)."""
+    variants: tuple[tuple[str, Branch], ...] = field(default=(), compare=False, repr=False)
+    """For a branch that :attr:`restores`: the leaf the memory may hold -> the concrete
+    branch taken then (:func:`fsm.history.resolve`)."""
 
     @property
     def guard_names(self) -> list[str]:
@@ -111,6 +122,19 @@ class Branch:
     @property
     def label(self) -> str:
         return f"{self.source}->{self.target}"
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every leaf the branch may enter: its target, and for a history target each leaf
+        the memory may restore."""
+        if not self.variants:
+            return (self.target,)
+        return tuple(dict.fromkeys((self.target, *(b.target for _, b in self.variants))))
+
+    @property
+    def target_name(self) -> str:
+        """The target as declared for display: a leaf, or ``compound.history``."""
+        return self.target if self.restores is None else f"{self.restores}.{self.declared_target}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +169,9 @@ class CompiledTable:
     chain_heads: frozenset[str] = frozenset()
     """The leaves whose entry may take more transitions by itself (eventless ones, or a
     completion event's): a write into one carries its microsteps (:mod:`fsm.chains`)."""
+    remembered: frozenset[str] = frozenset()
+    """The compound states with a history state (:mod:`fsm.history`); empty for most
+    lifecycles, whose writes then never carry a memory."""
     _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -359,10 +386,31 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     events: list[str] = []
     order_of: dict[int, int] = {}  # id(branch) -> the rank its transition is tried at from its leaf
     top_finals = {s.id for s in leaves if s.final and s.parent is None}
+    remembered = frozenset(remembering(all_states))
 
     def branch_of(t: Transition, event: str, leaf: State, holder: State, where: str) -> Branch:
+        history = history_of(t.targets[0])
+        if history is None:
+            return concrete(t, event, leaf, holder, where, t.targets[0], _initial_leaf(t.targets[0]))
+        # a history target: the default, and one concrete branch per leaf the memory may hold
+        compound = history.parent
+        assert compound is not None
+        entry = default_entry(name, history)
+        made = concrete(t, event, leaf, holder, where, entry, _initial_leaf(entry))
+        deep = history.type.is_deep
+        variants: list[tuple[str, Branch]] = []
+        for held in (s for s in leaves if s.id in states_under[compound.id]):
+            child = child_on_path(compound, held)
+            assert child is not None
+            restored = held if deep else _initial_leaf(child)
+            variant = concrete(t, event, leaf, holder, where, child, restored)
+            variants.append((held.id, replace(variant, restores=compound.id)))
+        return replace(made, restores=compound.id, variants=tuple(variants))
+
+    def concrete(
+        t: Transition, event: str, leaf: State, holder: State, where: str, entered: State, target_leaf: State
+    ) -> Branch:
         meta = meta_of(t)
-        target_leaf = _initial_leaf(t.targets[0])
         gs = _guards_of(t, guards, where, states_under)
         if meta.actor is Actor.REAPER and any(g.validates for g, _ in gs):
             raise InvalidDefinition(
@@ -393,6 +441,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
             changes=meta.changes,
             after=meta.after,
             timer=timer_mode(t, leaf.id, target_leaf, scopes) if scopes else TimerMode.KEEP,
+            remembers=remembering(exited(t, leaf, entered)) if remembered else (),
         )
 
     automatic: dict[str, list[Branch]] = {}
@@ -450,6 +499,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         completion=completion,
         chain_heads=frozenset(automatic) | frozenset(completion),
         wide=any(e == "*" or e.endswith((".", ".*")) for e in events),
+        remembered=remembered,
     )
 
 

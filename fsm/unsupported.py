@@ -3,7 +3,7 @@ run as python-statemachine runs them.
 
 The engine never builds a StateChart on the hot path: it reads a leaf state id, looks the
 event up in the compiled table and commits.  A feature that only lives inside a running
-StateChart (callbacks, history pseudo-states, prefix-matched events, error routing) would be
+StateChart (callbacks, error routing) would be
 accepted by python-statemachine and then silently do nothing, or something else, in the
 engine.  Each one is refused here at class creation, naming the feature, where it is
 declared and what to write instead.
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
-from statemachine import HistoryState, State
+from statemachine import State
 from statemachine.callbacks import CallbackGroup, CallbackSpec
 from statemachine.event import Event
 from statemachine.graph import iterate_states
@@ -66,22 +66,6 @@ def _transitions(cls: Any) -> Iterator[Transition]:
 def _describe(t: Transition) -> str:
     target = t.target.id if t.target is not None else "?"
     return f"transition {t.event!r} from {t.source.id!r} to {target!r}"
-
-
-def refuse_history(name: str, cls: Any) -> None:
-    """History states: the engine persists one leaf id, and a history pseudo-state is none."""
-    for state in _states(cls):
-        if isinstance(state, HistoryState):
-            parent = state.parent.id if state.parent is not None else name
-            raise InvalidDefinition(
-                f"{name}: history state {state.id!r} ({state.type.value} history of {parent!r}) is not "
-                "supported: the engine persists one leaf state and restores from it, so it cannot remember "
-                "where a compound state was left; target the state to resume explicitly (one guarded "
-                "transition per state to resume, the choice kept in the entity's data)"
-            )
-    for t in _transitions(cls):
-        if any(target.is_history for target in t.targets):
-            raise InvalidDefinition(f"{name}: {_describe(t)} targets a history state, which is not supported")
 
 
 def refuse_state_values(name: str, cls: Any) -> None:
@@ -234,7 +218,6 @@ def framework_names(base: type) -> frozenset[str]:
 def refuse_unsupported(name: str, cls: Any, guards: Mapping[str, Guard], base: type) -> None:
     """Run every refusal of this module on a freshly created subclass of ``base`` (the
     framework's ``Lifecycle``)."""
-    refuse_history(name, cls)
     refuse_state_values(name, cls)
     refuse_flags(name, cls)
     refuse_events(name, cls, guards, framework_names(base))

@@ -41,6 +41,7 @@ class SnapshotModel(_Payload):
     priority: int = 0
     parent_id: str | None = None
     definition: int | None = None
+    memory: dict[str, str] | None = None
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> SnapshotModel:

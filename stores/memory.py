@@ -417,11 +417,13 @@ class MemoryStore(LedgerRun, MemoryRetention):
         timer = getattr(write, "timer", TimerMode.KEEP)  # an IdWrite's moves all keep it
         since = row.timer_since if timer is TimerMode.KEEP else now if timer is TimerMode.ARM else None
         definition = getattr(write, "definition", None)  # a BatchWrite and an IdWrite keep the row's
+        memory = getattr(write, "memory", None)  # ... and their history memory
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
             _due_now(row.run_after, now) if due is None else now + due, since, row.priority, row.parent_id,
             row.definition if definition is None else definition,
+            row.memory if memory is None else dict(memory),
         )  # fmt: skip
         record = HistoryRecord(
             entity_id, version, write.event, row.state, target, write.actor, token,

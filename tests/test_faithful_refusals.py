@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from statemachine import HistoryState, State
+from statemachine import State
 from statemachine.event import Event
 
 from fsm import Guard, InvalidDefinition, Lifecycle, operator_override, worker
@@ -51,19 +51,6 @@ def _refused(match: str, extra: Extra | None = None, active_body: dict[str, Any]
 
 def test_the_base_chart_of_these_tests_is_accepted() -> None:
     assert set(_declare().table.events) == {"start", "finish", "succeed", "abort"}
-
-
-# -- history states -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["shallow", "deep"])
-def test_history_state_is_refused_naming_it_and_its_compound(kind: str) -> None:
-    message = _refused(
-        rf"history state 'h' \({kind} history of 'active'\) is not supported",
-        lambda a: {"resume": worker(a["failed"].from_(a["queued"]) | a["queued"].to(a["active"].h))},
-        {"h": HistoryState(type=kind)},
-    )
-    assert "target the state to resume explicitly" in message
 
 
 # -- guard expressions ----------------------------------------------------------------------

@@ -53,6 +53,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.guard_expr",
             "fsm.table",
             "fsm.chains",
+            "fsm.history",
             "fsm.unsupported",
             "fsm.definition_rules",
             "fsm.lifecycle",

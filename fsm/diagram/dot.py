@@ -100,6 +100,10 @@ def edge_label(edge: Edge, timer: PendingTimer | None = None) -> str:
     return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
+HISTORY_LEGEND = (
+    "a history state: entering it re-enters the compound where it was last left "
+    "(H: the child it was in, at that child's initial state; H*: the very state)"
+)
 FINALS = "double border: final (clears the lease); black dot: initial"
 FINALS_NESTED = (
     "double border: final (top level: clears the lease; inside a compound: completes it); black dot: initial"
@@ -125,6 +129,11 @@ class _Writer:
 
     def node(self, node: Node, depth: int) -> None:
         pairs = [("id", quote(f"state_{node.id}"))]
+        if node.history is not None:
+            mark = "H*" if node.history == "deep" else "H"
+            pairs += [("shape", "circle"), ("width", "0.3"), ("fixedsize", "true"), ("fontsize", "10")]
+            self.emit(depth, f"{quote(node.id)} {_attrs([('label', quote(mark)), *pairs])}")
+            return
         label = html(node.id)
         if node.final:
             pairs.append(("peripheries", "2"))
@@ -278,6 +287,7 @@ class _Writer:
                 else []
             ),
             _row("states", FINALS_NESTED if any(n.final and n.parent for n in self.d.nodes) else FINALS),
+            *([_row("H, H*", html(HISTORY_LEGEND))] if any(n.history for n in self.d.nodes) else []),
         ]
         if self.d.guards:
             rows.append(_row("<b>Guards</b>"))

@@ -36,6 +36,7 @@ DEFAULT_LAST = 5
 def _nodes(states: Iterable[State]) -> tuple[Node, ...]:
     nodes: list[Node] = []
     for s in states:
+        histories = list(s.history) if s.is_compound else []
         nodes.append(
             Node(
                 id=s.id,
@@ -43,9 +44,11 @@ def _nodes(states: Iterable[State]) -> tuple[Node, ...]:
                 compound=bool(s.is_compound),
                 initial=bool(s.initial),
                 final=bool(s.final),
-                children=tuple(c.id for c in s.states) if s.is_compound else (),
+                children=(*(c.id for c in s.states), *(h.id for h in histories)) if s.is_compound else (),
             )
         )
+        # a history state is drawn inside its compound: H (shallow) or H* (deep)
+        nodes += [Node(id=h.id, parent=s.id, history=h.type.value) for h in histories]
     return tuple(nodes)
 
 

@@ -57,6 +57,10 @@ LEGEND = (
 )
 
 OVERRIDE_LEGEND = "(operator override) fired on purpose; may fail a live finalizer"
+HISTORY_LEGEND = (
+    "H, H*: a history state: entering it re-enters the compound where it was last left "
+    "(H: the child it was in, at that child's initial state; H*: the very state)"
+)
 NESTED_FINAL_LEGEND = "a top-level final state clears the lease; one inside a compound completes it (done.state.X)"
 TIMER_LEGEND = (
     "event after t: a timer, the reaper fires it once the entity has been in the state it leaves for t "
@@ -163,6 +167,8 @@ class _Writer:
     def declare(self, node: Node) -> str:
         """``queued``, or ``state "end" as state_end`` (a state aliased by :func:`aliases`)."""
         sid = self.ids[node.id]
+        if node.history is not None:
+            return f'state "{"H*" if node.history == "deep" else "H"}" as {sid}'
         if node.compound:
             return f"state {sid}" if sid == node.id else f'state "{node.id}" as {sid}'
         return sid if sid == node.id else f'state "{node.id}" as {sid}'
@@ -222,6 +228,8 @@ class _Writer:
                 legend = (*legend[:-2], TIMER_LEGEND, *legend[-2:])
             if any(n.final and n.parent is not None for n in d.nodes):
                 legend = (*legend[:-1], NESTED_FINAL_LEGEND)
+            if any(n.history for n in d.nodes):
+                legend += (HISTORY_LEGEND,)
             legend += tuple(loop_line(e) for e in d.edges if e.source == e.target)
             if d.guards:
                 legend += ("Guards:", *(f"{name}: {desc or '(no description)'}" for name, desc in d.guards))

@@ -33,6 +33,8 @@ class Node:
     children: tuple[str, ...] = ()
     highlight: bool = False
     """The overlaid entity's current (leaf) state."""
+    history: str | None = None
+    """A history state of its parent: ``"shallow"`` (drawn ``H``) or ``"deep"`` (``H*``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +207,7 @@ class Diagram:
         """The leaf a transition into ``node_id`` ends in (compound states enter their initial child)."""
         node = self._index[node_id]
         while node.compound and node.children:
-            kids = self.children(node)
+            kids = [k for k in self.children(node) if k.history is None]
             node = next((k for k in kids if k.initial), kids[0])
         return node.id
 

@@ -8,6 +8,7 @@ from fsm.chains import after_write, settle
 from fsm.engine.base import StoreClock
 from fsm.engine.writes import write_for
 from fsm.guards import GuardContext
+from fsm.history import resolve
 from fsm.records import Lease, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
 
@@ -59,7 +60,7 @@ def chain_writes(
         branches.append(step)
         current = after_write(current, made)
 
-    settle(engine.table, before.id, write.event, branch.target, passes, taken)
+    settle(engine.table, before.id, write.event, branch.target, passes, taken, lambda b: resolve(b, current.memory))
     return writes, branches
 
 

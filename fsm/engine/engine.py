@@ -58,6 +58,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.guards import HOLDS_LEASE
+from fsm.history import resolve
 from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
 from fsm.limits import MAX_CREATE_MANY, check_id, check_priority, check_run_after, json_copy
@@ -148,7 +149,8 @@ class Engine(EngineWork):
         # firing by id without a read, where the store judges the branch (fsm.engine.by_id)
         # (a lifecycle with eventless or completion transitions judges each fire's chain first)
         self._heads = self.table.chain_heads
-        self._by_id = None if self._heads else by_id_of(store)
+        # (and one with history states writes the memory its transitions leave)
+        self._by_id = None if self._heads or self.table.remembered else by_id_of(store)
         self._id_plans = id_plans(self.table) if self._by_id is not None else {}
         # reading by id: the engine checked the id already (text()), so a memory store whose
         # get is the library's reads its row without checking the id a second time
@@ -528,6 +530,8 @@ class Engine(EngineWork):
                     raise
                 # refused on the caller's snapshot, which may be stale: judge the row as it is
                 return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
+        if branch.restores is not None:  # a history target: the entity's memory picks the leaf
+            branch = resolve(branch, judged.memory)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:

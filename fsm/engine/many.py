@@ -75,9 +75,9 @@ def fire_many(
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )
-            if branch.target in engine._heads:
-                # its microsteps: a commit of its own, through fire's path (judged again on the
-                # same held snapshot, without reading the row: chains are rare)
+            if branch.target in engine._heads or write.memory is not None:
+                # its microsteps (or its history memory): a commit of its own, through fire's
+                # path (judged again on the same held snapshot, without reading the row: rare)
                 results[i] = engine._fire(
                     snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
                 )

@@ -6,6 +6,7 @@ from fsm.engine.arguments import text
 from fsm.engine.base import EngineBase
 from fsm.engine.judge import choose
 from fsm.errors import FsmError, InvalidArgument, MalformedRow, UnknownEntity
+from fsm.history import resolve
 from fsm.records import Actor, HistoryRecord, Snapshot
 from fsm.table import Branch
 
@@ -55,7 +56,9 @@ class EngineReads(EngineBase):
         ):
             return None
         try:
-            return choose(self.table, self.policy, self.clock, self.store, entity, event, actor, None)
+            return resolve(
+                choose(self.table, self.policy, self.clock, self.store, entity, event, actor, None), entity.memory
+            )
         except FsmError:
             return None
 

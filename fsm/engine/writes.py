@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from fsm.history import remember
 from fsm.policy import Policy
 from fsm.records import Condition, Lease, LeaseChange, Snapshot, TransitionWrite
 from fsm.table import Branch, branch_conditions
@@ -36,7 +37,7 @@ def write_for(
         new_owner = owner or (lease.owner if lease is not None else default_owner)
         ttl = policy.lease_ttl
     # positional: this runs once per transition and keyword calls cost twice as much
-    return TransitionWrite(
+    write = TransitionWrite(
         snap.id,
         branch.event,
         snap.state,
@@ -60,6 +61,9 @@ def write_for(
         None,
         branch.timer,
     )
+    if branch.remembers:  # it leaves a compound with a history state: where it was left
+        write.memory = remember(branch, snap.memory, snap.state)
+    return write
 
 
 __all__ = ["write_for"]

@@ -313,6 +313,17 @@ def entity_page(
         ("updated", f"{esc(age(now, snap.updated_at))} <span class=muted>{esc(stamp(snap.updated_at))}</span>"),
         ("concurrency key", esc(snap.concurrency_key or "")),
         *([("priority", str(snap.priority))] if snap.priority else []),
+        *(
+            # a history state restores from it: where each compound was last left
+            [
+                (
+                    "history memory",
+                    "<br>".join(f"{esc(c)} was left in {esc(leaf)}" for c, leaf in sorted(snap.memory.items())),
+                )
+            ]
+            if snap.memory
+            else []
+        ),
         *family_facts(snap, family),
         ("last renewal", last_renewal(now, renewals)),
     ]

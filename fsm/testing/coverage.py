@@ -24,7 +24,7 @@ from stores.base import Store
 def branch_name(branch: Branch) -> str:
     """``reclaim: finalizing -> finalizing [lease_stale, reclaims_left] (reaper)``"""
     guards = f" [{', '.join(branch.guard_names)}]" if branch.guards else ""
-    return f"{branch.event}: {branch.source} -> {branch.target}{guards} ({branch.actor.value})"
+    return f"{branch.event}: {branch.source} -> {branch.target_name}{guards} ({branch.actor.value})"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class TransitionCoverage:
         if lifecycle is None:
             return
         for branch in lifecycle.table.branches_for(source, event):
-            if branch.target == target and branch.actor.value == actor:
+            if target in branch.targets and branch.actor.value == actor:
                 self.counts[kind][branch_name(branch)] += 1
 
     def add_records(self, kind: str, records: Iterable[HistoryRecord]) -> None:

@@ -236,7 +236,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         record = result.record
         if lease is not None and not self._current(snap, lease):
             self.broken(f"I3: {holder and holder.name} fired {event} on {entity_id} with a stale lease {lease}")
-        if record.source != snap.state or record.target not in {b.target for b in branches if b.actor is actor}:
+        targets = {t for b in branches if b.actor is actor for t in b.targets}  # a history target: several
+        if record.source != snap.state or record.target not in targets:
             self.broken(f"table: {event} by {actor} took {record.source}->{record.target} from {snap.state}")
         self._reaper_move_checked(snap, record.actor, record.event, now)
         self.acks[entity_id].append((record.seq, event))

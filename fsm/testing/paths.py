@@ -211,6 +211,7 @@ class _Run:
             snap.attempt,
             snap.reclaims,
             json.dumps(snap.data, sort_keys=True),
+            json.dumps(snap.memory, sort_keys=True),
             sibling,
         )
 

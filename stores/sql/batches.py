@@ -187,8 +187,15 @@ class BatchOps(SqlCore):
             if k == len(rounds):
                 rounds.append(({}, []))
             groups, lone = rounds[k]
-            if not set_based or write.require or write.idempotency_key is not None or write.definition is not None:
-                lone.append(i)  # a definition version recorded: a migration's rare write, applied alone
+            if (
+                not set_based
+                or write.require
+                or write.idempotency_key is not None
+                or write.definition is not None
+                or write.memory is not None
+            ):
+                # a definition version (a migration's rare write) or a history memory: applied alone
+                lone.append(i)
                 continue
             try:
                 row = self._row(i, write)
@@ -410,7 +417,7 @@ class BatchOps(SqlCore):
             w.entity_id, before.kind, w.target, row[1], row[2], row[3], None if exp is None else decode_time(exp),
             at, before.created_at, at, False, before.concurrency_key, row[5], row[6],
             before.data if w.data is None else w.data, None if due is None else decode_time(due), since,
-            before.priority, before.parent_id, before.definition,
+            before.priority, before.parent_id, before.definition, before.memory,
         )  # fmt: skip
 
     def _refused(self, write: TransitionWrite) -> Applied:

@@ -38,7 +38,7 @@ from fsm.id_write import IdWrite, check_id_write
 from fsm.records import HistoryRecord, LeaseChange, Snapshot
 from stores.sql.connections import unavailable
 from stores.sql.core import SqlCore, SqliteWrite
-from stores.sql.rows import dumps_data, loads_object, snapshot_of
+from stores.sql.rows import dumps_data, loads_object, memory_of, snapshot_of
 from stores.sql.schema import decode_time
 
 Applied = tuple[Snapshot, HistoryRecord]
@@ -439,6 +439,7 @@ class _Lean:
                 exp, now, created, now, False, row[3], row[4], row[5], data, due,
                 None,  # timer_since: a lifecycle with timers is never fired by id (fsm.engine.by_id)
                 row[8], row[9], row[10],
+                None,  # memory: a lifecycle with history states is never fired by id (fsm.engine.by_id)
             ))  # fmt: skip
         except (ValueError, TypeError, AttributeError) as err:
             raise MalformedRow(write.entity_id, reason=str(err)) from None
@@ -465,6 +466,7 @@ def _written(row: Any, write: IdWrite, now: datetime, params: dict[str, Any]) ->
             row[0], row[1], row[2], row[3], row[4], row[5], exp, now, decode_time(row[8]), now, False, row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
             None if since is None else decode_time(since), row[17], row[18], row[19],
+            None if row[20] is None else memory_of(row[20]),
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None

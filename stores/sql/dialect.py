@@ -424,6 +424,7 @@ class Statements:
         has_due: bool = False,
         timer: TimerMode = TimerMode.KEEP,
         definition: bool = False,
+        memory: bool = False,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -436,7 +437,8 @@ class Statements:
         PostgreSQL; otherwise every entity column.  ``blind`` (SQLite, with ``lean``) returns
         nothing: the update also requires the lease holder and token the caller's snapshot
         shows (``bowner``, ``btoken``), so the store knows every column it writes.
-        ``definition``: the write also records the definition version ``defn``."""
+        ``definition``: the write also records the definition version ``defn``; ``memory``:
+        the history memory ``memory`` (JSON text)."""
         key = (
             "apply",
             change,
@@ -451,6 +453,7 @@ class Statements:
             has_due,
             timer,
             definition,
+            memory,
         )
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -469,6 +472,8 @@ class Statements:
             guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
         sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer, definition)
+        if memory:
+            sets += f", {c['memory']} = {f.json('memory')}"
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"
         common = f"{f.p('event')}, {f.p('source')}, {f.p('target')}, {f.p('actor')}"
         lean_cols = ", ".join(f"e.{c[n]} AS {n}" if self.pg else c[n] for n in LEAN_COLUMNS)

@@ -48,7 +48,7 @@ def loads_object(text: str) -> Any:
 def snapshot_of(row: Sequence[Any]) -> Snapshot:
     """A row (entity columns in Snapshot order) as a Snapshot, or ``MalformedRow``."""
     try:
-        state, data, exp, due, since = row[2], row[14], row[6], row[15], row[16]
+        state, data, exp, due, since, memory = row[2], row[14], row[6], row[15], row[16], row[20]
         if state is None:
             raise ValueError("no state (leaf state column is NULL)")
         if data.__class__ is str:
@@ -61,9 +61,19 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
             decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
             None if since is None else decode_time(since), row[17], row[18], row[19],
+            None if memory is None else memory_of(memory),
         )  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None
+
+
+def memory_of(value: Any) -> dict[str, str]:
+    """A stored history memory (JSON text, or the driver's object) as a dict of ids."""
+    if value.__class__ is str:
+        value = json.loads(value)
+    if value.__class__ is not dict or not all(k.__class__ is str and v.__class__ is str for k, v in value.items()):
+        raise ValueError(f"history memory is not an object of state ids: {str(value)[:60]!r}")
+    return value
 
 
 def history_of(row: Sequence[Any]) -> HistoryRecord:

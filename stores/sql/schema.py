@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from stores.sql.feed_mark import drop_feed_mark_ddl, feed_mark_ddl
 
-HEAD_REVISION = "0011"
+HEAD_REVISION = "0012"
 """The newest migration; a schema stamped with it needs no upgrade."""
 
 ENTITY_COLUMNS = (
@@ -52,6 +52,7 @@ ENTITY_COLUMNS = (
     "priority",
     "parent_id",
     "definition",
+    "memory",
 )
 """Logical entity columns, in :class:`fsm.records.Snapshot` field order (rows decode positionally)."""
 AFTER_ENTITY = len(ENTITY_COLUMNS)
@@ -192,6 +193,9 @@ def entity_columns(names: dict[str, str], *, kind_default: str | None = None) ->
         # written before versions were recorded); no index: a claim filters on it in the
         # rows its index walk reads
         "definition": sa.Column(names["definition"], sa.Integer(), nullable=True),
+        # revision 0012: the history memory (fsm.history): {compound id: leaf id}, NULL when
+        # the entity left no compound with a history state
+        "memory": sa.Column(names["memory"], JsonDocument(), nullable=True),
     }
     return [cols[name] for name in ENTITY_COLUMNS]
 

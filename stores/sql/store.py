@@ -627,7 +627,8 @@ class SqlStore(
         timer = write.timer
         definition = write.definition
         defines = definition is not None
-        sql = self._sql.apply(*shape, blind, due is not None, timer, defines)
+        memory = write.memory
+        sql = self._sql.apply(*shape, blind, due is not None, timer, defines, memory is not None)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -661,6 +662,8 @@ class SqlStore(
             params["btoken"], params["bowner"] = before.lease_token, before.lease_owner
         if defines:
             params["defn"] = definition
+        if memory is not None:
+            params["memory"] = dumps_data(memory, entity_id)
         integrity = False
         for _ in range(ATTEMPTS + blind):  # a refused blind write is retried lean, not counted
             now = self._now()
@@ -689,6 +692,7 @@ class SqlStore(
                         before.concurrency_key, row[4], row[5], before.data if write.data is None else write.data,
                         None if ra is None else decode_time(ra), since, before.priority, before.parent_id,
                         before.definition if definition is None else definition,
+                        before.memory if memory is None else memory,
                     )  # fmt: skip
                 record = HistoryRecord(
                     entity_id, snap.version, write.event, write.source, write.target, write.actor, snap.lease_token,
@@ -699,7 +703,7 @@ class SqlStore(
             except _Refused:
                 if blind:  # the lease moved since the caller's snapshot: write as a lean write
                     blind = False
-                    sql = self._sql.apply(*shape, False, due is not None, timer, defines)
+                    sql = self._sql.apply(*shape, False, due is not None, timer, defines, memory is not None)
                     continue
             except self._integrity:
                 integrity = True

@@ -144,7 +144,7 @@ def test_a_database_at_0001_upgrades_to_the_head_keeping_rows_and_their_place_in
                 {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
             )
         store = sql_target.store()  # create=True: Alembic upgrades 0001 -> head
-        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
+        assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0012"
         old = store.get("old")
         assert old.state == "queued"
         assert old.run_after == old.created_at  # due since it was created: it keeps its place
@@ -245,7 +245,7 @@ def test_fsm_migrate_upgrades_a_sqlite_database_at_0004_keeping_its_rows_and_pos
     assert run.returncode == 0, run.stderr
     store = SqlStore(url, create=False)
     try:
-        assert current_revision(url) == HEAD_REVISION == "0011"
+        assert current_revision(url) == HEAD_REVISION == "0012"
         fed = store.feed()
         assert [(e.record.entity_id, e.position) for e in fed] == [("a", "s1"), ("b", "s2")]  # kept
         # the fix holds on the upgraded database: prune the newest, a reader past it misses nothing
@@ -282,7 +282,7 @@ def test_a_0005_store_upgrades_to_0006_gaining_the_recent_index_and_downgrades_b
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     store = sql_target.store()  # create=True: Alembic upgrades 0005 -> 0006
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0012"
     assert indexes()[recent] == ("kind", "state", "updated_at", "id")
     if sqlite:  # the new index is described as the others are, or the planner would misjudge it
         with engine.connect() as conn:
@@ -335,7 +335,7 @@ def test_0007_drops_the_history_foreign_key_on_postgresql_only_and_downgrades_ba
     upgrade(engine, table_prefix=sql_target.prefix, revision="0006")
     assert keys() == [f"{sql_target.prefix}entities"]
     store = sql_target.store()  # create=True: 0006 -> head
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0012"
     postgres = sql_target.dialect == "postgres"
     assert keys() == ([] if postgres else [f"{sql_target.prefix}entities"])
     store.create(NewEntity("a", "job", "queued"))
@@ -386,7 +386,7 @@ def test_a_0009_store_upgrades_to_0010_its_rows_without_a_definition_and_downgra
             {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
         )
     store = sql_target.store()  # create=True: Alembic upgrades 0009 -> 0010
-    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0011"
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0012"
     assert columns()["definition"] == ("INTEGER", True)
     assert store.get("old").definition is None  # written before versions were recorded
     assert store.create(NewEntity("new", "job", "queued", definition=3)).definition == 3
@@ -430,3 +430,40 @@ def test_a_table_bound_before_0010_is_refused_until_the_definition_column_is_add
             store.close()
     finally:
         engine.dispose()
+
+
+def test_a_0011_store_upgrades_to_0012_its_rows_without_a_memory_and_downgrades_back(
+    sql_target: SqlTarget,
+) -> None:
+    from fsm.records import TransitionWrite
+
+    engine = sql_target.engine()
+    assert isinstance(engine, sa.Engine)
+    table = f"{sql_target.prefix}entities"
+
+    def columns() -> set[str]:
+        return {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
+
+    upgrade(engine, table_prefix=sql_target.prefix, revision="0011")
+    assert "memory" not in columns()
+    with engine.begin() as conn:  # a row an 0011 release wrote
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {table} (id, kind, state, version, state_entered_at, created_at, updated_at, "
+                "run_after, data) VALUES ('old', 'job', 'paused', 0, :t, :t, :t, :t, '{}')"
+            ),
+            {"t": "2026-01-01 00:00:00.000000+00:00" if sql_target.dialect == "sqlite" else "2026-01-01Z"},
+        )
+    store = sql_target.store()  # create=True: Alembic upgrades 0011 -> 0012
+    assert current_revision(engine, table_prefix=sql_target.prefix) == HEAD_REVISION == "0012"
+    assert "memory" in columns()
+    assert store.get("old").memory is None  # it left no compound with a history state
+    moved, _ = store.apply(TransitionWrite("old", "pause", "paused", "queued", "worker", 0, memory={"active": "b"}))
+    assert moved.memory == store.get("old").memory == {"active": "b"}
+    store.close()
+    downgrade(engine, "0011", table_prefix=sql_target.prefix)
+    assert current_revision(engine, table_prefix=sql_target.prefix) == "0011"
+    assert "memory" not in columns()
+    with engine.connect() as conn:  # the row stays, without its memory
+        kept = conn.execute(sa.text(f"SELECT id, state, version FROM {table}")).all()
+    assert [tuple(r) for r in kept] == [("old", "queued", 1)]
