@@ -13,9 +13,11 @@ event's write followed by one write per microstep (:meth:`stores.Store.apply_cha
 guarded by its own version and conditions, committed together or not at all: one commit,
 one history row per taken transition.
 
-Where a chain would start outside a caller's fire it is refused at class creation, until
-those paths can carry one: from the initial state (a create), after a reaper transition
-(the reaper's set-based batch) and after a claim's start.
+A new entity whose initial state takes steps by itself takes them in its create: the engine
+judges them on the entity as it would be created and the store commits the insert and the
+steps together (:meth:`stores.Store.create_chains`).  Where a chain would start outside a
+caller's fire or create it is refused at class creation, until those paths can carry one:
+after a reaper transition (the reaper's set-based batch) and after a claim's start.
 """
 
 from __future__ import annotations
@@ -103,11 +105,6 @@ def check_chains(name: str, table: CompiledTable) -> None:
     heads = table.chain_heads
     if not heads:
         return
-    if table.initial in heads:
-        raise InvalidDefinition(
-            f"{name}: the initial state {table.initial!r} has eventless or completion transitions; a new entity "
-            "would have to take them at its create, which is not supported: start in a state without them"
-        )
     for branch in table.declared:
         if branch.target not in heads:
             continue

@@ -417,6 +417,34 @@ def check_transition_writes(writes: object) -> list[TransitionWrite]:
     return [check_transition_write(w) for w in writes]
 
 
+def check_create_chains(items: object) -> list[tuple[NewEntity, list[TransitionWrite]]]:
+    """A ``create_chains`` call: 1 to :data:`MAX_CREATE_MANY` pairs of a new entity and the
+    chain of writes its initial state takes (:func:`check_chain`, the first at version 0,
+    all of that entity)."""
+    if not isinstance(items, list | tuple) or not 1 <= len(items) <= MAX_CREATE_MANY:
+        raise InvalidArgument(
+            f"create_chains takes a list of 1 to {MAX_CREATE_MANY} (NewEntity, writes) pairs, not {_shown(items)}"
+        )
+    checked: list[tuple[NewEntity, list[TransitionWrite]]] = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidArgument(f"create_chains takes (NewEntity, writes) pairs, not {_shown(item)}")
+        entity = check_new_entity(item[0])
+        rests = isinstance(item[1], list | tuple) and not item[1]  # its guards let it rest where it starts
+        writes = [] if rests else check_chain(item[1])
+        if any(w.entity_id != entity.id for w in writes) or (writes and writes[0].expect_version != 0):
+            raise InvalidArgument(
+                f"create_chains: the writes of {entity.id!r} must be its own, the first expecting version 0"
+            )
+        checked.append((entity, writes))
+    seen: set[str] = set()
+    for entity, _ in checked:
+        if entity.id in seen:
+            raise EntityExists(entity.id)
+        seen.add(entity.id)
+    return checked
+
+
 MAX_CHAIN_WRITES = 65
 """The most writes one ``apply_chain`` commits: an event and its microsteps (``fsm.chains``)."""
 

@@ -101,6 +101,18 @@ class Store(Protocol):
         written.  Malformed writes -> ``InvalidArgument`` (nothing written)."""
         ...
 
+    def create_chains(
+        self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
+    ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+        """Create entities whose initial state takes transitions by itself (eventless and
+        completion transitions, :mod:`fsm.chains`): each entity as :meth:`create` creates
+        it, then its writes (the first expecting version 0, each the version the one before
+        leaves) as :meth:`apply_chain` applies them, all of it committed together or not at
+        all.  Returns, per item, the created row and each write's new row and history row.
+        A refusal raises what :meth:`create` or :meth:`apply` would have raised, and
+        nothing is written.  Malformed items -> ``InvalidArgument`` (nothing written)."""
+        ...
+
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """Apply many transitions in one transaction (one commit), each fenced on its own.
 

@@ -33,6 +33,7 @@ from fsm.limits import (
     check_chain,
     check_children_args,
     check_claim_request,
+    check_create_chains,
     check_effect_args,
     check_id,
     check_int,
@@ -352,6 +353,34 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 except FsmError as err:
                     results.append(err)
         return results
+
+    def create_chains(
+        self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
+    ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+        """See :meth:`stores.Store.create_chains`: under the lock, each entity created and its
+        writes applied in order; a refusal removes every entity the call created (its row,
+        history and feed entries)."""
+        checked = check_create_chains(items)
+        if any(e.columns for e, _ in checked):
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
+        done: list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]] = []
+        with self._lock:
+            feed = len(self._feed)
+            made: list[NewEntity] = []
+            try:
+                for entity, writes in checked:
+                    created = self.create(entity)
+                    made.append(entity)
+                    done.append((created, [self.apply_checked(w) for w in writes]))
+            except BaseException:
+                for entity in made:
+                    self._rows.pop(entity.id, None)
+                    self._history.pop(entity.id, None)
+                    if entity.concurrency_key is not None:
+                        self._by_concurrency_key[(entity.kind, entity.concurrency_key)].remove(entity.id)
+                del self._feed[feed:]
+                raise
+        return done
 
     def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
         """See :meth:`stores.Store.apply_chain`: every write under the lock, in order; a refusal

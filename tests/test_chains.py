@@ -10,18 +10,22 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from conftest import STORE_FACTORIES
 from statemachine import State
 
 from fsm import (
+    ActiveDuplicate,
     Actor,
     ConditionFailed,
     Engine,
+    EntityExists,
     Guard,
     GuardContext,
     InvalidDefinition,
     Lifecycle,
     ManualClock,
     TransitionNotAllowed,
+    UnknownEntity,
     guard,
     operator_override,
     reaper,
@@ -96,26 +100,10 @@ def test_the_table_knows_the_chain() -> None:
     assert "passed" not in table.finals  # a nested final completes its compound; the entity goes on
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def engine(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Any) -> Any:
-    from conftest import postgres_url
-
-    from stores.sql import SqlStore
-
-    if request.param == "memory":
-        store: Any = MemoryStore(clock)
-    elif request.param == "sqlite":
-        store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=clock)
-    else:
-        url = postgres_url()
-        if url is None:
-            pytest.skip("no PostgreSQL (FSM_TEST_POSTGRES_URL)")
-        store = SqlStore(url, clock=clock, table_prefix=f"ch{random.randrange(1 << 30)}_")
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def engine(request: pytest.FixtureRequest, clock: ManualClock) -> Any:
+    store: Any = STORE_FACTORIES[request.param](clock)
     yield Engine(Build, store, clock=clock)
-    if request.param == "postgres":
-        from stores.sql.migrate import drop_schema
-
-        drop_schema(store.engine, table_prefix=store.table_prefix)
     if request.param != "memory":
         store.close()
 
@@ -235,7 +223,6 @@ def _declare(entry: str) -> type[Lifecycle]:
     [
         ("reaper", "reaper transition 'stall' from 'queued' enters 'gate'.*the reaper's set-based batch"),
         ("claim", "'begin' from 'queued' is a claim's start into 'gate'"),
-        ("initial", "the initial state 'gate' has eventless or completion transitions"),
     ],
 )
 def test_a_chain_where_no_caller_fires_is_refused_at_declaration(entry: str, match: str) -> None:
@@ -393,3 +380,112 @@ def test_the_diagram_draws_eventless_edges_and_says_what_a_nested_final_does() -
     assert "checks --> finalizing : done.state.checks (worker)" in text
     assert "one inside a compound completes it" in text
     assert "inside a compound: completes it" in to_dot(extract(Build))
+
+
+# -- steps a new entity takes in its create -------------------------------------------------
+
+
+class Intake(Lifecycle):
+    """A request that starts itself once its data says it is complete: the initial state
+    takes an eventless transition, judged on the data the create brings."""
+
+    received = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    worker(received.to(active, cond="complete"))  # eventless, from the initial state
+    amend = worker(received.to.itself())  # new data, and the eventless step looks again
+    finish = worker(active.running.to(active.finalizing))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    abort = operator_override(active.to(failed) | received.to(failed), reason=None)
+
+    @guard
+    def complete(ctx: GuardContext) -> bool:
+        "the request has everything it needs"
+        return bool(ctx.data.get("complete"))
+
+
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def intake(request: pytest.FixtureRequest, clock: ManualClock) -> Any:
+    store: Any = STORE_FACTORIES[request.param](clock)
+    yield Engine(Intake, store, clock=clock)
+    if request.param != "memory":
+        store.close()
+
+
+def test_a_create_takes_the_initial_states_steps_in_its_own_commit(intake: Engine) -> None:
+    made = intake.create("r1", data={"complete": True})
+    assert (made.state, made.version) == ("running", 1)
+    assert [(h.event, h.source, h.target, h.seq) for h in intake.history("r1")] == [
+        (AUTOMATIC, "received", "running", 1)
+    ]
+    rests = intake.create("r2")  # its guard does not hold: it rests where it starts
+    assert (rests.state, rests.version, intake.history("r2")) == ("received", 0, [])
+    moved = intake.fire("r2", "amend", data={"complete": True})
+    assert moved.state == "running" and [r.event for r in moved.automatic] == [AUTOMATIC]
+
+
+def test_create_many_takes_each_entitys_steps_all_or_nothing(intake: Engine) -> None:
+    made = intake.create_many([{"complete": True}, None], ids=["m1", "m2"])
+    assert [(s.id, s.state) for s in made] == [("m1", "running"), ("m2", "received")]
+    with pytest.raises(EntityExists):
+        intake.create_many([{"complete": True}, {"complete": True}], ids=["m3", "m1"])
+    with pytest.raises(UnknownEntity):
+        intake.get("m3")  # nothing of the refused batch was written
+
+
+def test_a_refused_create_step_creates_nothing(intake: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Any = intake.store
+
+    def refused(write: Any) -> Any:
+        raise ConditionFailed(write.entity_id, condition="planted")
+
+    monkeypatch.setattr(store, "apply_checked", refused)
+    with pytest.raises(ConditionFailed):
+        intake.create("x1", data={"complete": True})
+    monkeypatch.undo()
+    with pytest.raises(UnknownEntity):
+        intake.get("x1")
+    assert intake.create("x1").state == "received"  # the id is free: nothing was left behind
+
+
+def test_a_unique_create_with_steps_still_refuses_an_active_duplicate(intake: Engine) -> None:
+    first = intake.create("u1", data={"complete": True}, concurrency_key="k", unique=True)
+    with pytest.raises(ActiveDuplicate):
+        intake.create("u2", data={"complete": True}, concurrency_key="k", unique=True)
+    assert intake.create("u3", concurrency_key="k", unique=True, if_active="return").id == first.id
+
+
+def test_create_chains_refuses_hostile_input_and_writes_nothing(intake: Engine) -> None:
+    from fsm import InvalidArgument
+    from fsm.records import NewEntity, TransitionWrite
+
+    store: Any = intake.store
+    new = NewEntity("h1", "intake", "received")
+    good = TransitionWrite("h1", AUTOMATIC, "received", "running", "worker", 0)
+    for bad, error in [
+        ([], InvalidArgument),
+        ("nope", InvalidArgument),
+        ([(new,)], InvalidArgument),
+        ([(new, [TransitionWrite("other", "e", "received", "running", "worker", 0)])], InvalidArgument),
+        ([(new, [TransitionWrite("h1", "e", "received", "running", "worker", 3)])], InvalidArgument),
+        ([(new, [good]), (new, [good])], EntityExists),
+        ([(NewEntity("h1\x00", "intake", "received"), [])], InvalidArgument),
+    ]:
+        with pytest.raises(error):
+            store.create_chains(bad)
+    with pytest.raises(UnknownEntity):
+        intake.get("h1")
+
+
+def test_random_sequences_from_a_create_agree_with_python_statemachine() -> None:
+    rng = random.Random(5)
+    events = list(Intake.table.events)
+    for _ in range(200):  # one set of guard answers per sequence, as a stored entity's data gives
+        outcome = {"complete": rng.random() < 0.5, "holds_lease": rng.random() < 0.5}
+        check_agreement(Intake, [(rng.choice(events), outcome) for _ in range(8)])

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import pytest
+from conftest import STORE_FACTORIES
 from statemachine import HistoryState, State
 
 from fsm import (
@@ -29,7 +30,6 @@ from fsm import (
 from fsm.engine import Fire
 from fsm.records import LeaseChange, TransitionWrite
 from fsm.testing.agreement import Disagreement, check_agreement
-from stores import MemoryStore
 
 
 class Resumable(Lifecycle):
@@ -166,26 +166,10 @@ def test_the_checker_sees_a_wrong_restore() -> None:
         Resumable.table = original
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def engine(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Any) -> Any:
-    from conftest import postgres_url
-
-    from stores.sql import SqlStore
-
-    if request.param == "memory":
-        store: Any = MemoryStore(clock)
-    elif request.param == "sqlite":
-        store = SqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=clock)
-    else:
-        url = postgres_url()
-        if url is None:
-            pytest.skip("no PostgreSQL (FSM_TEST_POSTGRES_URL)")
-        store = SqlStore(url, clock=clock, table_prefix=f"hs{random.randrange(1 << 30)}_")
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def engine(request: pytest.FixtureRequest, clock: ManualClock) -> Any:
+    store: Any = STORE_FACTORIES[request.param](clock)
     yield Engine(Resumable, store, clock=clock)
-    if request.param == "postgres":
-        from stores.sql.migrate import drop_schema
-
-        drop_schema(store.engine, table_prefix=store.table_prefix)
     if request.param != "memory":
         store.close()
 

@@ -9,7 +9,7 @@ from fsm.engine.base import StoreClock
 from fsm.engine.writes import write_for
 from fsm.guards import GuardContext
 from fsm.history import resolve
-from fsm.records import Lease, Snapshot, TransitionWrite, apply_changes
+from fsm.records import Lease, NewEntity, Snapshot, TransitionWrite, apply_changes
 from fsm.table import Branch
 
 if TYPE_CHECKING:
@@ -25,8 +25,28 @@ def chain_writes(
     the chain keeps it)."""
     before = write.before
     assert before is not None  # the engine's writes carry the snapshot they were judged on
-    current: Snapshot = after_write(before, write)
-    writes, branches = [write], [branch]
+    writes, branches = steps_from(engine, after_write(before, write), write.event, lease, owner)
+    return [write, *writes], [branch, *branches]
+
+
+def create_steps(engine: Engine, entity: NewEntity) -> tuple[list[TransitionWrite], list[Branch]]:
+    """The writes a new entity's initial state takes by itself, judged on the entity as it
+    would be created (its data, no lease, version 0); none when no guard lets it move."""
+    now = engine.clock.now()
+    new = Snapshot(
+        entity.id, entity.kind, entity.state, 0, None, 0, None, now, now, now, False, entity.concurrency_key,
+        0, 0, entity.data, None, None, entity.priority, entity.parent_id, entity.definition,
+    )  # fmt: skip
+    return steps_from(engine, new, "create", None, None)
+
+
+def steps_from(
+    engine: Engine, current: Snapshot, event: str, lease: Lease | None, owner: str | None
+) -> tuple[list[TransitionWrite], list[Branch]]:
+    """The writes (and branches) of the microsteps the entity ``current`` takes by itself
+    where it rests, after ``event`` (named in a refusal)."""
+    writes: list[TransitionWrite] = []
+    branches: list[Branch] = []
     clock = StoreClock(engine.store)
 
     def holder() -> Lease | None:
@@ -60,8 +80,8 @@ def chain_writes(
         branches.append(step)
         current = after_write(current, made)
 
-    settle(engine.table, before.id, write.event, branch.target, passes, taken, lambda b: resolve(b, current.memory))
+    settle(engine.table, current.id, event, current.state, passes, taken, lambda b: resolve(b, current.memory))
     return writes, branches
 
 
-__all__ = ["chain_writes"]
+__all__ = ["chain_writes", "create_steps", "steps_from"]

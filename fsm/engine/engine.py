@@ -31,7 +31,7 @@ from fsm.engine.arguments import (
 from fsm.engine.base import StoreClock
 from fsm.engine.by_id import by_id_of, id_plans, id_write
 from fsm.engine.cascade import Cancelled, cascade, check_lifecycles
-from fsm.engine.chained import chain_writes
+from fsm.engine.chained import chain_writes, create_steps
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
@@ -238,23 +238,24 @@ class Engine(EngineWork):
             concurrency_key = self._data_key(clean)
         if unique and concurrency_key is None:
             raise InvalidArgument("create(unique=True) needs a concurrency_key: the key it is unique by")
+        entity = NewEntity(
+            id=entity_id,
+            kind=self.kind,
+            state=self.table.initial,
+            concurrency_key=concurrency_key,
+            data=clean,
+            columns=None if columns is None else _columns(columns),
+            run_after=check_run_after(run_after),
+            arm_timer=self.table.arms_on_create(),
+            unique_finals=tuple(sorted(self.table.finals)) if unique else None,
+            priority=priority,
+            parent_id=parent,
+            definition=self.lifecycle.version,
+        )
         try:
-            return self.store.create(
-                NewEntity(
-                    id=entity_id,
-                    kind=self.kind,
-                    state=self.table.initial,
-                    concurrency_key=concurrency_key,
-                    data=clean,
-                    columns=None if columns is None else _columns(columns),
-                    run_after=check_run_after(run_after),
-                    arm_timer=self.table.arms_on_create(),
-                    unique_finals=tuple(sorted(self.table.finals)) if unique else None,
-                    priority=priority,
-                    parent_id=parent,
-                    definition=self.lifecycle.version,
-                )
-            )
+            if self.table.initial in self._heads:  # its initial state takes steps by itself
+                return self._create_chained([entity])[0]
+            return self.store.create(entity)
         except ActiveDuplicate as err:
             if if_active == "return":
                 return self.store.get(err.existing)
@@ -307,9 +308,29 @@ class Engine(EngineWork):
                     definition=self.lifecycle.version,
                 )
             )
+        if self.table.initial in self._heads:  # its initial state takes steps by itself
+            return self._create_chained(batch)
         # every item was checked above with the store's own limits: the library's stores
         # need not check them again (stores.base.unchecked_create_many)
         return self._create_many(batch)
+
+    def _create_chained(self, entities: list[NewEntity]) -> list[Snapshot]:
+        """Entities created with the steps their initial state takes by itself (judged on
+        each as it would be created), in one store transaction: ``store.create_chains``."""
+        items = [(entity, create_steps(self, entity)) for entity in entities]
+        create_chains = getattr(self.store, "create_chains", None)
+        if create_chains is None:
+            raise ConfigError(
+                f"{type(self.store).__name__} cannot create an entity whose initial state takes eventless or "
+                "completion transitions (it has no create_chains)"
+            )
+        done = create_chains([(entity, writes) for entity, (writes, _) in items])
+        made: list[Snapshot] = []
+        for (created, results), (_, (_, branches)) in zip(done, items, strict=True):
+            for (new, record), branch in zip(results, branches, strict=True):
+                announce(self.kind, new, record, branch)
+            made.append(results[-1][0] if results else created)
+        return made
 
     def cancel(
         self,

@@ -80,6 +80,22 @@ def advance(
     return state["leaf"], memory
 
 
+def created(table: CompiledTable, values: Mapping[str, bool]) -> tuple[str, dict[str, str]]:
+    """Where a new entity rests once its create took the steps its initial state takes by
+    itself (python-statemachine takes them when the chart starts), and its memory then."""
+    state = {"leaf": table.initial}
+    memory: dict[str, str] = {}
+
+    def take(step: Branch) -> None:
+        nonlocal memory
+        if step.remembers:
+            memory = remember(step, memory, state["leaf"])
+        state["leaf"] = step.target
+
+    settle(table, "agreement", "create", table.initial, _passes(values), take, lambda b: resolve(b, memory))
+    return state["leaf"], memory
+
+
 def _active(machine: Lifecycle) -> set[str]:
     # ids, not configuration_values: a state declared with State(value=...) reports its value
     return {s.id for s in machine.configuration}
@@ -94,10 +110,18 @@ def check_agreement(
     differ (accepted vs refused, or the active states).  Both start in the leaf ``start``
     (default: the initial one)."""
     table = lifecycle.table
-    values: dict[str, bool] = {}
+    # the chart starts (and a new entity is created) with the first step's guard answers
+    values: dict[str, bool] = dict(steps[0][1]) if steps else {}
     memory: dict[str, str] = {}  # the history memory the engine would persist
-    leaf = table.initial if start is None else start
-    reference = lifecycle.restore(leaf, values)  # its guards read `values` live
+    reference = lifecycle.restore(table.initial if start is None else start, values)  # guards read `values` live
+    if start is None:  # a new entity takes its initial state's steps in its create
+        leaf, memory = created(table, values)
+    else:
+        leaf = start
+    if _active(reference) != set(table.configurations[leaf]):
+        raise Disagreement(
+            f"{lifecycle.__name__} starts: python-statemachine is in {_active(reference)}, the table in {leaf!r}"
+        )
     for n, (event, outcome) in enumerate(steps, 1):
         values.clear()
         values.update(outcome)
@@ -126,4 +150,4 @@ def check_agreement(
             raise Disagreement(f"{where}: restored from {leaf!r}, python-statemachine is in {restored}")
 
 
-__all__ = ["Disagreement", "advance", "check_agreement"]
+__all__ = ["Disagreement", "advance", "check_agreement", "created"]

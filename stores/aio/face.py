@@ -79,6 +79,12 @@ class AsyncFace:
         result: list[tuple[Snapshot, HistoryRecord]] = await self._invoke("apply_chain", writes)
         return result
 
+    async def create_chains(
+        self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
+    ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+        result: list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]] = await self._invoke("create_chains", items)
+        return result
+
     async def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
@@ -268,6 +274,12 @@ class BridgeStore(LedgerRun):
 
     def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
         result: list[tuple[Snapshot, HistoryRecord]] = self._call("apply_chain", (writes,), {})
+        return result
+
+    def create_chains(
+        self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
+    ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+        result: list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]] = self._call("create_chains", (items,), {})
         return result
 
     def renew_leases(

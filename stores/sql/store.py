@@ -56,7 +56,14 @@ from fsm.errors import (
     StoreUnavailable,
     UnknownEntity,
 )
-from fsm.limits import check_chain, check_id, check_new_entity, check_transition_write, text_problem
+from fsm.limits import (
+    check_chain,
+    check_create_chains,
+    check_id,
+    check_new_entity,
+    check_transition_write,
+    text_problem,
+)
 from fsm.records import (
     HeldBy,
     HistoryRecord,
@@ -593,6 +600,24 @@ class SqlStore(
                 return [self.apply_checked(w) for w in checked]
         with slot.conn.transaction():
             return [self.apply_checked(w) for w in checked]
+
+    def create_chains(
+        self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
+    ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+        """See :meth:`stores.Store.create_chains`: one transaction on this thread's connection
+        (inside the caller's, a savepoint), each insert the statement :meth:`create` sends and
+        each write the one :meth:`apply` sends; a refusal undoes them all."""
+        checked = check_create_chains(items)
+        slot = self._conns.slot()
+
+        def run() -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
+            return [(self.create(entity), [self.apply_checked(w) for w in writes]) for entity, writes in checked]
+
+        if self._sqlite:
+            with SqliteWrite(slot, "fsm_chain"):
+                return run()
+        with slot.conn.transaction():
+            return run()
 
     def apply_checked(self, write: TransitionWrite) -> tuple[Snapshot, HistoryRecord]:
         """:meth:`apply` for a write already checked by ``fsm.limits.check_transition_write``'s

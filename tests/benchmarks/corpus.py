@@ -49,7 +49,7 @@ from fsm.guards import BUILTIN_GUARDS, Guard, Invalid
 from fsm.history import check_history
 from fsm.lifecycle import Lifecycle
 from fsm.table import compile_table
-from fsm.testing.agreement import _chosen, advance
+from fsm.testing.agreement import _chosen, advance, created
 from fsm.unsupported import refuse_unsupported
 
 SEEN: list[tuple[str, Any]] = []
@@ -208,8 +208,7 @@ def _agree(
                 reference = cls()
         except Exception as err:
             return "not judged (python-statemachine needs arguments)", f"{type(err).__name__}: {err}"
-        leaf = table.initial
-        memory: dict[str, str] = {}
+        leaf, memory = created(table, values)
         if {s.id for s in reference.configuration} != set(table.configurations[leaf]):
             return "DISAGREES", f"starts in {sorted(s.id for s in reference.configuration)}, the table in {leaf}"
         for _step in range(8):
