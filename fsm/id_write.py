@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from fsm.errors import InvalidArgument
 from fsm.limits import (
@@ -31,7 +31,7 @@ from fsm.limits import (
     check_optional_id,
     check_run_after,
 )
-from fsm.records import LeaseChange, Snapshot
+from fsm.records import LeaseChange, Snapshot, TimerMode
 
 
 @dataclass(slots=True)
@@ -62,6 +62,11 @@ class IdWrite:
     holds: bool = False
     run_after: timedelta | None = None
     error: dict[str, Any] | None = None
+    # what a fire by id never changes, as class attributes: a store reads them as it reads
+    # a TransitionWrite's, without a missed lookup per fire
+    timer: ClassVar[TimerMode] = TimerMode.KEEP
+    definition: ClassVar[None] = None
+    memory: ClassVar[None] = None
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the
@@ -80,15 +85,15 @@ class IdWrite:
         (deleted, another kind, not in a source, or not held by the caller)."""
         if row.deleted or row.kind != self.kind:
             return None
-        state = row.state
-        target = next((t for s, t in self.moves if s == state), None)
-        if target is None:
-            return None
         if self.expect_token is not None and (
             row.lease_token != self.expect_token or row.lease_owner != self.expect_owner
         ):
             return None
-        return target
+        state = row.state
+        for source, target in self.moves:  # a plain loop: this runs on every fire by id
+            if source == state:
+                return target
+        return None
 
 
 def check_id_write(write: object) -> IdWrite:

@@ -50,3 +50,40 @@ def test_an_async_fire_takes_its_chain_in_one_commit(where: str, tmp_path: Any) 
             await store.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite", "postgres"])
+def test_an_async_create_takes_the_initial_states_steps_in_one_commit(where: str, tmp_path: Any) -> None:
+    from conftest import postgres_url
+    from test_chains import Intake
+
+    async def scenario() -> None:
+        clock = ManualClock()
+        prefix = f"ai{uuid.uuid4().hex[:10]}_"
+        if where == "memory":
+            store: Any = AsyncMemoryStore(clock=clock)
+        elif where == "sqlite":
+            store = AsyncSqlStore(f"sqlite:///{tmp_path}/fsm.db", clock=clock)
+        else:
+            url = postgres_url()
+            if url is None:
+                pytest.skip("no PostgreSQL (FSM_TEST_POSTGRES_URL)")
+            store = AsyncSqlStore(url, clock=clock, table_prefix=prefix)
+        try:
+            engine = AsyncEngine(Intake, store, clock=clock)
+            made = await engine.create("i1", data={"complete": True})
+            assert (made.state, made.version) == ("running", 1)
+            assert [h.event for h in await engine.history("i1")] == [AUTOMATIC]
+            many = await engine.create_many([{"complete": True}, None], ids=["i2", "i3"])
+            assert [s.state for s in many] == ["running", "received"]
+        finally:
+            if where == "postgres":
+                from stores.sql import create_engine
+                from stores.sql.migrate import drop_schema
+
+                sql = create_engine(postgres_url())
+                drop_schema(sql, table_prefix=prefix)
+                sql.dispose()
+            await store.close()
+
+    asyncio.run(scenario())
