@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 
 class Actor(StrEnum):
@@ -566,6 +566,13 @@ class BatchWrite:
     """Data changes applied to each moved row in the same commit (see :class:`SetItems`)."""
     timer: TimerMode = TimerMode.KEEP
     """What the move does to the timer clock (:class:`TimerMode`)."""
+    # what a set-based move never sets, read as a TransitionWrite's are (the memory store's
+    # one code path for both): it keeps every due time, records no error, keeps the row's
+    # definition version and history memory
+    run_after: ClassVar[None] = None
+    error: ClassVar[None] = None
+    definition: ClassVar[None] = None
+    memory: ClassVar[None] = None
 
 
 def condition_holds(

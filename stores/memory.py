@@ -11,7 +11,7 @@ import copy
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fsm.clock import Clock, SystemClock, read_clock
@@ -113,7 +113,10 @@ class MemoryStore(LedgerRun, MemoryRetention):
     def now(self) -> datetime:
         """The clock's time, checked (:func:`fsm.clock.read_clock`): a clock returning
         ``None`` or a naive datetime is a ``ConfigError`` before anything is written."""
-        return read_clock(self.clock)
+        clock = self.clock
+        if clock.__class__ is SystemClock:  # the wall clock itself: aware UTC, two calls fewer per write
+            return datetime.now(UTC)
+        return read_clock(clock)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -440,17 +443,21 @@ class MemoryStore(LedgerRun, MemoryRetention):
         attempt = row.attempt + 1 if write.bump_attempt else row.attempt
         reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
         version = row.version + 1
-        # positional construction: the hot path of every in-memory transition
-        due = getattr(write, "run_after", None)  # a BatchWrite keeps every due time
-        error = getattr(write, "error", None)
-        timer = getattr(write, "timer", TimerMode.KEEP)  # an IdWrite's moves all keep it
+        # positional construction: the hot path of every in-memory transition.  A BatchWrite
+        # and an IdWrite answer what they never set (None, KEEP) from class attributes
+        due, error, timer = write.run_after, write.error, write.timer
+        definition, memory = write.definition, write.memory
         since = row.timer_since if timer is TimerMode.KEEP else now if timer is TimerMode.ARM else None
-        definition = getattr(write, "definition", None)  # a BatchWrite and an IdWrite keep the row's
-        memory = getattr(write, "memory", None)  # ... and their history memory
+        if due is None:  # a due time ahead becomes now (see _due_now)
+            due_at = row.run_after
+            if due_at is not None and due_at > now:
+                due_at = now
+        else:
+            due_at = now + due
         new = Snapshot(
             entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
             False, row.concurrency_key, attempt, reclaims, row.data if data is None else data,
-            _due_now(row.run_after, now) if due is None else now + due, since, row.priority, row.parent_id,
+            due_at, since, row.priority, row.parent_id,
             row.definition if definition is None else definition,
             row.memory if memory is None else dict(memory),
         )  # fmt: skip
