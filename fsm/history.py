@@ -96,14 +96,18 @@ def child_on_path(compound: State, leaf: State) -> State | None:
 def exited(transition: Transition, source_leaf: State, entered: State) -> list[State]:
     """The states a transition from ``source_leaf`` leaves, given the state it enters
     (``entered``: its target, or what a history target stands for), innermost first: the
-    active states below the transition's domain (the least common compound ancestor of its
-    source and ``entered``), as python-statemachine computes it for an external transition.
-
-    An internal transition into its own source or a descendant leaves less (not its source),
-    but what else it would record is never read: a compound it re-enters must be left again
-    before its history state can be entered, and that leaving records the memory anew."""
+    active states below the transition's domain, as python-statemachine computes it (an
+    internal transition into its own compound source, or to its own atomic source, stays
+    inside it; otherwise the least common compound ancestor of its source and ``entered``)."""
+    source = transition.source
     target_path = _path(entered)[1:]
-    domain = next((s for s in _path(transition.source)[1:] if s.is_compound and s in target_path), None)
+    domain: State | None
+    if transition.internal and (
+        (source.is_compound and source in target_path) or (source is entered and not entered.is_compound)
+    ):
+        domain = source
+    else:
+        domain = next((s for s in _path(source)[1:] if s.is_compound and s in target_path), None)
     active = _path(source_leaf)
     return active if domain is None else active[: active.index(domain)]
 
@@ -116,21 +120,48 @@ def remembering(states: Iterable[State]) -> tuple[str, ...]:
 def remember(branch: Branch, memory: dict[str, str] | None, leaf: str) -> dict[str, str]:
     """The entity's memory once ``branch`` leaves ``leaf``: each compound it leaves that has a
     history state remembers ``leaf``."""
-    new = {}
-    if memory and memory.__class__ is dict:  # a held snapshot is the caller's: keep what is well-formed
-        new = {k: v for k, v in memory.items() if k.__class__ is str and v.__class__ is str}
+    new = dict(memory) if memory.__class__ is dict and memory else {}
     for compound in branch.remembers:
         new[compound] = leaf
     return new
 
 
-def resolve(branch: Branch, memory: dict[str, str] | None) -> Branch:
-    """The concrete branch a history-targeting ``branch`` takes for the entity's ``memory``
-    (itself, its default, when the compound was never left or its memory names a leaf the
-    compound no longer has)."""
-    if branch.restores is None or not memory or memory.__class__ is not dict:
+def kept_memory(memory: object, remembered: Mapping[str, frozenset[str]]) -> dict[str, str] | None:
+    """The entries of ``memory`` (a caller's held snapshot's: anything) that the lifecycle
+    can hold: a compound with a history state and a leaf inside it; ``None`` when none is."""
+    if memory.__class__ is not dict:
+        return None
+    kept = {
+        compound: leaf
+        for compound, leaf in memory.items()
+        if compound.__class__ is str and leaf.__class__ is str and leaf in remembered.get(compound, ())
+    }
+    return kept or None
+
+
+def resolve(branch: Branch, memory: dict[str, str] | None, leaf: str | None = None) -> Branch:
+    """The concrete branch a history-targeting ``branch`` takes from ``leaf`` for the entity's
+    ``memory`` (itself, its default, when the compound was never left or its memory names a
+    leaf the compound no longer has).
+
+    python-statemachine records the history of the states a transition leaves before it
+    works out what to enter: a transition that leaves the very compound whose history it
+    targets (``setup.to(setup.h)`` from inside) restores what it just recorded, ``leaf``."""
+    if branch.restores is None:
         return branch
-    leaf = memory.get(branch.restores)
+    first = _variant(branch, memory)
+    if leaf is not None and branch.restores in first.remembers:
+        second = _variant(branch, remember(first, memory, leaf))
+        if second is not first:  # its target, and what the leaving records
+            return replace(second, remembers=first.remembers)
+    return first
+
+
+def _variant(branch: Branch, memory: dict[str, str] | None) -> Branch:
+    if memory.__class__ is not dict or not memory:
+        return branch
+    assert memory is not None
+    leaf = memory.get(branch.restores)  # type: ignore[arg-type]
     if leaf is None:
         return branch
     found = next((b for held, b in branch.variants if held == leaf), None)
@@ -191,6 +222,7 @@ __all__ = [
     "default_entry",
     "exited",
     "history_of",
+    "kept_memory",
     "remember",
     "remembering",
     "resolve",

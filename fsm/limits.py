@@ -464,6 +464,9 @@ def check_chain(writes: object) -> list[TransitionWrite]:
                 "apply_chain takes the writes of one entity, each expecting the version the one before it "
                 f"leaves: write {n} is for {write.entity_id!r} at version {write.expect_version}"
             )
+    keys = [w.idempotency_key for w in checked if w.idempotency_key is not None]
+    if len(set(keys)) != len(keys):  # refused before any statement: the second could never land
+        raise InvalidArgument("apply_chain: two writes of one chain carry the same idempotency key")
     return checked
 
 

@@ -169,9 +169,10 @@ class CompiledTable:
     chain_heads: frozenset[str] = frozenset()
     """The leaves whose entry may take more transitions by itself (eventless ones, or a
     completion event's): a write into one carries its microsteps (:mod:`fsm.chains`)."""
-    remembered: frozenset[str] = frozenset()
-    """The compound states with a history state (:mod:`fsm.history`); empty for most
-    lifecycles, whose writes then never carry a memory."""
+    remembered: dict[str, frozenset[str]] = field(default_factory=dict)
+    """The compound states with a history state (:mod:`fsm.history`), each with the leaves
+    inside it (what its memory may hold); empty for most lifecycles, whose writes then
+    never carry a memory."""
     _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -386,7 +387,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
     events: list[str] = []
     order_of: dict[int, int] = {}  # id(branch) -> the rank its transition is tried at from its leaf
     top_finals = {s.id for s in leaves if s.final and s.parent is None}
-    remembered = frozenset(remembering(all_states))
+    remembered = {compound: states_under[compound] for compound in remembering(all_states)}
 
     def branch_of(t: Transition, event: str, leaf: State, holder: State, where: str) -> Branch:
         history = history_of(t.targets[0])

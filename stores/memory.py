@@ -376,6 +376,10 @@ class MemoryStore(LedgerRun, MemoryRetention):
                     made.append(entity)
                     done.append((created, [self.apply_checked(w) for w in writes]))
             except BaseException:
+                for entity, writes in checked[: len(made)]:
+                    for write in writes:  # the entity is new: every key of its writes is the call's
+                        if write.idempotency_key is not None:
+                            self._keys.pop((entity.id, write.idempotency_key), None)
                 for entity in made:
                     self._rows.pop(entity.id, None)
                     self._history.pop(entity.id, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from fsm import (
 from fsm.chains import MAX_CHAIN
 from fsm.engine import Fire
 from fsm.engine.chained import chain_writes
+from fsm.records import LeaseStale
 from fsm.table import AUTOMATIC
 from fsm.testing.agreement import check_agreement
 from stores import MemoryStore
@@ -489,3 +491,58 @@ def test_random_sequences_from_a_create_agree_with_python_statemachine() -> None
     for _ in range(200):  # one set of guard answers per sequence, as a stored entity's data gives
         outcome = {"complete": rng.random() < 0.5, "holds_lease": rng.random() < 0.5}
         check_agreement(Intake, [(rng.choice(events), outcome) for _ in range(8)])
+
+
+def test_a_refused_create_chains_leaves_no_idempotency_key_behind(intake: Engine) -> None:
+    from fsm.records import NewEntity, TransitionWrite
+
+    store: Any = intake.store
+    first = NewEntity("k1", "intake", "received")
+    keyed = TransitionWrite("k1", "go", "received", "running", "worker", 0, idempotency_key="key1")
+    refused = TransitionWrite("k2", "go", "received", "running", "worker", 0, require=(LeaseStale(timedelta(days=1)),))
+    with pytest.raises(ConditionFailed):
+        store.create_chains([(first, [keyed]), (NewEntity("k2", "intake", "received"), [refused])])
+    assert store.find_transition("k1", "key1") is None
+    ((_, moved),) = store.create_chains([(first, [keyed])])  # the key is free again
+    assert moved[0][1].idempotency_key == "key1"
+
+
+def test_a_chain_carrying_one_key_twice_is_refused_before_any_statement(intake: Engine) -> None:
+    from fsm import InvalidArgument
+    from fsm.records import NewEntity, TransitionWrite
+
+    store: Any = intake.store
+    twice = [
+        TransitionWrite("d1", "go", "received", "running", "worker", 0, idempotency_key="same"),
+        TransitionWrite("d1", "finish", "running", "finalizing", "worker", 1, idempotency_key="same"),
+    ]
+    with pytest.raises(InvalidArgument, match="same idempotency key"):
+        store.create_chains([(NewEntity("d1", "intake", "received"), twice)])
+    with pytest.raises(UnknownEntity):
+        store.get("d1")
+
+
+class Dedup(Lifecycle):
+    """A create whose initial step asks for a newer sibling: a new entity has none."""
+
+    received = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    dropped = State(final=True)
+
+    worker(received.to(dropped, cond="superseded"))  # eventless, from the initial state
+    start = worker(received.to(active))
+    finish = worker(active.running.to(active.finalizing))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    abort = operator_override(active.to(dropped), reason=None)
+
+
+def test_a_create_judges_superseded_as_false_for_the_entity_it_creates(any_store: Any) -> None:
+    dedup = Engine(Dedup, any_store)
+    assert dedup.create("a", concurrency_key="k").state == "received"
+    assert dedup.create("b", concurrency_key="k").state == "received"
+    assert dedup.create("c").state == "received"

@@ -70,7 +70,7 @@ class Resumable(Lifecycle):
 
 def test_the_table_knows_what_each_branch_remembers_and_restores() -> None:
     table = Resumable.table
-    assert table.remembered == {"active"}
+    assert table.remembered == {"active": frozenset({"running", "lint", "test", "finalizing"})}
     (pause,) = table.branches_for("test", "pause")
     assert pause.remembers == ("active",)
     (check,) = table.branches_for("running", "check")
@@ -268,7 +268,7 @@ def test_a_held_snapshot_with_a_broken_memory_keeps_only_what_is_well_formed(eng
     held = engine.get("b1")._replace(memory={"active": 5, 7: "x", "other": "lint"})  # type: ignore[dict-item]
     (result,) = engine.fire_many([Fire(held, "pause")])
     assert not isinstance(result, Exception)
-    assert engine.get("b1").memory == {"active": "test", "other": "lint"}
+    assert engine.get("b1").memory == {"active": "test"}  # "other" is no compound of this lifecycle
 
 
 # -- what no caller's fire carries ------------------------------------------------------------
@@ -423,3 +423,143 @@ def test_fsm_show_and_the_inspector_say_where_each_compound_was_left(
     finally:
         stop_serving(server, thread)
         reader.close()
+
+
+class Redo(Lifecycle):
+    """A compound that re-enters its own history (python-statemachine records the history of
+    what a transition leaves before it works out what to enter), and an internal transition
+    into its own history (which leaves nothing, so records nothing)."""
+
+    class setup(State.Compound):
+        a = State(initial=True)
+        b = State()
+        c = State()
+        h = HistoryState()
+        hd = HistoryState(type="deep")
+
+        go_b = worker(a.to(b))
+        go_c = worker(b.to(c) | a.to(c))
+        hop = worker(b.to(h))
+        _ = h.to(a)  # a default: poke before setup was ever left
+
+    away = State()
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+        fin = worker(running.to(finalizing))
+
+    done = State(final=True)
+
+    redo = worker(setup.to(setup.hd))  # leaves setup, re-enters it where it just was
+    poke = worker(setup.to(setup.h, internal=True))  # stays inside: the older memory
+    out = worker(setup.to(away))
+    back = worker(away.to(setup))
+    start = worker(away.to(active))
+    finish = worker(active.finalizing.to(done, cond="holds_lease"))
+
+
+def test_a_compound_re_entering_its_own_history_restores_where_it_just_was(engine: Engine) -> None:
+    redo = Engine(Redo, engine.store)
+    redo.create("r1")
+    for event in ("go_b", "out", "back", "go_b", "go_c"):
+        redo.fire("r1", event)
+    fired = redo.fire("r1", "redo")
+    assert (fired.record.source, fired.record.target) == ("c", "c")  # not b, the memory before it left
+    assert redo.get("r1").memory == {"setup": "c"}
+
+
+def test_an_internal_transition_into_its_own_history_keeps_the_older_memory(engine: Engine) -> None:
+    redo = Engine(Redo, engine.store)
+    redo.create("i1")
+    for event in ("go_b", "out", "back", "go_c"):
+        redo.fire("i1", event)
+    fired = redo.fire("i1", "poke")  # setup is not left: its memory still says b
+    assert (fired.record.target, redo.get("i1").memory) == ("b", {"setup": "b"})
+
+
+def test_re_entries_and_internal_transitions_agree_with_python_statemachine() -> None:
+    rng = random.Random(3)
+    events = list(Redo.table.events)
+    check_agreement(Redo, [(e, {}) for e in ("go_b", "out", "back", "go_b", "go_c", "redo")])
+    check_agreement(Redo, [(e, {}) for e in ("go_b", "out", "back", "go_c", "poke", "hop")])
+    for _ in range(400):
+        check_agreement(Redo, [(rng.choice(events), {"holds_lease": rng.random() < 0.5}) for _ in range(12)])
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [
+        {f"c{i}": "lint" for i in range(5000)},
+        {"active": "x" * 100_000},
+        {"active": "a\x00b"},
+        {"active": "\ud800"},
+        {"elsewhere": "test"},
+        {"active": "done"},  # a leaf, but not one inside active
+    ],
+    ids=["many", "huge", "nul", "surrogate", "not-a-compound", "not-inside"],
+)
+def test_a_held_snapshots_memory_keeps_only_what_the_lifecycle_can_hold(engine: Engine, memory: Any) -> None:
+    _to_test(engine, "k1")
+    held = engine.get("k1")._replace(memory=memory)
+    assert engine.fire(held, "pause").snapshot.memory == engine.get("k1").memory == {"active": "test"}
+
+
+def test_a_held_snapshots_memory_that_is_no_mapping_is_ignored(engine: Engine) -> None:
+    class Hostile:
+        def __bool__(self) -> bool:
+            raise RuntimeError("no truth")
+
+    _to_test(engine, "k2")
+    held = engine.get("k2")._replace(memory=Hostile())
+    assert engine.would_fire(held, "pause") is not None
+    (result,) = engine.fire_many([Fire(held, "pause")])
+    assert engine.get("k2").memory == {"active": "test"} and not isinstance(result, Exception)
+
+
+def test_a_lifecycle_migration_moves_a_renamed_leaf_in_the_memory(engine: Engine) -> None:
+    from fsm import Renamed
+    from fsm.evolution import migrate_rows
+
+    _to_test(engine, "g1")
+    engine.fire("g1", "pause")
+    assert engine.get("g1").memory == {"active": "test"}
+
+    class ResumableV2(Lifecycle):
+        kind = "resumable"
+        version = 2
+        migrations = (Renamed("test", "testing"),)
+        queued = State(initial=True)
+
+        class active(State.Compound):
+            running = State(initial=True)
+
+            class checks(State.Compound):
+                lint = State(initial=True)
+                testing = State()
+
+                linted = worker(lint.to(testing))
+
+            finalizing = State()
+            h = HistoryState()
+            hd = HistoryState(type="deep")
+
+        paused = State()
+        done = State(final=True)
+        failed = State(final=True)
+
+        start = starts(queued.to(active))
+        check = worker(active.running.to(active.checks))
+        finish = worker(active.checks.to(active.finalizing), lease=LeaseChange.ACQUIRE)
+        pause = worker(active.running.to(paused) | active.checks.to(paused), lease=LeaseChange.CLEAR)
+        resume = worker(paused.to(active.h))
+        resume_exactly = worker(paused.to(active.hd))
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+        abort = operator_override(active.to(failed) | paused.to(failed), reason=None)
+
+    report = migrate_rows(ResumableV2, engine.store)
+    assert report.rewritten == 1
+    v2 = Engine(ResumableV2, engine.store)
+    assert v2.get("g1").memory == {"active": "testing"}
+    assert v2.fire("g1", "resume_exactly").state == "testing"

@@ -37,14 +37,15 @@ def create_steps(engine: Engine, entity: NewEntity) -> tuple[list[TransitionWrit
         entity.id, entity.kind, entity.state, 0, None, 0, None, now, now, now, False, entity.concurrency_key,
         0, 0, entity.data, None, None, entity.priority, entity.parent_id, entity.definition,
     )  # fmt: skip
-    return steps_from(engine, new, "create", None, None)
+    return steps_from(engine, new, "create", None, None, created=True)
 
 
 def steps_from(
-    engine: Engine, current: Snapshot, event: str, lease: Lease | None, owner: str | None
+    engine: Engine, current: Snapshot, event: str, lease: Lease | None, owner: str | None, created: bool = False
 ) -> tuple[list[TransitionWrite], list[Branch]]:
     """The writes (and branches) of the microsteps the entity ``current`` takes by itself
-    where it rests, after ``event`` (named in a refusal)."""
+    where it rests, after ``event`` (named in a refusal); ``created``: ``current`` is an
+    entity about to be created (no newer sibling can exist yet: none was created after it)."""
     writes: list[TransitionWrite] = []
     branches: list[Branch] = []
     clock = StoreClock(engine.store)
@@ -60,7 +61,7 @@ def steps_from(
             clock=clock,
             lease=holder(),
             policy=engine.policy,
-            newer_sibling=lambda: engine.store.has_newer_sibling(current.id),
+            newer_sibling=(lambda: False) if created else lambda: engine.store.has_newer_sibling(current.id),
         )
         return all(bool(g.check(ctx)) is expected for g, expected in step.guards)
 
@@ -80,7 +81,15 @@ def steps_from(
         branches.append(step)
         current = after_write(current, made)
 
-    settle(engine.table, current.id, event, current.state, passes, taken, lambda b: resolve(b, current.memory))
+    settle(
+        engine.table,
+        current.id,
+        event,
+        current.state,
+        passes,
+        taken,
+        lambda b: resolve(b, current.memory, current.state),
+    )
     return writes, branches
 
 

@@ -58,7 +58,7 @@ from fsm.errors import (
     UnknownEvent,
 )
 from fsm.guards import HOLDS_LEASE
-from fsm.history import resolve
+from fsm.history import kept_memory, resolve
 from fsm.ids import new_id, new_ids
 from fsm.lifecycle import Lifecycle
 from fsm.limits import MAX_CREATE_MANY, check_id, check_priority, check_run_after, json_copy
@@ -522,6 +522,8 @@ class Engine(EngineWork):
             and held.state in self.table.configurations
         ):
             snap = held
+            if held.memory is not None:  # the caller's: only what this lifecycle's memory can hold
+                snap = held._replace(memory=kept_memory(held.memory, self.table.remembered))
         else:
             held = None
             snap = self._read(entity_id)
@@ -552,7 +554,7 @@ class Engine(EngineWork):
                 # refused on the caller's snapshot, which may be stale: judge the row as it is
                 return self._prepare(entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra)
         if branch.restores is not None:  # a history target: the entity's memory picks the leaf
-            branch = resolve(branch, judged.memory)
+            branch = resolve(branch, judged.memory, judged.state)
         if branch.changes:  # the transition's declared data change, in the same write
             changed = apply_changes(branch.changes, judged.data)
             if changed is not None:

@@ -6,7 +6,7 @@ from fsm.engine.arguments import text
 from fsm.engine.base import EngineBase
 from fsm.engine.judge import choose
 from fsm.errors import FsmError, InvalidArgument, MalformedRow, UnknownEntity
-from fsm.history import resolve
+from fsm.history import kept_memory, resolve
 from fsm.records import Actor, HistoryRecord, Snapshot
 from fsm.table import Branch
 
@@ -56,9 +56,8 @@ class EngineReads(EngineBase):
         ):
             return None
         try:
-            return resolve(
-                choose(self.table, self.policy, self.clock, self.store, entity, event, actor, None), entity.memory
-            )
+            branch = choose(self.table, self.policy, self.clock, self.store, entity, event, actor, None)
+            return resolve(branch, kept_memory(entity.memory, self.table.remembered), entity.state)
         except FsmError:
             return None
 

@@ -173,7 +173,8 @@ def _migrate_one(
 
     evolution = lifecycle.evolution
     changes = evolution.data_since(row.definition)
-    if row.state in known and not changes:
+    memory = _migrated_memory(lifecycle, row, known)
+    if row.state in known and not changes and memory is None:
         return
     try:
         target, moves = evolution.resolve(row.state, row.data, known)
@@ -212,13 +213,37 @@ def _migrate_one(
         reason=f"migrated to definition version {lifecycle.version}: {'; '.join(steps)}"[:1000],
         timer=_timer(lifecycle, row, target),
         definition=lifecycle.version,
+        memory=memory,
     )
     try:
         store.apply(write)
     except (StaleVersion, UnknownEntity):
         report.raced += 1
         return
-    _count(report, row.state, target, data is not None)
+    _count(report, row.state, target, data is not None or memory is not None)
+
+
+def _migrated_memory(lifecycle: type[Lifecycle], row: Snapshot, known: frozenset[str]) -> dict[str, str] | None:
+    """The row's history memory as this definition holds it (a renamed or split leaf moved as
+    the row's state would be; an entry it cannot hold dropped: its history state then takes
+    its default), or ``None`` when it needs no change."""
+    if not row.memory:
+        return None
+    remembered = lifecycle.table.remembered
+    kept: dict[str, str] = {}
+    for compound, left in row.memory.items():
+        under = remembered.get(compound)
+        if under is None:
+            continue
+        leaf = left
+        if leaf not in under:
+            try:
+                leaf, _ = lifecycle.evolution.resolve(left, row.data, known)
+            except Exception:  # removed, or a split that cannot decide: the history's default applies
+                continue
+        if leaf in under:
+            kept[compound] = leaf
+    return None if kept == row.memory else kept
 
 
 def _count(report: MigrationReport, source: str, target: str, rewrote: bool) -> None:

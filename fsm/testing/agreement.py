@@ -69,14 +69,14 @@ def advance(
 
     def take(step: Branch) -> None:
         nonlocal memory
-        step = resolve(step, memory)
+        step = resolve(step, memory, state["leaf"])
         if step.remembers:
             memory = remember(step, memory, state["leaf"])
         state["leaf"] = step.target
 
     take(branch)
     # the eventless and completion transitions python-statemachine takes by itself
-    settle(table, "agreement", event, state["leaf"], _passes(values), take, lambda b: resolve(b, memory))
+    settle(table, "agreement", event, state["leaf"], _passes(values), take, lambda b: resolve(b, memory, state["leaf"]))
     return state["leaf"], memory
 
 
@@ -92,7 +92,9 @@ def created(table: CompiledTable, values: Mapping[str, bool]) -> tuple[str, dict
             memory = remember(step, memory, state["leaf"])
         state["leaf"] = step.target
 
-    settle(table, "agreement", "create", table.initial, _passes(values), take, lambda b: resolve(b, memory))
+    settle(
+        table, "agreement", "create", table.initial, _passes(values), take, lambda b: resolve(b, memory, state["leaf"])
+    )
     return state["leaf"], memory
 
 

@@ -540,15 +540,9 @@ class SqlStore(
         slot = self._conns.slot()
         cur = slot.cursor
         try:
-            if self._sqlite:
-                cur.execute("BEGIN IMMEDIATE")
-                try:
-                    rows = self._write_children(cur, sql, params, entity_id, children)
-                    cur.execute("COMMIT")
-                except BaseException:
-                    slot.conn.rollback()
-                    raise
-                return rows
+            if self._sqlite:  # its own transaction, or a savepoint inside one (create_chains)
+                with SqliteWrite(slot, "fsm_write") as cur:
+                    return self._write_children(cur, sql, params, entity_id, children)
             with slot.conn.transaction():
                 return self._write_children(cur, sql, params, entity_id, children)
         except self._integrity:
@@ -585,15 +579,15 @@ class SqlStore(
         connection (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: ``BEGIN``; inside the caller's,
         a savepoint), each the statement :meth:`apply` sends; a refusal undoes them all."""
         checked = check_chain(writes)
-        first = checked[0]
-        if first.idempotency_key is not None:
-            # a reused key would fail PostgreSQL's transaction before the refusal could be
-            # diagnosed: asked first (the unique key still refuses a racing twin)
-            recorded = self.find_transition(first.entity_id, first.idempotency_key)
-            if recorded is not None:
-                raise IdempotencyKeyReused(
-                    first.entity_id, key=first.idempotency_key, recorded_event=recorded.event, event=first.event
-                )
+        for write in checked:
+            if write.idempotency_key is not None:
+                # a reused key would fail PostgreSQL's transaction before the refusal could be
+                # diagnosed: asked first (the unique key still refuses a racing twin)
+                recorded = self.find_transition(write.entity_id, write.idempotency_key)
+                if recorded is not None:
+                    raise IdempotencyKeyReused(
+                        write.entity_id, key=write.idempotency_key, recorded_event=recorded.event, event=write.event
+                    )
         slot = self._conns.slot()
         if self._sqlite:
             with SqliteWrite(slot, "fsm_chain"):

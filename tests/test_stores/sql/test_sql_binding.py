@@ -345,3 +345,23 @@ def test_a_reaped_pipeline_fails_its_running_child_rows_in_the_same_write(app: A
         {"name": "build", "status": "completed"},
         {"name": "test", "status": "failed"},
     ]
+
+
+def test_a_create_with_steps_writes_its_child_rows_in_the_same_transaction(app: App) -> None:
+    """create_chains on a bound table with child rows: the insert (with its child rows) and
+    the steps in one transaction (on SQLite the child-row insert is a savepoint of it)."""
+    add_missing_columns(app.engine, app.binding)
+    store = app.target.store(binding=app.binding)
+    steps = {"steps": [{"name": "build", "status": "queued"}]}
+    new = NewEntity(id="c1", kind="pipeline", state="queued", data=steps)
+    start = TransitionWrite("c1", "start", "queued", "running", "worker", 0)
+    ((created, moved),) = store.create_chains([(new, [start])])
+    assert (created.state, moved[-1][0].state, moved[-1][0].version) == ("queued", "running", 1)
+    assert app.step_statuses("c1") == [("build", "Queued")]
+    assert app.row("c1")["status"] == "Running"
+    refused = TransitionWrite("c2", "start", "queued", "running", "worker", 0, require=(LeaseStale(timedelta(days=1)),))
+    with pytest.raises(ConditionFailed):
+        store.create_chains([(NewEntity(id="c2", kind="pipeline", state="queued", data=steps), [refused])])
+    with pytest.raises(UnknownEntity):
+        store.get("c2")
+    assert app.step_statuses("c2") == []  # its child rows went with it
