@@ -11,12 +11,13 @@ own thread (``asyncio.run_coroutine_threadsafe``): the async adapter's own I/O (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -137,3 +138,33 @@ def every_face(request: pytest.FixtureRequest, clock: ManualClock) -> Iterator[S
     close = getattr(store, "close", None)
     if close is not None:
         close()
+
+
+@contextlib.asynccontextmanager
+async def async_store_at(where: str, clock: ManualClock, directory: Any) -> AsyncIterator[Any]:
+    """An async store for one test, in the running loop: ``memory``, ``sqlite`` (a file in
+    ``directory``) or ``postgres`` (tables of its own, dropped after; skips without a server)."""
+    from stores.aio import AsyncMemoryStore, AsyncSqlStore
+
+    prefix = f"a{uuid.uuid4().hex[:10]}_"
+    store: Any
+    if where == "memory":
+        store = AsyncMemoryStore(clock=clock)
+    elif where == "sqlite":
+        store = AsyncSqlStore(f"sqlite:///{directory}/fsm.db", clock=clock)
+    else:
+        store = AsyncSqlStore(postgres_url(), clock=clock, table_prefix=prefix)
+    try:
+        yield store
+    finally:
+        if where == "postgres":
+            import sqlalchemy as sa
+
+            from stores.sql.migrate import drop_schema
+
+            engine = sa.create_engine(postgres_url())
+            try:
+                drop_schema(engine, table_prefix=prefix)
+            finally:
+                engine.dispose()
+        await store.close()
