@@ -152,11 +152,13 @@ class SqlTarget:
         self.prefix = prefix
         self.stores: list[Store] = []
         self.cleanups: list[Callable[[], None]] = []
+        self.prefixes: set[str] = {prefix}
 
     def store(self, **options: object) -> Store:
         from stores.sql import SqlStore
 
         options.setdefault("table_prefix", self.prefix)
+        self.prefixes.add(str(options["table_prefix"]))  # each one's tables are dropped at close
         store = SqlStore(self.url, **options)  # type: ignore[arg-type]
         self.stores.append(store)
         return store
@@ -180,7 +182,8 @@ class SqlTarget:
 
             engine = create_engine(self.url)
             try:
-                drop_schema(engine, table_prefix=self.prefix)
+                for prefix in sorted(self.prefixes | {self.prefix}):
+                    drop_schema(engine, table_prefix=prefix)
             finally:
                 engine.dispose()
 
