@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from statemachine import State
 
 from fsm import DataMigration, Lifecycle, Policy, Renamed
-from fsm.lifecycle import recovery, retries, starts, worker
+from fsm.lifecycle import reaper, recovery, retries, starts, worker
 
 POLICY = Policy(lease_ttl=timedelta(seconds=1), max_attempts=5, max_reclaims=3)
 """A lease of a second, so a killed worker's builds come back within a short test; enough
@@ -92,6 +92,12 @@ class BuildV2(Lifecycle):
     fail = worker(active.finalizing.to(failed, cond="holds_lease"))
     retry = retries(queued=queued, running=active.compiling, finalizing=active.finalizing)
     expire, reclaim = recovery(queued=queued, running=active.compiling, finalizing=active.finalizing, failed=failed)
+    # the inserted state is work a holder does, as compiling is: a holder that dies in it (or
+    # whose lease lapses under load) is requeued, or failed once its attempts are spent;
+    # without these its builds would rest in `testing` for ever
+    expire_testing = reaper(
+        active.testing.to(queued, cond=["lease_stale", "owned", "attempts_left"]), reason="expired"
+    ) | reaper(active.testing.to(failed, cond=["lease_stale", "owned"]), reason="expired")
 
 
 class BuildV2Undeclared(BuildV2):
