@@ -452,7 +452,7 @@ class MemoryStore(LedgerRun, MemoryRetention):
         due, error, timer = write.run_after, write.error, write.timer
         definition, memory = write.definition, write.memory
         since = row.timer_since if timer is TimerMode.KEEP else now if timer is TimerMode.ARM else None
-        if due is None:  # a due time ahead becomes now (see _due_now)
+        if due is None:  # a due time ahead becomes now (stores.sql.dialect's due_now)
             due_at = row.run_after
             if due_at is not None and due_at > now:
                 due_at = now
@@ -925,12 +925,6 @@ def due_time(run_after: datetime | timedelta | None, now: datetime) -> datetime:
     if run_after is None:
         return now
     return now + run_after if isinstance(run_after, timedelta) else run_after
-
-
-def _due_now(due: datetime | None, now: datetime) -> datetime | None:
-    """A transition without a due time of its own: a due time ahead becomes now (see
-    ``stores.sql.dialect.Statements.due_now``)."""
-    return now if due is not None and due > now else due
 
 
 def _with_lease(row: Snapshot, owner: str | None, token: int, expires: datetime | None) -> Snapshot:

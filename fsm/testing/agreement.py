@@ -65,36 +65,36 @@ def advance(
 ) -> tuple[str, dict[str, str]]:
     """Where the engine's entity rests after ``branch`` (chosen for ``event`` from ``leaf``)
     and the steps it takes by itself, and its history memory then."""
-    state = {"leaf": leaf}
-
-    def take(step: Branch) -> None:
-        nonlocal memory
-        step = resolve(step, memory, state["leaf"])
-        if step.remembers:
-            memory = remember(step, memory, state["leaf"])
-        state["leaf"] = step.target
-
-    take(branch)
-    # the eventless and completion transitions python-statemachine takes by itself
-    settle(table, "agreement", event, state["leaf"], _passes(values), take, lambda b: resolve(b, memory, state["leaf"]))
-    return state["leaf"], memory
+    return _rest(table, event, leaf, memory, values, branch)
 
 
 def created(table: CompiledTable, values: Mapping[str, bool]) -> tuple[str, dict[str, str]]:
     """Where a new entity rests once its create took the steps its initial state takes by
     itself (python-statemachine takes them when the chart starts), and its memory then."""
-    state = {"leaf": table.initial}
-    memory: dict[str, str] = {}
+    return _rest(table, "create", table.initial, {}, values, None)
+
+
+def _rest(
+    table: CompiledTable,
+    event: str,
+    leaf: str,
+    memory: dict[str, str],
+    values: Mapping[str, bool],
+    branch: Branch | None,
+) -> tuple[str, dict[str, str]]:
+    state = {"leaf": leaf}
 
     def take(step: Branch) -> None:
         nonlocal memory
+        step = resolve(step, memory, state["leaf"])  # a no-op on a step settle resolved
         if step.remembers:
             memory = remember(step, memory, state["leaf"])
         state["leaf"] = step.target
 
-    settle(
-        table, "agreement", "create", table.initial, _passes(values), take, lambda b: resolve(b, memory, state["leaf"])
-    )
+    if branch is not None:
+        take(branch)
+    # the eventless and completion transitions python-statemachine takes by itself
+    settle(table, "agreement", event, state["leaf"], _passes(values), take, lambda b: resolve(b, memory, state["leaf"]))
     return state["leaf"], memory
 
 

@@ -35,7 +35,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -179,6 +179,9 @@ def _shown_url(url: str) -> str:
         return sa.make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<the url>" if "@" in url else url
+
+
+_T = TypeVar("_T")
 
 
 class _Refused(Exception):
@@ -588,12 +591,7 @@ class SqlStore(
                     raise IdempotencyKeyReused(
                         write.entity_id, key=write.idempotency_key, recorded_event=recorded.event, event=write.event
                     )
-        slot = self._conns.slot()
-        if self._sqlite:
-            with SqliteWrite(slot, "fsm_chain"):
-                return [self.apply_checked(w) for w in checked]
-        with slot.conn.transaction():
-            return [self.apply_checked(w) for w in checked]
+        return self._in_one_transaction(lambda: [self.apply_checked(w) for w in checked])
 
     def create_chains(
         self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
@@ -602,11 +600,15 @@ class SqlStore(
         (inside the caller's, a savepoint), each insert the statement :meth:`create` sends and
         each write the one :meth:`apply` sends; a refusal undoes them all."""
         checked = check_create_chains(items)
+        return self._in_one_transaction(
+            lambda: [(self.create(entity), [self.apply_checked(w) for w in writes]) for entity, writes in checked]
+        )
+
+    def _in_one_transaction(self, run: Callable[[], _T]) -> _T:
+        """``run()`` in one transaction on this thread's connection (SQLite: ``BEGIN
+        IMMEDIATE``; PostgreSQL: ``BEGIN``; inside the caller's, a savepoint): its writes
+        commit together, and an exception undoes them all."""
         slot = self._conns.slot()
-
-        def run() -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
-            return [(self.create(entity), [self.apply_checked(w) for w in writes]) for entity, writes in checked]
-
         if self._sqlite:
             with SqliteWrite(slot, "fsm_chain"):
                 return run()
