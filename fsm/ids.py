@@ -29,4 +29,19 @@ def new_id() -> str:
     return new_ids(1)[0]
 
 
-__all__ = ["new_id", "new_ids"]
+def joined_id(parent_id: str, key: str) -> str:
+    """The id of an entity owned by another: ``{parent}/{key}``, or, when that is longer
+    than an id may be, a prefix of it and a digest of the whole (the same every time): a
+    child's id (``job.start_child``) and a region's row (:mod:`fsm.regions`)."""
+    import hashlib
+
+    from fsm.limits import MAX_ID_LENGTH
+
+    whole = f"{parent_id}/{key}"
+    if len(whole) <= MAX_ID_LENGTH:
+        return whole
+    digest = hashlib.sha256(whole.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{whole[: MAX_ID_LENGTH - 33]}~{digest}"
+
+
+__all__ = ["joined_id", "new_id", "new_ids"]

@@ -51,6 +51,7 @@ from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext, Invalid
 from fsm.history import check_history, restore_memory
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
+from fsm.regions import check_parallel, region_lifecycles
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
 from fsm.timers import check_after, format_delay, timer_guard, timer_guard_name
 from fsm.unsupported import declared_delays, refuse_unsupported
@@ -246,6 +247,7 @@ class LifecycleMeta(StateMachineMetaclass):
         if "kind" not in attrs and getattr(cls, "kind", None) is None:
             # a subclass of a compiled lifecycle (a new policy) keeps its kind: the rows are the same
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
+        check_parallel(name, cls.states_map.values())
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
         check_chains(name, cls.table)
         check_history(name, cls.table)
@@ -260,6 +262,8 @@ class LifecycleMeta(StateMachineMetaclass):
         }
         _check_finalizing_rules(name, cls)
         check_definition(name, cls)  # fsm.definition_rules: actors, fenced finalizers, policy states
+        # each region of a parallel state is a lifecycle of its own (fsm.regions)
+        cls.regions = region_lifecycles(cls) if cls.table.parallel else {}
 
 
 def _add_timer_guards(name: str, cls: Any) -> None:
@@ -282,6 +286,8 @@ def _add_timer_guards(name: str, cls: Any) -> None:
 def _check_finalizing_rules(name: str, cls: Any) -> None:
     fin_id = cls.finalizing_state
     fin = next((s for s in cls.states_map.values() if s.id == fin_id), None)
+    if fin is None and cls.region_of is not None:
+        return  # a region without a finalizer (its lifecycle has one in another region)
     if fin is None:
         raise InvalidDefinition(
             f"{name}: a lifecycle declares an explicit {fin_id!r} state, a sub-state of a compound "
@@ -366,6 +372,12 @@ class Lifecycle(StateChart[Any], metaclass=LifecycleMeta):
     ``Renamed``, ``Removed``, ``Split``, ``DataMigration``), carried out by ``fsm migrate-rows``."""
     evolution: ClassVar[Migrations]
     """The checked :attr:`migrations` (built at class creation)."""
+    regions: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Each parallel state -> its regions' generated lifecycles, by region id
+    (:mod:`fsm.regions`); empty without parallel states."""
+    region_of: ClassVar[tuple[Any, str, str] | None] = None
+    """For a region's generated lifecycle: ``(the lifecycle, the parallel state, the
+    region)``; ``None`` for every declared lifecycle."""
 
     def __init__(
         self,

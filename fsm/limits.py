@@ -470,6 +470,33 @@ def check_chain(writes: object) -> list[TransitionWrite]:
     return checked
 
 
+def check_group(writes: object, creates: object) -> tuple[list[TransitionWrite], list[NewEntity]]:
+    """An ``apply_group`` call: at most :data:`MAX_CHAIN_WRITES` valid writes (of any
+    entities, each judged on its own version) and at most :data:`MAX_CREATE_MANY` new
+    entities, distinct, none of them one a write is for; one of either at least."""
+    if not isinstance(writes, list | tuple) or len(writes) > MAX_CHAIN_WRITES:
+        raise InvalidArgument(
+            f"apply_group takes a list of at most {MAX_CHAIN_WRITES} TransitionWrite, not {_shown(writes)}"
+        )
+    if not isinstance(creates, list | tuple) or len(creates) > MAX_CREATE_MANY:
+        raise InvalidArgument(f"apply_group takes a list of at most {MAX_CREATE_MANY} NewEntity, not {_shown(creates)}")
+    if not writes and not creates:
+        raise InvalidArgument("apply_group takes at least one write or one new entity")
+    checked = [check_transition_write(w) for w in writes]
+    made = [check_new_entity(e) for e in creates]
+    seen: set[str] = set()
+    for entity in made:
+        if entity.id in seen:
+            raise EntityExists(entity.id)
+        seen.add(entity.id)
+    if any(w.entity_id in seen for w in checked):
+        raise InvalidArgument("apply_group: a write is for an entity the same call creates")
+    keys = [(w.entity_id, w.idempotency_key) for w in checked if w.idempotency_key is not None]
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument("apply_group: two writes of one entity carry the same idempotency key")
+    return checked, made
+
+
 def check_renewals(leases: object, ttl: object, budgets: object) -> list[Lease]:
     """A ``renew_leases`` call: at most :data:`MAX_APPLY_MANY` leases, a store TTL, and
     ``(state, budget)`` pairs."""

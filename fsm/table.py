@@ -173,6 +173,10 @@ class CompiledTable:
     """The compound states with a history state (:mod:`fsm.history`), each with the leaves
     inside it (what its memory may hold); empty for most lifecycles, whose writes then
     never carry a memory."""
+    parallel: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each parallel state -> its regions' ids (:mod:`fsm.regions`).  The entity's own row
+    rests in the parallel state as in a leaf while its regions run, each region in a row
+    of its own; empty for most lifecycles."""
     _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -286,7 +290,7 @@ def matching_branches(ordered: Iterable[tuple[int, Branch]], event: str) -> tupl
 
 
 def _initial_leaf(state: State) -> State:
-    while state.is_compound:
+    while state.is_compound and not state.parallel:  # a parallel state is its entity row's leaf
         children = list(state.states)
         state = next((c for c in children if c.initial), children[0])
     return state
@@ -362,15 +366,16 @@ def describe(transition: Transition) -> str:
 
 def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) -> CompiledTable:
     """Compile a StateChart's states into a :class:`CompiledTable`; refuses what a leaf id
-    cannot represent (parallel regions, multi-target transitions).  History states, callbacks
-    and event forms the table does not match are refused before, by
-    :func:`fsm.unsupported.refuse_unsupported`."""
-    all_states = list(states)
+    cannot represent (multi-target transitions).  History states, callbacks and event forms
+    the table does not match are refused before, by :func:`fsm.unsupported.refuse_unsupported`.
+
+    A parallel state is compiled as a leaf of the entity's own row, and what is inside it is
+    left out: each region is a lifecycle of its own (:mod:`fsm.regions`)."""
+    given = list(states)
+    regions = {s.id: tuple(r.id for r in s.states) for s in given if s.parallel}
+    all_states = [s for s in given if not any(a.parallel for a in _ancestors(s))]
     by_id = {s.id: s for s in all_states}
-    for s in all_states:
-        if s.parallel:
-            raise InvalidDefinition(f"{name}: parallel state {s.id!r} is not supported (a leaf id cannot hold it)")
-    leaves = [s for s in all_states if not s.is_compound]
+    leaves = [s for s in all_states if not s.is_compound or s.parallel]
     roots = [s for s in all_states if s.parent is None]
     initial_root = next((s for s in roots if s.initial), roots[0])
     order: dict[int, int] = {}
@@ -501,6 +506,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         chain_heads=frozenset(automatic) | frozenset(completion),
         wide=any(e == "*" or e.endswith((".", ".*")) for e in events),
         remembered=remembered,
+        parallel=regions,
     )
 
 

@@ -113,6 +113,18 @@ class Store(Protocol):
         nothing is written.  Malformed items -> ``InvalidArgument`` (nothing written)."""
         ...
 
+    def apply_group(
+        self, writes: Sequence[TransitionWrite], creates: Sequence[NewEntity]
+    ) -> tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]]:
+        """Apply ``writes`` (of any entities, each judged as :meth:`apply` judges it, in
+        order) and then create ``creates`` (as :meth:`create` creates each), all of it
+        committed together or not at all: entering a parallel state writes the entity's
+        transition and its regions' rows so (:mod:`fsm.regions`).  Returns each write's new
+        row and history row, and each created row.  A refusal raises what :meth:`apply` or
+        :meth:`create` would have raised, and nothing is written.  Malformed arguments ->
+        ``InvalidArgument`` (nothing written)."""
+        ...
+
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """Apply many transitions in one transaction (one commit), each fenced on its own.
 

@@ -35,6 +35,7 @@ from fsm.limits import (
     check_claim_request,
     check_create_chains,
     check_effect_args,
+    check_group,
     check_id,
     check_int,
     check_lease_args,
@@ -388,6 +389,48 @@ class MemoryStore(LedgerRun, MemoryRetention):
                 del self._feed[feed:]
                 raise
         return done
+
+    def apply_group(
+        self, writes: Sequence[TransitionWrite], creates: Sequence[NewEntity]
+    ) -> tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]]:
+        """See :meth:`stores.Store.apply_group`: under the lock, the writes in order, then the
+        creates; a refusal restores every written row (its history, keys and the feed) and
+        removes every created one."""
+        checked, made = check_group(writes, creates)
+        if any(e.columns for e in made):
+            raise InvalidArgument("the memory store has no application table: it takes no columns")
+        with self._lock:
+            touched = {w.entity_id for w in checked}
+            rows = {i: self._rows.get(i) for i in touched}
+            history = {i: len(self._history.get(i, ())) for i in touched}
+            keys = [(w.entity_id, w.idempotency_key) for w in checked if w.idempotency_key is not None]
+            kept = {k: self._keys[k] for k in keys if k in self._keys}
+            feed = len(self._feed)
+            done: list[tuple[Snapshot, HistoryRecord]] = []
+            created: list[Snapshot] = []
+            try:
+                for write in checked:
+                    done.append(self.apply_checked(write))
+                for entity in made:
+                    created.append(self.create(entity))
+            except BaseException:
+                for entity in made[: len(created)]:
+                    self._rows.pop(entity.id, None)
+                    self._history.pop(entity.id, None)
+                    if entity.concurrency_key is not None:
+                        self._by_concurrency_key[(entity.kind, entity.concurrency_key)].remove(entity.id)
+                for entity_id, row in rows.items():
+                    if row is not None:
+                        self._rows[entity_id] = row
+                        del self._history[entity_id][history[entity_id] :]
+                for k in keys:
+                    if k in kept:
+                        self._keys[k] = kept[k]
+                    else:
+                        self._keys.pop(k, None)
+                del self._feed[feed:]
+                raise
+            return done, created
 
     def apply_chain(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord]]:
         """See :meth:`stores.Store.apply_chain`: every write under the lock, in order; a refusal

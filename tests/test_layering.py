@@ -54,6 +54,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "fsm.table",
             "fsm.chains",
             "fsm.history",
+            "fsm.regions",
             "fsm.unsupported",
             "fsm.definition_rules",
             "fsm.lifecycle",

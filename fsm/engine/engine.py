@@ -35,6 +35,7 @@ from fsm.engine.chained import chain_writes, create_steps
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
+from fsm.engine.parallel import enter_regions, join_after, region_engine
 from fsm.engine.result import ChainedResult, FireResult
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.timers import DueTimer, timers_after
@@ -148,7 +149,14 @@ class Engine(EngineWork):
         )
         # firing by id without a read, where the store judges the branch (fsm.engine.by_id)
         # (a lifecycle with eventless or completion transitions judges each fire's chain first)
-        self._heads = self.table.chain_heads
+        # (and a write into a parallel state creates its regions' rows: fsm.regions)
+        self._parallel = self.table.parallel
+        # a region's engine joins its lifecycle's entity once its row ends (fsm.engine.parallel):
+        # its final states take fire's path too, where the join follows the commit
+        self._joins = lifecycle.region_of is not None
+        self._heads = (
+            self.table.chain_heads | frozenset(self._parallel) | (self.table.finals if self._joins else frozenset())
+        )
         # (and one with history states writes the memory its transitions leave)
         self._by_id = None if self._heads or self.table.remembered else by_id_of(store)
         self._id_plans = id_plans(self.table) if self._by_id is not None else {}
@@ -158,6 +166,12 @@ class Engine(EngineWork):
         self._read: Callable[[str], Snapshot] = store._live if plain_get else store.get  # type: ignore[attr-defined]
 
     # -- creating ------------------------------------------------------------------------
+
+    def region(self, name: str) -> Engine:
+        """The engine of region ``name`` of one of the lifecycle's parallel states: a
+        lifecycle of its own (kind ``{kind}.{name}``) whose rows are this lifecycle's
+        entities' regions (:mod:`fsm.regions`); give it a worker of its own to run them."""
+        return region_engine(self, name)
 
     def within(self, connection: Any) -> contextlib.AbstractContextManager[None]:
         """Run this engine's calls inside the caller's transaction, in this thread::
@@ -596,6 +610,8 @@ class Engine(EngineWork):
             write.require = (*write.require, fence)
         chain = chain_writes(self, write, branch, lease, owner) if branch.target in self._heads else None
         try:
+            if chain is not None and chain[1][-1].target in self._parallel:
+                return enter_regions(self, *chain)
             if chain is not None and len(chain[0]) > 1:
                 return self._apply_chain(*chain)
             new, record = self._apply(write)
@@ -615,6 +631,8 @@ class Engine(EngineWork):
                 raise
             return replay
         announce(self.kind, new, record, branch)
+        if self._joins and new.state in self.table.finals:
+            join_after(self, new)
         return FireResult(new, record)
 
     def _apply_chain(self, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
@@ -628,6 +646,8 @@ class Engine(EngineWork):
         results: list[tuple[Snapshot, HistoryRecord]] = apply_chain(writes)
         for (new, record), branch in zip(results, branches, strict=True):
             announce(self.kind, new, record, branch)
+        if self._joins and results[-1][0].state in self.table.finals:
+            join_after(self, results[-1][0])
         return ChainedResult(results[-1][0], results[0][1], steps=tuple(record for _, record in results[1:]))
 
     # -- the live feed --------------------------------------------------------------------

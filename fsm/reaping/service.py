@@ -27,6 +27,7 @@ from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
 from fsm.engine.announce import observed
 from fsm.engine.later import PENDING, later_kind
+from fsm.engine.parallel import sweep_joins
 from fsm.errors import ConfigError, FsmError, GuardRejected, InvalidData, MalformedRow, StoreUnavailable
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -116,6 +117,15 @@ class Reaper:
                 continue
             problems += rp.check_backstop(self.config.interval)
             reap_policies.append(rp)
+        # each region of a parallel state is a lifecycle of its own, reaped with its lifecycle's
+        # timing (fsm.regions): a region's running is reaped as any running
+        reap_policies += [
+            rp.model_copy(update={"lifecycle": region})
+            for rp in list(reap_policies)
+            for regions in rp.bound_lifecycle.regions.values()
+            for region in regions.values()
+            if region.kind not in kinds
+        ]
         if not reap_policies and not problems:
             problems.append("the reaper needs at least one lifecycle")
         if problems:
@@ -199,6 +209,8 @@ class Reaper:
                         if i in self._waking and result.total_moved > before:
                             woken.add(rule.engine.kind)
                     if not dry_run:
+                        self._join_regions(led, result)
+                    if not dry_run:
                         self._run_schedules(led, result)
                         self._deliver_later(led, result)
                 finally:  # what committed before a failure is claimable too
@@ -213,6 +225,17 @@ class Reaper:
                 log.exception("reaper tick failed")
                 self._signal_error(err, None)
         return self._finish(result, started, dry_run)
+
+    def _join_regions(self, led: set[str] | None, result: ReapResult) -> None:
+        """Join the entities resting in a parallel state whose regions are all final: a region
+        this tick (or an earlier one) moved into a final state, or a join a crash cut off
+        between a region's commit and its join (:mod:`fsm.regions`)."""
+        for engine in self.engines:
+            if not engine.table.parallel or (led is not None and engine.kind not in led):
+                continue
+            joined = sweep_joins(engine, self.config.batch_size)
+            if joined:
+                result.moved[f"{engine.kind}.join"] += joined
 
     def _run_schedules(self, led: set[str] | None, result: ReapResult) -> None:
         """Create the due runs of the schedules of the kinds this tick leads (one indexed

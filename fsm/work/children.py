@@ -24,7 +24,6 @@ one, and such a child is left to finish).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -32,7 +31,8 @@ from typing import Any, NamedTuple
 
 from fsm.engine.cascade import children_of
 from fsm.errors import ChildFailed, EntityExists, FsmError, InvalidArgument
-from fsm.limits import MAX_ID_LENGTH, check_id
+from fsm.ids import joined_id
+from fsm.limits import check_id
 from fsm.records import STEP_KEY_PREFIX, EffectRecord, Snapshot
 from fsm.work.waits import Steps
 
@@ -86,11 +86,7 @@ def check_child_data(data: object) -> dict[str, Any] | None:
 def child_id(parent_id: str, key: str) -> str:
     """The child's id: ``{parent}/{key}``, or, when that is too long, a prefix of it and a
     digest of the whole (the same for every replay)."""
-    whole = f"{parent_id}/{key}"
-    if len(whole) <= MAX_ID_LENGTH:
-        return whole
-    digest = hashlib.sha256(whole.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{whole[: MAX_ID_LENGTH - 33]}~{digest}"
+    return joined_id(parent_id, key)
 
 
 def start_child(

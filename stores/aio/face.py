@@ -85,6 +85,14 @@ class AsyncFace:
         result: list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]] = await self._invoke("create_chains", items)
         return result
 
+    async def apply_group(
+        self, writes: Sequence[TransitionWrite], creates: Sequence[NewEntity]
+    ) -> tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]]:
+        result: tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]] = await self._invoke(
+            "apply_group", writes, creates
+        )
+        return result
+
     async def acquire_lease(
         self, entity_id: str, *, owner: str, ttl: timedelta, budget: timedelta | None, expect_version: int
     ) -> Snapshot:
@@ -280,6 +288,14 @@ class BridgeStore(LedgerRun):
         self, items: Sequence[tuple[NewEntity, Sequence[TransitionWrite]]]
     ) -> list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]]:
         result: list[tuple[Snapshot, list[tuple[Snapshot, HistoryRecord]]]] = self._call("create_chains", (items,), {})
+        return result
+
+    def apply_group(
+        self, writes: Sequence[TransitionWrite], creates: Sequence[NewEntity]
+    ) -> tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]]:
+        result: tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]] = self._call(
+            "apply_group", (writes, creates), {}
+        )
         return result
 
     def renew_leases(

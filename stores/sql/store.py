@@ -59,6 +59,7 @@ from fsm.errors import (
 from fsm.limits import (
     check_chain,
     check_create_chains,
+    check_group,
     check_id,
     check_new_entity,
     check_transition_write,
@@ -582,15 +583,7 @@ class SqlStore(
         connection (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: ``BEGIN``; inside the caller's,
         a savepoint), each the statement :meth:`apply` sends; a refusal undoes them all."""
         checked = check_chain(writes)
-        for write in checked:
-            if write.idempotency_key is not None:
-                # a reused key would fail PostgreSQL's transaction before the refusal could be
-                # diagnosed: asked first (the unique key still refuses a racing twin)
-                recorded = self.find_transition(write.entity_id, write.idempotency_key)
-                if recorded is not None:
-                    raise IdempotencyKeyReused(
-                        write.entity_id, key=write.idempotency_key, recorded_event=recorded.event, event=write.event
-                    )
+        self._refuse_reused_keys(checked)
         return self._in_one_transaction(lambda: [self.apply_checked(w) for w in checked])
 
     def create_chains(
@@ -603,6 +596,29 @@ class SqlStore(
         return self._in_one_transaction(
             lambda: [(self.create(entity), [self.apply_checked(w) for w in writes]) for entity, writes in checked]
         )
+
+    def apply_group(
+        self, writes: Sequence[TransitionWrite], creates: Sequence[NewEntity]
+    ) -> tuple[list[tuple[Snapshot, HistoryRecord]], list[Snapshot]]:
+        """See :meth:`stores.Store.apply_group`: one transaction on this thread's connection
+        (inside the caller's, a savepoint), each write the statement :meth:`apply` sends and
+        each insert the one :meth:`create` sends; a refusal undoes them all."""
+        checked, made = check_group(writes, creates)
+        self._refuse_reused_keys(checked)
+        return self._in_one_transaction(
+            lambda: ([self.apply_checked(w) for w in checked], [self.create(e) for e in made])
+        )
+
+    def _refuse_reused_keys(self, writes: Sequence[TransitionWrite]) -> None:
+        """A reused idempotency key would fail PostgreSQL's transaction before the refusal
+        could be diagnosed: asked first (the unique key still refuses a racing twin)."""
+        for write in writes:
+            if write.idempotency_key is not None:
+                recorded = self.find_transition(write.entity_id, write.idempotency_key)
+                if recorded is not None:
+                    raise IdempotencyKeyReused(
+                        write.entity_id, key=write.idempotency_key, recorded_event=recorded.event, event=write.event
+                    )
 
     def _in_one_transaction(self, run: Callable[[], _T]) -> _T:
         """``run()`` in one transaction on this thread's connection (SQLite: ``BEGIN

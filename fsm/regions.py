@@ -1,0 +1,298 @@
+"""Parallel regions, persisted: a row per region, each with its own leaf and lease.
+
+A parallel state runs its regions side by side (python-statemachine's ``State.Parallel``)::
+
+    class Release(Lifecycle):
+        queued = State(initial=True)
+
+        class checks(State.Parallel):
+            class build(State.Compound):
+                ...                      # its own states, a finalizer, its own reaper rules
+            class tests(State.Compound):
+                ...
+
+        shipped = State(final=True)
+
+        begin = worker(queued.to(checks))
+        done_state_checks = worker(checks.to(shipped))   # the join
+
+How it is stored, and why:
+
+- **The entity's own row rests in the parallel state** (``checks``) as in a leaf, with no
+  lease: it waits for its regions.
+- **Each region is a row of its own**, a child of the entity (``release-7/build``), of a
+  lifecycle generated from the region (kind ``release.build``: its states, transitions,
+  guards, policy and data model).  So each region has its own leaf, version, lease and
+  fencing token, visible to SQL: a worker per region claims it, the reaper's set-based
+  rules reap it, a region's ``running`` can be reaped while its sibling finalizes, and a
+  ``finalizing`` region is never expired while its lease is fresh, as any finalizer.
+  ``Engine.region("build")`` is the region's engine.
+- **Entering the parallel state** writes the entity's transition and creates (or, on a
+  later visit, restarts at its initial state) every region's row in one transaction
+  (:meth:`stores.Store.apply_group`): no one ever sees the entity inside without its
+  regions.  A region starts with the entity's data.
+- **The join.**  When a region's row enters one of its final states, the engine that wrote
+  it looks, right after that commit, whether every region is final, and if so fires
+  ``done.state.<parallel>`` on the entity (a compare-and-set on its row: of two regions
+  finishing at once, the later commit sees both final, and a second join finds the entity
+  moved and does nothing).  The reaper's set-based move of a region into a final state,
+  and a crash between a region's commit and its join, are healed by the reaper, which
+  joins every entity whose regions are all final on each tick.
+
+What is refused at class creation, each with its reason: a parallel state nested in a
+compound, a region that is not a compound with a final state, a transition crossing a
+region's border (enter the parallel state itself, leave it by its join), an event shared
+by two regions, a reaper transition or a claim's start into the parallel state, and a
+history state inside a region.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from statemachine import HistoryState, State
+from statemachine.transition import Transition
+from statemachine.transition_list import TransitionList
+
+from fsm.errors import InvalidDefinition
+from fsm.guards import BUILTIN_GUARDS
+from fsm.ids import joined_id
+from fsm.records import Actor, LeaseChange
+from fsm.table import META_ATTR, meta_of
+
+if TYPE_CHECKING:
+    from fsm.records import Snapshot
+
+log = logging.getLogger("fsm.regions")
+
+REGION_TABLE_PREFIX = "done.state."
+
+
+def join_event(parallel: str) -> str:
+    """The completion event the entity takes once every region of ``parallel`` is final."""
+    return f"{REGION_TABLE_PREFIX}{parallel}"
+
+
+def region_row_id(entity_id: str, region: str) -> str:
+    """The id of a region's row: the entity's id and the region's (``release-7/build``),
+    shortened with a digest as a child's id is when too long."""
+    return joined_id(entity_id, region)
+
+
+def _inside(state: State, ancestor: State) -> bool:
+    parent = state.parent
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _subtree(state: State) -> list[State]:
+    found = [state]
+    for child in state.states:
+        found += _subtree(child)
+    return found
+
+
+def _region_of(state: State) -> State | None:
+    """The region (a child of a parallel state) ``state`` is in, or ``None``."""
+    while state.parent is not None:
+        if state.parent.parallel:
+            return state
+        state = state.parent
+    return None
+
+
+def check_parallel(name: str, states: Iterable[State]) -> None:
+    """Refuse the parallel charts this module cannot persist (see the module doc)."""
+    all_states = list(states)
+    events_of: dict[str, str] = {}  # event -> the region (or "" outside) declaring it
+    for s in all_states:
+        if s.parallel:
+            if s.parent is not None:
+                raise InvalidDefinition(
+                    f"{name}: parallel state {s.id!r} is nested in {s.parent.id!r}; a parallel state must be a "
+                    "top-level state of the lifecycle (its regions are rows of their own)"
+                )
+            if s.initial:
+                raise InvalidDefinition(
+                    f"{name}: parallel state {s.id!r} is the initial state; start in a state before it and enter it "
+                    "with a worker transition (its regions' rows are created by that transition's write)"
+                )
+            for region in s.states:
+                if region.parallel or not region.is_compound:
+                    raise InvalidDefinition(
+                        f"{name}: region {region.id!r} of parallel state {s.id!r} must be a compound state "
+                        "(class {region.id}(State.Compound)) with a final state"
+                    )
+                if not any(c.final for c in region.states):
+                    raise InvalidDefinition(
+                        f"{name}: region {region.id!r} of parallel state {s.id!r} has no final state; the join "
+                        f"({join_event(s.id)}) waits for every region to reach one"
+                    )
+                for inner in _subtree(region):
+                    if inner is not region and inner.parallel:
+                        raise InvalidDefinition(
+                            f"{name}: parallel state {inner.id!r} is nested in region {region.id!r}; regions "
+                            "cannot hold parallel states"
+                        )
+                    if any(isinstance(h, HistoryState) for h in inner.history):
+                        raise InvalidDefinition(
+                            f"{name}: state {inner.id!r} in region {region.id!r} has a history state; history "
+                            "states inside a region are not supported"
+                        )
+        within = _region_of(s)
+        for t in s.transitions:
+            if t.initial:
+                continue
+            where = f"{name}: transition {' '.join(str(e) for e in t.events) or '(eventless)'} from {s.id!r}"
+            targets = list(t.targets)
+            if within is not None:
+                if s is within:
+                    raise InvalidDefinition(
+                        f"{where}: declared on region {within.id!r} itself; declare it on a state inside the region"
+                    )
+                if any(not _inside(x, within) for x in targets):
+                    outer = within.parent.id if within.parent is not None else ""
+                    raise InvalidDefinition(
+                        f"{where}: its target leaves region {within.id!r}; a region's transitions stay inside it "
+                        f"(the entity leaves the parallel state by its join, {join_event(outer)})"
+                    )
+            else:
+                for x in targets:
+                    entered = _region_of(x)
+                    if entered is not None:
+                        outer = entered.parent.id if entered.parent is not None else ""
+                        raise InvalidDefinition(
+                            f"{where}: its target {x.id!r} is inside a region; target the parallel state "
+                            f"{outer!r} itself (each region starts at its initial state)"
+                        )
+                if s.parallel:
+                    _check_exit(name, where, s, t)
+                meta = meta_of(t)
+                if any(x.parallel for x in targets):
+                    if meta.actor is Actor.REAPER:
+                        raise InvalidDefinition(
+                            f"{where}: a reaper transition enters parallel state {targets[0].id!r}; the reaper's "
+                            "set-based batch does not create regions: enter it with a worker transition"
+                        )
+                    if meta.lease is LeaseChange.ACQUIRE:
+                        raise InvalidDefinition(
+                            f"{where}: enters parallel state {targets[0].id!r} taking a lease; the entity's row "
+                            "holds no lease while its regions run (each region's row has its own)"
+                        )
+            owner = "" if within is None else within.id
+            for event in (str(e) for e in t.events):
+                other = events_of.setdefault(event, owner)
+                if other != owner:
+                    places = " and ".join(repr(p) if p else "outside the regions" for p in sorted({other, owner}))
+                    raise InvalidDefinition(
+                        f"{name}: event {event!r} is declared in region {places}; an event is fired on one row, "
+                        "so each region names its own events (build_finish, tests_finish)"
+                    )
+
+
+def _check_exit(name: str, where: str, parallel: State, t: Transition) -> None:
+    if t.is_eventless or join_event(parallel.id) not in {str(e) for e in t.events}:
+        raise InvalidDefinition(
+            f"{where}: a parallel state is left by its join only ({join_event(parallel.id)}, declared as "
+            f"done_state_{parallel.id} = worker({parallel.id}.to(...))); leaving it while regions run is not "
+            "supported"
+        )
+    meta = meta_of(t)
+    if meta.actor is not Actor.WORKER or meta.lease is LeaseChange.ACQUIRE:
+        raise InvalidDefinition(
+            f"{where}: the join is fired by the engine once every region is final; declare it with worker(...), "
+            "taking no lease"
+        )
+
+
+# -- the generated lifecycle of each region ---------------------------------------------------
+
+
+def _copy_state(old: State, copies: dict[int, State]) -> State:
+    children = [_copy_state(c, copies) for c in old.states]
+    new = State(name=old.name, value=old.value, initial=old.initial, final=old.final, states=children)
+    new._set_id(old.id)
+    copies[id(old)] = new
+    return new
+
+
+def _copy_transitions(old: State, copies: dict[int, State]) -> None:
+    for t in old.transitions:
+        if t.initial:
+            continue
+        source = copies[id(t.source)]
+        made = Transition(source, [copies[id(x)] for x in t.targets], internal=t.internal)
+        made._events = t._events  # the same event ids
+        for attr in ("_specs", "validators", "before", "on", "after", "cond"):
+            setattr(made, attr, getattr(t, attr))
+        setattr(made, META_ATTR, getattr(t, META_ATTR, None))
+        source.transitions.add_transitions(TransitionList([made]))
+    for child in old.states:
+        _copy_transitions(child, copies)
+
+
+def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
+    """The generated lifecycle class of every region of ``cls``: parallel id -> region id ->
+    class (kind ``{cls.kind}.{region}``; the parent's policy, data model, limits, version
+    and guards)."""
+    from fsm.lifecycle import Lifecycle, LifecycleMeta
+
+    made: dict[str, dict[str, Any]] = {}
+    for parallel, regions in cls.table.parallel.items():
+        state = next(s for s in cls.states_map.values() if s.id == parallel)
+        made[parallel] = {}
+        for region in state.states:
+            copies: dict[int, State] = {}
+            attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}.{region.id}"}
+            for child in region.states:
+                attrs[child.id] = _copy_state(child, copies)
+            for child in region.states:
+                _copy_transitions(child, copies)
+            for guard_name, guard in cls.guards.items():
+                if guard_name not in BUILTIN_GUARDS and guard.after is None:
+                    attrs[f"_guard_{guard_name}"] = guard
+            attrs.update(
+                kind=f"{cls.kind}.{region.id}",
+                policy=cls.policy,
+                data_model=cls.data_model,
+                limits=cls.limits,
+                version=getattr(cls, "version", 1),
+                finalizing_state=cls.finalizing_state,
+                region_of=(cls, parallel, region.id),
+            )
+            made[parallel][region.id] = LifecycleMeta(f"{cls.__name__}.{region.id}", (Lifecycle,), attrs)
+        assert tuple(made[parallel]) == regions
+    return made
+
+
+def all_final(rows: dict[str, Snapshot | None], finals: dict[str, frozenset[str]]) -> bool:
+    """Whether every region's row exists, is live and rests in one of its final states."""
+    return all(row is not None and not row.deleted and row.state in finals[r] for r, row in rows.items())
+
+
+def region_rows(store: Any, entity_id: str, regions: Iterable[str]) -> dict[str, Snapshot | None]:
+    """The entity's region rows, by region id (``None``: none)."""
+    from fsm.errors import UnknownEntity
+
+    found: dict[str, Snapshot | None] = {}
+    for region in regions:
+        try:
+            found[region] = store.get(region_row_id(entity_id, region), include_deleted=True)
+        except UnknownEntity:
+            found[region] = None
+    return found
+
+
+__all__ = [
+    "all_final",
+    "check_parallel",
+    "join_event",
+    "region_lifecycles",
+    "region_row_id",
+    "region_rows",
+]

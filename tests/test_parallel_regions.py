@@ -1,0 +1,546 @@
+"""Parallel regions, persisted: a row per region, entered in one transaction, joined by the
+completion event once every region is final (on every store), reaped per region, and
+agreeing with python-statemachine on random event sequences."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from conftest import STORE_FACTORIES
+from faults.release import Release
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from statemachine import State
+from statemachine.exceptions import TransitionNotAllowed as SmNotAllowed
+
+from fsm import Engine, Lifecycle, ManualClock, Policy
+from fsm.errors import (
+    ConfigError,
+    EntityExists,
+    FsmError,
+    InvalidArgument,
+    InvalidDefinition,
+    StaleVersion,
+    TransitionNotAllowed,
+)
+from fsm.lifecycle import reaper, worker
+from fsm.reaping.service import Reaper
+from fsm.records import NewEntity, TransitionWrite
+from fsm.regions import region_row_id
+from stores.base import Store
+from stores.memory import MemoryStore
+
+# -- the declaration ---------------------------------------------------------------------------
+
+
+def test_the_entity_row_rests_in_the_parallel_state_and_each_region_is_a_lifecycle() -> None:
+    assert Release.table.leaves == ("queued", "checks", "released", "done")
+    assert Release.table.parallel == {"checks": ("build", "tests")}
+    build, tests = Release.regions["checks"]["build"], Release.regions["checks"]["tests"]
+    assert (build.kind, tests.kind) == ("release.build", "release.tests")
+    assert build.table.finals == {"built", "broken"} and tests.table.finals == {"passed", "red"}
+    assert build.table.configurations["finalizing"] == ("active", "finalizing")
+    assert build.region_of == (Release, "checks", "build")
+    assert build.policy == Release.policy and Release.region_of is None
+
+
+def test_an_unknown_region_is_refused_naming_the_regions(store: MemoryStore) -> None:
+    engine = Engine(Release, store)
+    assert engine.region("build") is engine.region("build")
+    with pytest.raises(InvalidArgument, match="regions: build, tests"):
+        engine.region("deploy")
+    with pytest.raises(InvalidArgument):
+        engine.region(7)  # type: ignore[arg-type]
+
+
+def _chart(body: dict[str, Any]) -> type[Lifecycle]:
+    return type(Lifecycle)("Chart", (Lifecycle,), {"__module__": __name__, **body})
+
+
+REFUSALS = {
+    "nested in a compound": "must be a top-level state",
+    "region without a final": "has no final state",
+    "leaves its region": "leaves region",
+    "targets inside a region": "is inside a region",
+    "shared event": "is declared in region",
+    "reaper enters": "reaper transition enters parallel state",
+    "leaves other than by the join": "left by its join only",
+    "history inside a region": "history state",
+}
+
+
+def _refused(case: str) -> None:
+    from statemachine import HistoryState
+
+    if case == "nested in a compound":
+
+        class A(Lifecycle):
+            idle = State(initial=True)
+
+            class outer(State.Compound):
+                class p(State.Parallel):
+                    class r1(State.Compound):
+                        a = State(initial=True)
+                        a_end = State(final=True)
+                        a_go = worker(a.to(a_end))
+
+                    class r2(State.Compound):
+                        b = State(initial=True)
+                        b_end = State(final=True)
+                        b_go = worker(b.to(b_end))
+
+                class active(State.Compound):
+                    running = State(initial=True)
+                    finalizing = State()
+
+                done_state_p = worker(p.to(active))
+                fin = worker(active.running.to(active.finalizing))
+
+            gone = State(final=True)
+            enter = worker(idle.to(outer))
+            end = worker(outer.active.finalizing.to(gone, cond="holds_lease"))
+
+    elif case == "region without a final":
+
+        class B(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a2 = State()
+                    a_go = worker(a.to(a2))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.running.to(b_end))
+
+            enter = worker(idle.to(p))
+
+    elif case == "leaves its region":
+
+        class C(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            out = State(final=True)
+            enter = worker(idle.to(p))
+            escape = worker(p.r1.a.to(out))
+
+    elif case == "targets inside a region":
+
+        class D(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            enter = worker(idle.to(p.r1.a_end))
+
+    elif case == "shared event":
+
+        class E(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+                    go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                    go = worker(active.to(b_end))
+
+            enter = worker(idle.to(p))
+
+    elif case == "reaper enters":
+
+        class F(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            enter = reaper(idle.to(p, cond="lease_stale"))
+
+    elif case == "leaves other than by the join":
+
+        class G(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            gone = State(final=True)
+            enter = worker(idle.to(p))
+            cancel = worker(p.to(gone))
+
+    elif case == "history inside a region":
+
+        class H(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    class inner(State.Compound):
+                        a = State(initial=True)
+                        h = HistoryState()
+
+                    a_end = State(final=True)
+                    a_go = worker(inner.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            enter = worker(idle.to(p))
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_what_cannot_be_persisted_is_refused_at_class_creation_with_its_reason(case: str) -> None:
+    with pytest.raises(InvalidDefinition, match=REFUSALS[case]):
+        _refused(case)
+
+
+# -- entering, running, joining on every store -------------------------------------------------
+
+
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def release_store(request: pytest.FixtureRequest, clock: ManualClock) -> Any:
+    store = STORE_FACTORIES[request.param](clock)
+    yield store
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
+
+
+def _build(engine: Engine, entity_id: str, outcome: str = "succeed") -> None:
+    build = engine.region("build")
+    (claimed,) = build.claim(owner="builder")
+    assert claimed.id == region_row_id(entity_id, "build")
+    lease = claimed.lease
+    result = build.fire(claimed, "finish", lease=lease)
+    build.fire(result, outcome, lease=lease)
+
+
+def _test(engine: Engine, entity_id: str, event: str = "test_pass") -> None:
+    tests = engine.region("tests")
+    (claimed,) = tests.claim(owner="tester")
+    tests.fire(claimed, event, lease=claimed.lease)
+
+
+def test_entering_creates_every_region_row_with_the_entity_data_in_the_same_commit(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1", data={"sha": "abc"})
+    result = engine.fire("r1", "begin")
+    assert result.snapshot.state == "checks" and result.snapshot.lease_owner is None
+    rows = {s.id: s for s in release_store.children("r1")}
+    assert sorted(rows) == ["r1/build", "r1/tests"]
+    assert (rows["r1/build"].kind, rows["r1/build"].state) == ("release.build", "compiling")
+    assert (rows["r1/tests"].kind, rows["r1/tests"].state) == ("release.tests", "testing")
+    assert all(row.data == {"sha": "abc"} and row.parent_id == "r1" for row in rows.values())
+
+
+def test_the_join_fires_once_the_last_region_ends_and_not_before(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    _build(engine, "r1")
+    assert engine.get("r1").state == "checks"  # tests still runs
+    _test(engine, "r1")
+    assert engine.get("r1").state == "released"
+    events = [(h.event, h.source, h.target) for h in release_store.history("r1")]
+    assert events == [("begin", "queued", "checks"), ("done.state.checks", "checks", "released")]
+    build_events = [h.event for h in release_store.history("r1/build")]
+    assert build_events == ["start", "finish", "succeed"]
+
+
+def test_a_second_visit_restarts_every_region_at_its_initial_state(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    _build(engine, "r1")
+    _test(engine, "r1", "test_fail")
+    assert engine.get("r1").state == "released"
+    engine.fire("r1", "fix", data={"sha": "def"})
+    rows = {s.id: s for s in release_store.children("r1")}
+    assert (rows["r1/build"].state, rows["r1/tests"].state) == ("compiling", "testing")
+    assert rows["r1/build"].data == {"sha": "def"} and rows["r1/build"].lease_owner is None
+    last = release_store.history("r1/tests")[-1]
+    assert (last.event, last.source, last.target, last.reason) == ("fix", "red", "testing", "entered checks again")
+    _build(engine, "r1")
+    _test(engine, "r1")
+    assert engine.get("r1").state == "released"
+    assert [h.event for h in release_store.history("r1")].count("done.state.checks") == 2
+
+
+def test_a_refused_entry_leaves_the_entity_and_creates_no_region(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    before = engine.get("r1")
+    release_store.create(NewEntity(id="r1/tests", kind="someone.else", state="x", data={}))
+    with pytest.raises((ConfigError, EntityExists)):
+        engine.fire("r1", "begin")
+    assert engine.get("r1") == before
+    assert [h.event for h in release_store.history("r1")] == []
+    with pytest.raises(FsmError):
+        release_store.get("r1/build")
+
+
+def test_apply_group_is_all_or_nothing_and_refuses_malformed_calls(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    stale = TransitionWrite("r1", "begin", "queued", "checks", "worker", expect_version=7)
+    made = NewEntity(id="x1", kind="release.build", state="compiling", data={})
+    with pytest.raises(StaleVersion):
+        release_store.apply_group([stale], [made])  # type: ignore[attr-defined]
+    with pytest.raises(FsmError):
+        release_store.get("x1")
+    for writes, creates in (
+        ("not a list", [made]),
+        ([], []),
+        ([], [made, made]),
+        ([stale], "x"),
+        ([object()], [made]),
+        ([], [NewEntity(id="a\x00b", kind="release.build", state="compiling", data={})]),
+    ):
+        with pytest.raises((InvalidArgument, EntityExists)):
+            release_store.apply_group(writes, creates)  # type: ignore[attr-defined]
+    assert engine.get("r1").version == 0 and release_store.children("r1") == []
+
+
+def test_two_regions_ending_at_once_join_exactly_once(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    build, tests = engine.region("build"), engine.region("tests")
+    (b,) = build.claim(owner="builder")
+    b = build.fire(b, "finish", lease=b.lease).snapshot
+    (t,) = tests.claim(owner="tester")
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def end(engine_: Engine, snap: Any, event: str) -> None:
+        try:
+            barrier.wait()
+            engine_.fire(snap, event, lease=snap.lease)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [
+        threading.Thread(target=end, args=(build, b, "succeed")),
+        threading.Thread(target=end, args=(tests, t, "test_pass")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    if engine.get("r1").state == "checks":  # both looked before the other's commit: the reaper joins
+        Reaper(release_store, [Release]).run_once()
+    assert engine.get("r1").state == "released"
+    assert [h.event for h in release_store.history("r1")].count("done.state.checks") == 1
+
+
+def test_the_reaper_reaps_a_region_while_its_sibling_finalizes_and_joins_what_it_ended(
+    release_store: Store, clock: ManualClock
+) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    build, tests = engine.region("build"), engine.region("tests")
+    (b,) = build.claim(owner="builder")
+    b = build.fire(b, "finish", lease=b.lease).snapshot  # finalizing, lease fresh
+    tests.claim(owner="tester")  # its holder dies
+    clock.advance(seconds=1.5)
+    assert b.lease is not None
+    build.renew_lease(b.lease)
+    clock.advance(seconds=1.5)  # the tester's lease (2 s) lapsed; the builder renewed its own
+    reaper_ = Reaper(release_store, {Release: Policy(lease_ttl=2.0, max_attempts=1)})
+    result = reaper_.run_once()
+    assert release_store.get("r1/tests").state == "red"
+    assert release_store.get("r1/build").state == "finalizing"  # a fresh finalizer is never touched
+    assert engine.get("r1").state == "checks" and result.moved["release.tests.test_expire"] == 1
+    b = release_store.get("r1/build")
+    build.fire(b, "succeed", lease=b.lease)
+    assert engine.get("r1").state == "released"
+
+
+def test_the_reaper_joins_an_entity_whose_last_region_it_moved(release_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    _build(engine, "r1")
+    engine.region("tests").claim(owner="tester")
+    clock.advance(seconds=5)
+    result = Reaper(release_store, {Release: Policy(lease_ttl=2.0, max_attempts=1)}).run_once()
+    assert result.moved["release.join"] == 1
+    assert engine.get("r1").state == "released"
+    assert release_store.history("r1")[-1].event == "done.state.checks"
+
+
+# -- agreement with python-statemachine -------------------------------------------------------
+
+
+class Fork(Lifecycle):
+    """Two regions with choices, loops and a compound, for the agreement test."""
+
+    idle = State(initial=True)
+
+    class both(State.Parallel):
+        class left(State.Compound):
+            l1 = State(initial=True)
+
+            class l_mid(State.Compound):
+                l2 = State(initial=True)
+                l3 = State()
+
+            l_end = State(final=True)
+            l_go = worker(l1.to(l_mid))
+            l_step = worker(l_mid.l2.to(l_mid.l3) | l_mid.l3.to(l1))
+            l_done = worker(l_mid.to(l_end))
+
+        class right(State.Compound):
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            r_end = State(final=True)
+            r_fin = worker(active.running.to(active.finalizing))
+            # holds_lease: no caller here holds one, and python-statemachine answers it False too
+            r_done = worker(active.finalizing.to(r_end, cond="holds_lease") | active.running.to(r_end))
+
+    after = State()
+    gone = State(final=True)
+
+    go = worker(idle.to(both))
+    done_state_both = worker(both.to(after))
+    again = worker(after.to(both))
+    leave = worker(after.to(gone))
+
+
+EVENTS = sorted(
+    {*Fork.table.events, *(e for r in Fork.regions["both"].values() for e in r.table.events)}
+    - {"done.state.both", "done_state_both"}
+)
+
+
+def _configuration(engine: Engine, store: Store, entity_id: str) -> set[str]:
+    snap = engine.get(entity_id)
+    found = set(Fork.table.configurations[snap.state])
+    if snap.state in Fork.table.parallel:
+        for region, cls in Fork.regions[snap.state].items():
+            row = store.get(region_row_id(entity_id, region))
+            found |= {region, *cls.table.configurations[row.state]}
+    return found
+
+
+def _owner(engine: Engine, event: str) -> Engine:
+    for region, cls in Fork.regions["both"].items():
+        if event in cls.table.events:
+            return engine.region(region)
+    return engine
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(EVENTS), max_size=25))
+@example(["go", "l_go", "l_done", "r_done", "again", "l_go", "l_step", "l_step", "r_done", "l_go", "l_done"])
+def test_the_persisted_regions_agree_with_python_statemachine(events: list[str]) -> None:
+    store = MemoryStore()
+    engine = Engine(Fork, store)
+    engine.create("f")
+    chart = Fork()
+    for event in events:
+        try:
+            chart.send(event)
+            allowed = True
+        except SmNotAllowed:
+            allowed = False
+        target = _owner(engine, event)
+        entity = "f" if target is engine else region_row_id("f", target.lifecycle.region_of[2])  # type: ignore[index]
+        try:
+            target.fire(entity, event)
+            fired = True
+        except (TransitionNotAllowed, FsmError):
+            fired = False
+        assert fired == allowed, event
+        assert _configuration(engine, store, "f") == {s.id for s in chart.configuration}, event
+
+
+def test_the_region_rows_are_the_entity_children_and_time_out_alone(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    assert {s.kind for s in release_store.children("r1")} == {"release.build", "release.tests"}
+    assert release_store.count_states("release.build") == {"compiling": 1}
+    assert release_store.count_states("release") == {"checks": 1}
