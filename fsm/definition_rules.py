@@ -108,6 +108,8 @@ def check_policy_states(
     """Refuse a ``renewal_budget`` or ``retry`` naming a state that is not a non-final leaf
     of ``table``."""
     states = [s for s in table.leaves if s not in table.finals]
+    # a policy shared with parallel regions (fsm.regions) may name any region's states
+    states += sorted(table.chart_leaves - set(states))
     named = [("renewal_budget", k, "budgets") for k in policy.renewal_budget]
     named += [("retry", k, "retries") for k in policy.retry]
     for field, key, what_for in named:

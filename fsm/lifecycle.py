@@ -28,6 +28,7 @@ the class once into a :class:`~fsm.table.CompiledTable` that the engine runs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
 
@@ -227,6 +228,8 @@ class LifecycleMeta(StateMachineMetaclass):
     table: CompiledTable
     delays: dict[str, timedelta]
     evolution: Migrations
+    regions: dict[str, dict[str, Any]]
+    region_of: tuple[Any, str, str] | None
 
     def __init__(cls, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> None:  # noqa: N805
         try:
@@ -249,6 +252,8 @@ class LifecycleMeta(StateMachineMetaclass):
             cls.kind = name.removesuffix("Lifecycle").lower() or name.lower()
         check_parallel(name, cls.states_map.values())
         cls.table = compile_table(name, cls.states_map.values(), cls.guards)
+        if cls.region_of is not None:  # a region's lifecycle shares its chart's policy
+            cls.table = replace(cls.table, chart_leaves=cls.region_of[0].table.chart_leaves)
         check_chains(name, cls.table)
         check_history(name, cls.table)
         cls.evolution = check_migrations(

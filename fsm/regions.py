@@ -39,11 +39,16 @@ How it is stored, and why:
   and a crash between a region's commit and its join, are healed by the reaper, which
   joins every entity whose regions are all final on each tick.
 
+A lifecycle may start in its parallel state: its create inserts the entity and every
+region's row in one transaction.  A region without a final state never completes, so its
+parallel state is never joined (as python-statemachine has it).
+
 What is refused at class creation, each with its reason: a parallel state nested in a
-compound, a region that is not a compound with a final state, a transition crossing a
-region's border (enter the parallel state itself, leave it by its join), an event shared
-by two regions, a reaper transition or a claim's start into the parallel state, and a
-history state inside a region.
+compound, a region that is not a compound state, a transition crossing a region's border
+(enter the parallel state itself, leave it by its join), an event shared by two regions,
+a region's own completion event, a reaper transition or a claim's start into the parallel
+state, a region starting in a state that takes steps by itself, and a history state
+inside a region.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS
 from fsm.ids import joined_id
 from fsm.records import Actor, LeaseChange
-from fsm.table import META_ATTR, meta_of
+from fsm.table import META_ATTR, TransitionMeta, meta_of
 
 if TYPE_CHECKING:
     from fsm.records import Snapshot
@@ -110,6 +115,9 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
     """Refuse the parallel charts this module cannot persist (see the module doc)."""
     all_states = list(states)
     events_of: dict[str, str] = {}  # event -> the region (or "" outside) declaring it
+    region_done = {  # a region's completion event -> its parallel state
+        join_event(r.id): s.id for s in all_states if s.parallel for r in s.states
+    }
     for s in all_states:
         if s.parallel:
             if s.parent is not None:
@@ -117,21 +125,11 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
                     f"{name}: parallel state {s.id!r} is nested in {s.parent.id!r}; a parallel state must be a "
                     "top-level state of the lifecycle (its regions are rows of their own)"
                 )
-            if s.initial:
-                raise InvalidDefinition(
-                    f"{name}: parallel state {s.id!r} is the initial state; start in a state before it and enter it "
-                    "with a worker transition (its regions' rows are created by that transition's write)"
-                )
             for region in s.states:
                 if region.parallel or not region.is_compound:
                     raise InvalidDefinition(
                         f"{name}: region {region.id!r} of parallel state {s.id!r} must be a compound state "
-                        "(class {region.id}(State.Compound)) with a final state"
-                    )
-                if not any(c.final for c in region.states):
-                    raise InvalidDefinition(
-                        f"{name}: region {region.id!r} of parallel state {s.id!r} has no final state; the join "
-                        f"({join_event(s.id)}) waits for every region to reach one"
+                        f"(class {region.id}(State.Compound))"
                     )
                 for inner in _subtree(region):
                     if inner is not region and inner.parallel:
@@ -186,6 +184,11 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
                         )
             owner = "" if within is None else within.id
             for event in (str(e) for e in t.events):
+                if event in region_done:
+                    raise InvalidDefinition(
+                        f"{where}: event {event!r} is a region's own completion; only the parallel state's "
+                        f"({join_event(region_done[event])}) is delivered, to its join"
+                    )
                 other = events_of.setdefault(event, owner)
                 if other != owner:
                     places = " and ".join(repr(p) if p else "outside the regions" for p in sorted({other, owner}))
@@ -196,18 +199,31 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
 
 
 def _check_exit(name: str, where: str, parallel: State, t: Transition) -> None:
-    if t.is_eventless or join_event(parallel.id) not in {str(e) for e in t.events}:
-        raise InvalidDefinition(
-            f"{where}: a parallel state is left by its join only ({join_event(parallel.id)}, declared as "
-            f"done_state_{parallel.id} = worker({parallel.id}.to(...))); leaving it while regions run is not "
-            "supported"
-        )
     meta = meta_of(t)
+    if t.is_eventless:
+        raise InvalidDefinition(
+            f"{where}: an eventless transition leaving parallel state {parallel.id!r} is not supported; leave it by "
+            f"its join ({join_event(parallel.id)}) or by an event"
+        )
     if meta.actor is not Actor.WORKER or meta.lease is LeaseChange.ACQUIRE:
         raise InvalidDefinition(
-            f"{where}: the join is fired by the engine once every region is final; declare it with worker(...), "
-            "taking no lease"
+            f"{where}: a transition leaving parallel state {parallel.id!r} moves every region's row in its own "
+            "write, which the reaper's set-based batch cannot do; declare it with worker(...) (an event a caller "
+            "fires, or the join), taking no lease"
         )
+
+
+def exit_event(parallel: str) -> str:
+    """The region's event the engine takes to move its row to :func:`exit_state` (fired by
+    the engine only, in the write that leaves the parallel state)."""
+    return f"exit_{parallel}"
+
+
+def exit_state(parallel: str) -> str:
+    """The final state a region's row is moved to when its parallel state is left by an
+    event while the region runs (python-statemachine exits the region: a row must rest
+    somewhere, and a final state is where no worker claims it)."""
+    return f"left_{parallel}"
 
 
 # -- the generated lifecycle of each region ---------------------------------------------------
@@ -236,6 +252,17 @@ def _copy_transitions(old: State, copies: dict[int, State]) -> None:
         _copy_transitions(child, copies)
 
 
+def region_states(region: State) -> list[State]:
+    """Copies of the states inside ``region`` (its children become top-level states), with
+    copies of their transitions: the chart of the region's own lifecycle.  Top-level
+    copies first, then every nested one (what ``compile_table`` takes)."""
+    copies: dict[int, State] = {}
+    tops = [_copy_state(child, copies) for child in region.states]
+    for child in region.states:
+        _copy_transitions(child, copies)
+    return [state for top in tops for state in _subtree(top)]
+
+
 def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
     """The generated lifecycle class of every region of ``cls``: parallel id -> region id ->
     class (kind ``{cls.kind}.{region}``; the parent's policy, data model, limits, version
@@ -243,16 +270,31 @@ def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
     from fsm.lifecycle import Lifecycle, LifecycleMeta
 
     made: dict[str, dict[str, Any]] = {}
+    tables_events = {str(e) for s in cls.states_map.values() for t in s.transitions for e in t.events}
     for parallel, regions in cls.table.parallel.items():
         state = next(s for s in cls.states_map.values() if s.id == parallel)
         made[parallel] = {}
         for region in state.states:
-            copies: dict[int, State] = {}
             attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}.{region.id}"}
-            for child in region.states:
-                attrs[child.id] = _copy_state(child, copies)
-            for child in region.states:
-                _copy_transitions(child, copies)
+            tops = [state for state in region_states(region) if state.parent is None]
+            attrs.update((state.id, state) for state in tops)
+            exits = [t for t in state.transitions if not t.initial and join_event(parallel) not in t.events]
+            if exits:  # the parallel state can be left by an event: each region's row then rests here
+                left = exit_state(parallel)
+                if left in cls.states_map or {left, exit_event(parallel)} & {*cls.table.events, *tables_events}:
+                    raise InvalidDefinition(
+                        f"{cls.__name__}: {left!r} is the name of the state a region's row rests in when "
+                        f"{parallel!r} is left by an event; rename your state or event"
+                    )
+                attrs[left] = final = State(final=True)
+                moves = TransitionList()
+                for top in tops:
+                    if not top.final:
+                        moves.add_transitions(top.to(final))
+                meta = TransitionMeta(Actor.WORKER, f"{parallel} left", LeaseChange.CLEAR, override=True)
+                for t in moves:
+                    setattr(t, META_ATTR, meta)
+                attrs[exit_event(parallel)] = moves
             for guard_name, guard in cls.guards.items():
                 if guard_name not in BUILTIN_GUARDS and guard.after is None:
                     attrs[f"_guard_{guard_name}"] = guard
@@ -265,7 +307,13 @@ def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
                 finalizing_state=cls.finalizing_state,
                 region_of=(cls, parallel, region.id),
             )
-            made[parallel][region.id] = LifecycleMeta(f"{cls.__name__}.{region.id}", (Lifecycle,), attrs)
+            made[parallel][region.id] = made_cls = LifecycleMeta(f"{cls.__name__}.{region.id}", (Lifecycle,), attrs)
+            if made_cls.table.initial in made_cls.table.chain_heads:
+                raise InvalidDefinition(
+                    f"{cls.__name__}: region {region.id!r} starts in {made_cls.table.initial!r}, which takes "
+                    "eventless or completion transitions by itself; a region's row is created without them: "
+                    "start the region in a state without them"
+                )
         assert tuple(made[parallel]) == regions
     return made
 
@@ -291,8 +339,11 @@ def region_rows(store: Any, entity_id: str, regions: Iterable[str]) -> dict[str,
 __all__ = [
     "all_final",
     "check_parallel",
+    "exit_event",
+    "exit_state",
     "join_event",
     "region_lifecycles",
     "region_row_id",
     "region_rows",
+    "region_states",
 ]

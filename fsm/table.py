@@ -177,6 +177,9 @@ class CompiledTable:
     """Each parallel state -> its regions' ids (:mod:`fsm.regions`).  The entity's own row
     rests in the parallel state as in a leaf while its regions run, each region in a row
     of its own; empty for most lifecycles."""
+    chart_leaves: frozenset[str] = frozenset()
+    """The non-final leaves of the whole declared chart, its regions' included: what a
+    shared :class:`~fsm.policy.Policy` may name (a region's lifecycle gets its chart's)."""
     _matched: dict[tuple[str, str], tuple[Branch, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -507,6 +510,7 @@ def compile_table(name: str, states: Iterable[State], guards: dict[str, Guard]) 
         wide=any(e == "*" or e.endswith((".", ".*")) for e in events),
         remembered=remembered,
         parallel=regions,
+        chart_leaves=frozenset(s.id for s in given if not s.is_compound and not s.final),
     )
 
 

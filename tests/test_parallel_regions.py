@@ -36,11 +36,13 @@ from stores.memory import MemoryStore
 
 
 def test_the_entity_row_rests_in_the_parallel_state_and_each_region_is_a_lifecycle() -> None:
-    assert Release.table.leaves == ("queued", "checks", "released", "done")
+    assert Release.table.leaves == ("queued", "checks", "released", "done", "cancelled")
     assert Release.table.parallel == {"checks": ("build", "tests")}
     build, tests = Release.regions["checks"]["build"], Release.regions["checks"]["tests"]
     assert (build.kind, tests.kind) == ("release.build", "release.tests")
-    assert build.table.finals == {"built", "broken"} and tests.table.finals == {"passed", "red"}
+    # a running region's row rests in left_checks when a cancel leaves the parallel state
+    assert build.table.finals == {"built", "broken", "left_checks"}
+    assert tests.table.finals == {"passed", "red", "left_checks"}
     assert build.table.configurations["finalizing"] == ("active", "finalizing")
     assert build.region_of == (Release, "checks", "build")
     assert build.policy == Release.policy and Release.region_of is None
@@ -61,12 +63,12 @@ def _chart(body: dict[str, Any]) -> type[Lifecycle]:
 
 REFUSALS = {
     "nested in a compound": "must be a top-level state",
-    "region without a final": "has no final state",
+    "region not a compound": "must be a compound state",
     "leaves its region": "leaves region",
     "targets inside a region": "is inside a region",
     "shared event": "is declared in region",
     "reaper enters": "reaper transition enters parallel state",
-    "leaves other than by the join": "left by its join only",
+    "reaper leaves": "the reaper's set-based batch cannot",
     "history inside a region": "history state",
 }
 
@@ -102,16 +104,13 @@ def _refused(case: str) -> None:
             enter = worker(idle.to(outer))
             end = worker(outer.active.finalizing.to(gone, cond="holds_lease"))
 
-    elif case == "region without a final":
+    elif case == "region not a compound":
 
         class B(Lifecycle):
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a2 = State()
-                    a_go = worker(a.to(a2))
+                solo = State()
 
                 class r2(State.Compound):
                     class active(State.Compound):
@@ -120,7 +119,7 @@ def _refused(case: str) -> None:
 
                     b_end = State(final=True)
                     b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.running.to(b_end))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
 
             enter = worker(idle.to(p))
 
@@ -216,7 +215,7 @@ def _refused(case: str) -> None:
 
             enter = reaper(idle.to(p, cond="lease_stale"))
 
-    elif case == "leaves other than by the join":
+    elif case == "reaper leaves":
 
         class G(Lifecycle):
             idle = State(initial=True)
@@ -238,7 +237,7 @@ def _refused(case: str) -> None:
 
             gone = State(final=True)
             enter = worker(idle.to(p))
-            cancel = worker(p.to(gone))
+            cancel = reaper(p.to(gone, cond="lease_stale"))
 
     elif case == "history inside a region":
 
@@ -323,6 +322,56 @@ def test_the_join_fires_once_the_last_region_ends_and_not_before(release_store: 
     assert events == [("begin", "queued", "checks"), ("done.state.checks", "checks", "released")]
     build_events = [h.event for h in release_store.history("r1/build")]
     assert build_events == ["start", "finish", "succeed"]
+
+
+def test_a_caller_cannot_fire_the_join_while_regions_run(release_store: Store) -> None:
+    from fsm.engine.many import Fire
+
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    snap = engine.fire("r1", "begin").snapshot
+    for event in ("done.state.checks", "done_state_checks"):
+        with pytest.raises(TransitionNotAllowed, match="fired by the engine once every region is final"):
+            engine.fire("r1", event)
+        (refused,) = engine.fire_many([Fire(snap, event)])
+        assert isinstance(refused, TransitionNotAllowed)
+    assert engine.get("r1").state == "checks" and engine.get("r1").version == 1
+
+
+def test_leaving_by_an_event_ends_every_running_region_in_the_same_commit(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    _test(engine, "r1")  # tests ended (passed): it stays as it is
+    build = engine.region("build")
+    (claimed,) = build.claim(owner="builder")  # running, under a live lease
+    result = engine.fire("r1", "cancel")
+    assert result.snapshot.state == "cancelled"
+    row = release_store.get("r1/build")
+    assert (row.state, row.lease_owner) == ("left_checks", None)
+    last = release_store.history("r1/build")[-1]
+    assert (last.event, last.source, last.target, last.reason) == ("cancel", "running", "left_checks", "checks left")
+    assert release_store.get("r1/tests").state == "passed"
+    with pytest.raises(FsmError):  # the builder's lease went with its region
+        build.fire(claimed, "finish", lease=claimed.lease)
+    with pytest.raises(TransitionNotAllowed, match="the engine's, when 'checks' is left"):
+        build.fire("r1/build", "exit_checks")
+
+
+def test_leaving_never_cuts_off_a_live_finalizer(release_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    build = engine.region("build")
+    (claimed,) = build.claim(owner="builder")
+    build.fire(claimed, "finish", lease=claimed.lease)
+    before = engine.get("r1")
+    with pytest.raises(TransitionNotAllowed, match="finalizing under a live lease"):
+        engine.fire("r1", "cancel")
+    assert engine.get("r1") == before and release_store.get("r1/build").state == "finalizing"
+    clock.advance(seconds=5)  # the finalizer's lease lapsed: its holder is gone
+    assert engine.fire("r1", "cancel").snapshot.state == "cancelled"
+    assert release_store.get("r1/build").state == "left_checks"
 
 
 def test_a_second_visit_restarts_every_region_at_its_initial_state(release_store: Store) -> None:
@@ -484,6 +533,7 @@ class Fork(Lifecycle):
     gone = State(final=True)
 
     go = worker(idle.to(both))
+    abort = worker(both.to(idle))
     done_state_both = worker(both.to(after))
     again = worker(after.to(both))
     leave = worker(after.to(gone))

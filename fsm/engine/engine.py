@@ -35,7 +35,15 @@ from fsm.engine.chained import chain_writes, create_steps
 from fsm.engine.joined import within
 from fsm.engine.judge import choose, fenced
 from fsm.engine.many import Fire, Fired, fire_many
-from fsm.engine.parallel import enter_regions, join_after, region_engine
+from fsm.engine.parallel import (
+    create_with_regions,
+    enter_regions,
+    exit_regions,
+    join_after,
+    join_refused,
+    region_engine,
+    reserved_events,
+)
 from fsm.engine.result import ChainedResult, FireResult
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.timers import DueTimer, timers_after
@@ -151,6 +159,8 @@ class Engine(EngineWork):
         # (a lifecycle with eventless or completion transitions judges each fire's chain first)
         # (and a write into a parallel state creates its regions' rows: fsm.regions)
         self._parallel = self.table.parallel
+        # the join of a parallel state is the engine's to fire, once every region is final
+        self._join_events = reserved_events(self)  # (and a region's exit)
         # a region's engine joins its lifecycle's entity once its row ends (fsm.engine.parallel):
         # its final states take fire's path too, where the join follows the commit
         self._joins = lifecycle.region_of is not None
@@ -267,6 +277,8 @@ class Engine(EngineWork):
             definition=self.lifecycle.version,
         )
         try:
+            if self.table.initial in self._parallel:  # it starts with its regions' rows
+                return create_with_regions(self, [entity])[0]
             if self.table.initial in self._heads:  # its initial state takes steps by itself
                 return self._create_chained([entity])[0]
             return self.store.create(entity)
@@ -322,6 +334,8 @@ class Engine(EngineWork):
                     definition=self.lifecycle.version,
                 )
             )
+        if self.table.initial in self._parallel:  # they start with their regions' rows
+            return create_with_regions(self, batch)
         if self.table.initial in self._heads:  # its initial state takes steps by itself
             return self._create_chained(batch)
         # every item was checked above with the store's own limits: the library's stores
@@ -437,6 +451,8 @@ class Engine(EngineWork):
             raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
         if actor is not Actor.WORKER:
             actor = actor_arg(actor)
+        if self._join_events and event in self._join_events:
+            raise join_refused(self, entity if isinstance(entity, str) else "", event, str(actor))
         if reason is not None or idempotency_key is not None or data is not None:
             check_arguments(reason, idempotency_key, data)
         extra: Attempt | None = None
@@ -592,6 +608,7 @@ class Engine(EngineWork):
         extra: Attempt | None = None,
         reread: bool = True,
         fence: HeldBy | None = None,
+        joining: bool = False,
     ) -> FireResult:
         if held is None and idempotency_key is None and data is None and fence is None and self._by_id is not None:
             plan = self._id_plans.get((event, actor, lease is not None))
@@ -610,6 +627,8 @@ class Engine(EngineWork):
             write.require = (*write.require, fence)
         chain = chain_writes(self, write, branch, lease, owner) if branch.target in self._heads else None
         try:
+            if branch.source in self._parallel and not joining:  # leaving it by an event: its regions too
+                return exit_regions(self, *(chain or ([write], [branch])))
             if chain is not None and chain[1][-1].target in self._parallel:
                 return enter_regions(self, *chain)
             if chain is not None and len(chain[0]) > 1:
@@ -622,7 +641,7 @@ class Engine(EngineWork):
             # the row once more and judge the event on it, so a fire that loses a race gets the
             # judgement of the row that won (TransitionNotAllowed), as a store-judged fire does
             return self._fire(
-                entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra, False, fence
+                entity_id, event, actor, lease, idempotency_key, reason, data, owner, None, extra, False, fence, joining
             )
         except IdempotencyKeyReused:
             assert idempotency_key is not None

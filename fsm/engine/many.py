@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm.engine.announce import announce
 from fsm.engine.arguments import check_arguments, event_arg, optional_lease
+from fsm.engine.parallel import join_refused
 from fsm.engine.result import FireResult
 from fsm.errors import Fenced, FsmError, InvalidArgument, StaleVersion, UnknownEvent
 from fsm.limits import MAX_APPLY_MANY, check_id
@@ -72,10 +73,12 @@ def fire_many(
     for i, item in enumerate(items):
         try:
             snap = _held(item.entity)
+            if engine._join_events and item.event in engine._join_events:
+                raise join_refused(engine, snap.id, item.event, "worker")
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )
-            if branch.target in engine._heads or write.memory is not None:
+            if branch.target in engine._heads or write.memory is not None or branch.source in engine._parallel:
                 # its microsteps (or its history memory): a commit of its own, through fire's
                 # path (judged again on the same held snapshot, without reading the row: rare)
                 results[i] = engine._fire(

@@ -48,6 +48,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS, Guard, Invalid
 from fsm.history import check_history
 from fsm.lifecycle import Lifecycle
+from fsm.regions import check_parallel, region_states
 from fsm.table import compile_table
 from fsm.testing.agreement import _chosen, advance, created
 from fsm.unsupported import refuse_unsupported
@@ -170,19 +171,40 @@ def judge(name: str, cls: Any, sequences: int, rng: random.Random) -> tuple[str,
     guards |= {n: Guard(n, lambda ctx: True, validates=True) for n in validators}
     try:
         refuse_unsupported(name, cls, guards, Lifecycle)
+        check_parallel(name, cls.states_map.values())
         table = compile_table(name, cls.states_map.values(), guards)
         check_chains(name, table)
         check_history(name, table)
+        regions: dict[str, Any] = {}
+        for parallel in table.parallel:
+            state = next(s for s in cls.states_map.values() if s.id == parallel)
+            for region in state.states:
+                made = compile_table(f"{name}.{region.id}", region_states(region), guards)
+                check_chains(f"{name}.{region.id}", made)
+                if made.initial in made.chain_heads:
+                    raise InvalidDefinition(f"{name}: region {region.id!r} starts in a state that takes steps")
+                regions[region.id] = made
     except InvalidDefinition as err:
         return _bucket(str(err)), str(err)
     except Exception as err:  # the harness's stub cannot stand in: say so
         return "not judged (harness)", f"{type(err).__name__}: {err}"
-    return _agree(cls, table, conds | validators, validators, sequences, rng)
+    return _agree(cls, table, conds | validators, validators, sequences, rng, regions)
 
 
 def _agree(
-    cls: Any, table: Any, names: set[str], validators: set[str], sequences: int, rng: random.Random
+    cls: Any,
+    table: Any,
+    names: set[str],
+    validators: set[str],
+    sequences: int,
+    rng: random.Random,
+    regions: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
+    """Side by side on random sequences; a chart with a parallel state is run as the engine
+    stores it (:mod:`fsm.regions`): the entity's leaf, a leaf per region while inside, a
+    region's event taken by its region, the join once every region is final."""
+    regions = regions or {}
+    owner = {e: r for r, t in regions.items() for e in t.events}
     values: dict[str, bool] = {}
 
     def answer(name: str) -> Any:
@@ -199,7 +221,29 @@ def _agree(
         with contextlib.suppress(Exception):
             setattr(cls, name, answer(name))
     undefined = 0
-    sent = [*table.events, *(f"{e}.x" for e in table.events if e.isidentifier())]
+    joins = {b.event for b in table.declared if b.source in table.parallel}
+    events = [e for e in (*table.events, *owner) if e not in joins]
+    sent = [*events, *(f"{e}.x" for e in events if e.isidentifier())]
+
+    def configuration(leaf: str, inside: dict[str, str]) -> set[str]:
+        found = set(table.configurations[leaf])
+        for region, rleaf in inside.items():
+            found |= {region, *regions[region].configurations[rleaf]}
+        return found
+
+    def enter(leaf: str) -> dict[str, str]:
+        return {r: created(regions[r], values)[0] for r in table.parallel.get(leaf, ())}
+
+    def join(leaf: str, memory: dict[str, str], inside: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
+        while leaf in table.parallel and all(inside[r] in regions[r].finals for r in table.parallel[leaf]):
+            event = f"done.state.{leaf}"
+            branch = _chosen(table.branches_for(leaf, event), values)
+            if branch is None:
+                break
+            leaf, memory = advance(table, event, leaf, memory, branch, values)
+            inside = enter(leaf)
+        return leaf, memory, inside
+
     for _ in range(sequences):
         values.clear()
         values.update({n: rng.random() < 0.6 for n in names})
@@ -209,13 +253,20 @@ def _agree(
         except Exception as err:
             return "not judged (python-statemachine needs arguments)", f"{type(err).__name__}: {err}"
         leaf, memory = created(table, values)
-        if {s.id for s in reference.configuration} != set(table.configurations[leaf]):
+        inside = enter(leaf)
+        if {s.id for s in reference.configuration} != configuration(leaf, inside):
             return "DISAGREES", f"starts in {sorted(s.id for s in reference.configuration)}, the table in {leaf}"
-        for _step in range(8):
+        for _step in range(8 if not regions else 16):
             if not sent:
                 break
             event = rng.choice(sent)
-            branch = _chosen(table.branches_for(leaf, event), values)
+            region = next((r for r, t in regions.items() if t.knows(event)), None) if regions else None
+            if region is not None:
+                rleaf = inside.get(region)
+                rtable = regions[region]
+                branch = None if rleaf is None else _chosen(rtable.branches_for(rleaf, event), values)
+            else:
+                branch = _chosen(table.branches_for(leaf, event), values)
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
                     reference.send(event)
@@ -226,13 +277,19 @@ def _agree(
                 return "not judged (python-statemachine raised)", f"{event}: {type(err).__name__}: {err}"
             if accepted != (branch is not None):
                 return "DISAGREES", f"{event!r} from {leaf!r}: python-statemachine accepted={accepted}, table {branch}"
-            if branch is not None:
+            if branch is not None and region is not None:
+                assert rleaf is not None
+                inside[region], _ = advance(rtable, event, rleaf, {}, branch, values)
+                leaf, memory, inside = join(leaf, memory, inside)
+            elif branch is not None:
                 if not reference.configuration and branch.restores is not None and branch.restores not in memory:
                     undefined += 1  # a history state with no memory and no default: see the module
                     break
                 leaf, memory = advance(table, event, leaf, memory, branch, values)
+                inside = enter(leaf)
+                leaf, memory, inside = join(leaf, memory, inside)
             active = {s.id for s in reference.configuration}
-            if active != set(table.configurations[leaf]):
+            if active != configuration(leaf, inside):
                 return "DISAGREES", f"after {event!r}: python-statemachine in {sorted(active)}, the table in {leaf}"
             if leaf in table.finals:
                 break

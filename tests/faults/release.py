@@ -11,7 +11,8 @@ from fsm.lifecycle import reaper, recovery, starts, worker
 
 class Release(Lifecycle):
     """``queued -> checks (build || tests) -> released``; ``fix`` after the join sends a
-    release back to its checks (a second visit restarts both regions)."""
+    release back to its checks (a second visit restarts both regions); ``cancel`` leaves the
+    checks while they run (each running region's row rests in ``left_checks``)."""
 
     policy = Policy(lease_ttl=2.0, max_attempts=3, max_reclaims=3)
 
@@ -55,8 +56,10 @@ class Release(Lifecycle):
 
     released = State()
     done = State(final=True)
+    cancelled = State(final=True)
 
     begin = worker(queued.to(checks))
+    cancel = worker(queued.to(cancelled) | checks.to(cancelled))
     done_state_checks = worker(checks.to(released))
     fix = worker(released.to(checks))
     publish = worker(released.to(done))
