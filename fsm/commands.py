@@ -30,6 +30,7 @@ from stores.base import Store
 if TYPE_CHECKING:
     from fsm.diagram.pending import PendingTimer
     from fsm.lifecycle import Lifecycle
+from fsm.regions import region_row_id
 
 DEFAULT_DB = "sqlite:///fsm.db"
 DEFAULT_PREFIX = "fsm_"
@@ -286,6 +287,26 @@ def child_lines(kids: list[Snapshot]) -> list[str]:
     return [head, *(f"    {c.id} ({c.kind}): {c.state}" for c in kids[:SHOWN_CHILDREN])]
 
 
+def region_lines(lifecycle: type[Lifecycle] | None, snap: Snapshot, kids: list[Snapshot]) -> list[str]:
+    """``fsm show``'s line on an entity resting in a parallel state: each region's state, as
+    its own row holds it (:mod:`fsm.regions`), its path from the region down."""
+    regions = {} if lifecycle is None else lifecycle.regions.get(snap.state, {})
+    if not regions:
+        return []
+    rows = {c.id: c for c in kids}
+    parts: list[str] = []
+    for region, cls in regions.items():
+        row = rows.get(region_row_id(snap.id, region))
+        where = (
+            "no row"
+            if row is None
+            else " > ".join(cls.table.configurations.get(row.state, (row.state,)))
+            + (f" (held by {row.lease_owner})" if row.lease_owner else "")
+        )
+        parts.append(f"{region}: {where}")
+    return [f"  regions of {snap.state}: {'; '.join(parts)}"]
+
+
 def run_show(args: argparse.Namespace) -> int:
     """Exit codes: 0 shown; 2 a store that cannot be opened, a lifecycle that cannot be
     loaded, or no such entity."""
@@ -350,6 +371,7 @@ def run_show(args: argparse.Namespace) -> int:
         *([f"  {held_back}"] if held_back else []),
         *([f"  priority {snap.priority}"] if snap.priority else []),
         *([f"  parent: {snap.parent_id}"] if snap.parent_id is not None else []),
+        *region_lines(lifecycle, snap, kids),
         *child_lines(kids),
         f"  data: {json.dumps(snap.data, sort_keys=True)}",
         *(

@@ -594,3 +594,78 @@ def test_the_region_rows_are_the_entity_children_and_time_out_alone(release_stor
     assert {s.kind for s in release_store.children("r1")} == {"release.build", "release.tests"}
     assert release_store.count_states("release.build") == {"compiling": 1}
     assert release_store.count_states("release") == {"checks": 1}
+
+
+class Watch(Lifecycle):
+    """Starts in its parallel state; region ``b`` has no final state, so it never joins."""
+
+    class on(State.Parallel):
+        class a(State.Compound):
+            a1 = State(initial=True)
+
+            class active(State.Compound):
+                running = State(initial=True)
+                finalizing = State()
+
+            a_end = State(final=True)
+            a_go = worker(a1.to(active))
+            a_fin = worker(active.running.to(active.finalizing))
+            a_done = worker(active.finalizing.to(a_end, cond="holds_lease") | active.running.to(a_end))
+
+        class b(State.Compound):
+            b1 = State(initial=True)
+            b2 = State()
+            b_go = worker(b1.to(b2))
+            b_back = worker(b2.to(b1))
+
+    off = State(final=True)
+    stop = worker(on.to(off))
+
+
+def test_a_lifecycle_starting_in_its_parallel_state_creates_every_region_with_it(release_store: Store) -> None:
+    engine = Engine(Watch, release_store)
+    made = engine.create("w1", data={"k": 1})
+    assert made.state == "on"
+    rows = {s.id: (s.kind, s.state, s.data) for s in release_store.children("w1")}
+    assert rows == {"w1/a": ("watch.a", "a1", {"k": 1}), "w1/b": ("watch.b", "b1", {"k": 1})}
+    pair = engine.create_many([{"k": 2}, {"k": 3}], ids=["w2", "w3"])
+    assert [s.id for s in pair] == ["w2", "w3"] and all(s.state == "on" for s in pair)
+    assert {s.id for s in release_store.children("w3")} == {"w3/a", "w3/b"}
+    with pytest.raises(EntityExists):  # all or nothing: w4's rows are not left behind
+        engine.create_many([{"k": 4}, {"k": 1}], ids=["w4", "w1"])
+    with pytest.raises(FsmError):
+        release_store.get("w4/a")
+    a = engine.region("a")
+    a.fire("w1/a", "a_go")
+    a.fire("w1/a", "a_done")
+    assert engine.get("w1").state == "on"  # region b has no final state: never joined
+    assert engine.fire("w1", "stop").snapshot.state == "off"
+    assert release_store.get("w1/b").state == "left_on" and release_store.get("w1/a").state == "a_end"
+
+
+def test_the_diagram_draws_each_region_inside_its_parallel_state() -> None:
+    from fsm.diagram import extract, to_dot, to_mermaid
+
+    diagram = extract(Release)
+    text = to_mermaid(diagram)
+    checks = text[text.index("state checks {") :]
+    assert checks.index("state build {") < checks.index("\n        --\n") < checks.index("state tests {")
+    assert "run --> passed : test_pass [holds_lease] (worker)" in text
+    assert "exit_checks" not in text and "left_checks" not in text  # the engine's own exit is not drawn
+    assert "a parallel state runs its regions side by side" in text
+    dot = to_dot(diagram)
+    assert dot.count('style="rounded,dashed"') == 2  # the two regions
+    assert "dashed box" in dot
+
+
+def test_fsm_show_prints_each_region_state(release_store: Store) -> None:
+    from fsm.commands import region_lines
+
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    engine.region("build").claim(owner="builder")
+    snap = engine.get("r1")
+    lines = region_lines(Release, snap, release_store.children("r1"))
+    assert lines == ["  regions of checks: build: active > running (held by builder); tests: testing"]
+    assert region_lines(None, snap, []) == []

@@ -101,6 +101,16 @@ class AsyncEngine:
     def owner(self) -> str:
         return self.sync.owner
 
+    def region(self, name: str) -> AsyncEngine:
+        """See :meth:`fsm.Engine.region`: the async engine of one region (made once)."""
+        made: dict[str, AsyncEngine] = self.__dict__.setdefault("_regions", {})
+        if name not in made:
+            sync = self.sync.region(name)  # refuses an unknown region, naming the known ones
+            made[name] = AsyncEngine(
+                sync.lifecycle, self.store, clock=self.sync.clock, policy=sync.policy, owner=self.owner
+            )
+        return made[name]
+
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with signals.collecting() as pending:
             try:

@@ -100,6 +100,10 @@ def edge_label(edge: Edge, timer: PendingTimer | None = None) -> str:
     return "<" + keep_spaces("<br/>".join(lines)) + ">"
 
 
+PARALLEL_LEGEND = (
+    "a region of a parallel state: the regions run side by side, each a row of its own with its own lease; "
+    "done.state.X leaves the parallel state once every region is final"
+)
 HISTORY_LEGEND = (
     "a history state: entering it re-enters the compound where it was last left "
     "(H: the child it was in, at that child's initial state; H*: the very state)"
@@ -159,7 +163,9 @@ class _Writer:
                 self.emit(depth, f"subgraph {quote(cluster_id(node.id))} {{")
                 self.emit(depth + 1, f"id={quote(cluster_id(node.id))}")
                 self.emit(depth + 1, f"label=<<b>{html(node.id)}</b>>")
-                self.emit(depth + 1, f'style="rounded" color={quote(CLUSTER_COLOR)} penwidth=1.5 labeljust=l')
+                # a region (of a parallel state) is dashed: it runs beside its siblings
+                style = '"rounded,dashed"' if node.region else '"rounded"'
+                self.emit(depth + 1, f"style={style} color={quote(CLUSTER_COLOR)} penwidth=1.5 labeljust=l")
                 self.block(self.d.children(node), node.id, depth + 1)
                 self.emit(depth, "}")
                 for edge in self.d.edges:  # loops out of this compound turn beside it
@@ -288,6 +294,7 @@ class _Writer:
             ),
             _row("states", FINALS_NESTED if any(n.final and n.parent for n in self.d.nodes) else FINALS),
             *([_row("H, H*", html(HISTORY_LEGEND))] if any(n.history for n in self.d.nodes) else []),
+            *([_row("dashed box", html(PARALLEL_LEGEND))] if any(n.parallel for n in self.d.nodes) else []),
         ]
         if self.d.guards:
             rows.append(_row("<b>Guards</b>"))

@@ -26,6 +26,7 @@ from fsm.diagram.refs import ref_of
 from fsm.engine import Engine
 from fsm.lifecycle import Lifecycle
 from fsm.records import Snapshot
+from fsm.regions import exit_event
 from fsm.table import Branch
 from stores.base import Store
 
@@ -37,14 +38,17 @@ def _nodes(states: Iterable[State]) -> tuple[Node, ...]:
     nodes: list[Node] = []
     for s in states:
         histories = list(s.history) if s.is_compound else []
+        nested = bool(s.is_compound or s.parallel)
         nodes.append(
             Node(
                 id=s.id,
                 parent=s.parent.id if s.parent is not None else None,
-                compound=bool(s.is_compound),
+                compound=nested,
                 initial=bool(s.initial),
                 final=bool(s.final),
-                children=(*(c.id for c in s.states), *(h.id for h in histories)) if s.is_compound else (),
+                children=(*(c.id for c in s.states), *(h.id for h in histories)) if nested else (),
+                parallel=bool(s.parallel),
+                region=s.parent is not None and bool(s.parent.parallel),
             )
         )
         # a history state is drawn inside its compound: H (shallow) or H* (deep)
@@ -95,15 +99,27 @@ def extract(
     if not isinstance(lifecycle, type) or not issubclass(lifecycle, Lifecycle) or not hasattr(lifecycle, "table"):
         raise TypeError(f"extract needs a Lifecycle subclass with states, got {lifecycle!r}")
     table = lifecycle.table
-    # eventless transitions are drawn as the edges they are, labelled "(automatic)"
-    drawn = (*table.declared, *(b for found in table.automatic.values() for b in found))
+    # eventless transitions are drawn as the edges they are, labelled "(automatic)"; each
+    # region's transitions are its own lifecycle's (fsm.regions), drawn inside the region
+    tables = [table, *(cls.table for regions in lifecycle.regions.values() for cls in regions.values())]
+    exits = {exit_event(parallel) for parallel in table.parallel}
+    drawn = tuple(
+        b
+        for t in tables
+        for b in (*t.declared, *(b for found in t.automatic.values() for b in found))
+        if b.event not in exits  # a region's exit is the engine's, drawn as the event that leaves
+    )
     edges = _edges(drawn)
     used: list[str] = []
     for branch in drawn:
         for g, _expected in branch.guards:
             if g.after is None:  # a timer's own guard is drawn "after 24h"
                 used += [name for name in g.names if name not in used]  # an expression: its guards
-    guards = tuple((name, lifecycle.guards[name].description) for name in used)
+    known = {
+        **lifecycle.guards,
+        **{n: g for t in lifecycle.regions.values() for c in t.values() for n, g in c.guards.items()},
+    }
+    guards = tuple((name, known[name].description) for name in used)
     diagram = Diagram(
         name=lifecycle.__name__,
         ref=ref_of(lifecycle),

@@ -61,6 +61,10 @@ HISTORY_LEGEND = (
     "H, H*: a history state: entering it re-enters the compound where it was last left "
     "(H: the child it was in, at that child's initial state; H*: the very state)"
 )
+PARALLEL_LEGEND = (
+    "a parallel state runs its regions side by side, each region a row of its own with its own lease; "
+    "done.state.X leaves it once every region is final"
+)
 NESTED_FINAL_LEGEND = "a top-level final state clears the lease; one inside a compound completes it (done.state.X)"
 TIMER_LEGEND = (
     "event after t: a timer, the reaper fires it once the entity has been in the state it leaves for t "
@@ -194,9 +198,11 @@ class _Writer:
         members = self.d.children(parent) if parent is not None else self.d.roots
         lines: list[str] = []
         initial = next((n for n in members if n.initial), members[0] if members else None)
-        if initial is not None:
+        if initial is not None and not (parent is not None and parent.parallel):  # every region is entered
             lines.append(f"{pad}[*] --> {self.ids[initial.id]}")
-        for node in members:  # each declared in its parent's block, before any edge names it
+        for n, node in enumerate(members):  # each declared in its parent's block, before any edge names it
+            if n and node.region:  # Mermaid's concurrency separator: the regions run side by side
+                lines.append(f"{pad}--")
             if node.compound:
                 lines.append(f"{pad}{self.declare(node)} {{")
                 lines += self.block(node, depth + 1)
@@ -230,6 +236,8 @@ class _Writer:
                 legend = (*legend[:-1], NESTED_FINAL_LEGEND)
             if any(n.history for n in d.nodes):
                 legend += (HISTORY_LEGEND,)
+            if any(n.parallel for n in d.nodes):
+                legend += (PARALLEL_LEGEND,)
             legend += tuple(loop_line(e) for e in d.edges if e.source == e.target)
             if d.guards:
                 legend += ("Guards:", *(f"{name}: {desc or '(no description)'}" for name, desc in d.guards))

@@ -35,6 +35,10 @@ class Node:
     """The overlaid entity's current (leaf) state."""
     history: str | None = None
     """A history state of its parent: ``"shallow"`` (drawn ``H``) or ``"deep"`` (``H*``)."""
+    parallel: bool = False
+    """A parallel state: its children are regions, run side by side (``compound`` too)."""
+    region: bool = False
+    """A region of a parallel state (its row is one of its own: :mod:`fsm.regions`)."""
 
 
 @dataclass(frozen=True, slots=True)
