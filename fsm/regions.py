@@ -307,7 +307,16 @@ def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
                 finalizing_state=cls.finalizing_state,
                 region_of=(cls, parallel, region.id),
             )
-            made[parallel][region.id] = made_cls = LifecycleMeta(f"{cls.__name__}.{region.id}", (Lifecycle,), attrs)
+            try:
+                made_cls = LifecycleMeta(f"{cls.__name__}.{region.id}", (Lifecycle,), attrs)
+            except InvalidDefinition as err:
+                if "names no state" in str(err):  # In('x') on a sibling's or the entity's state
+                    raise InvalidDefinition(
+                        f"{err}; a region's guards see its own row only: In(...) naming a state outside region "
+                        f"{region.id!r} is not supported"
+                    ) from None
+                raise
+            made[parallel][region.id] = made_cls
             if made_cls.table.initial in made_cls.table.chain_heads:
                 raise InvalidDefinition(
                     f"{cls.__name__}: region {region.id!r} starts in {made_cls.table.initial!r}, which takes "

@@ -140,7 +140,8 @@ def _guard_names(cls: Any) -> tuple[set[str], set[str]]:
 def _bucket(message: str) -> str:
     for key, words in (
         ("callbacks (refused by design)", ("callback", "listeners=")),
-        ("parallel states", ("parallel state",)),
+        ("parallel states", ("parallel state", "inside a region", "leaves region")),
+        ("In(...) naming another region's state", ("names no state",)),
         ("history states", ("history state",)),
         ("error routing / catch_errors_as_events", ("catch_errors_as_events",)),
         ("allow_event_without_transition", ("allow_event_without_transition",)),
