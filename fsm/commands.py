@@ -30,7 +30,7 @@ from stores.base import Store
 if TYPE_CHECKING:
     from fsm.diagram.pending import PendingTimer
     from fsm.lifecycle import Lifecycle
-from fsm.regions import region_row_id
+from fsm.regions import region_rows
 
 DEFAULT_DB = "sqlite:///fsm.db"
 DEFAULT_PREFIX = "fsm_"
@@ -287,16 +287,16 @@ def child_lines(kids: list[Snapshot]) -> list[str]:
     return [head, *(f"    {c.id} ({c.kind}): {c.state}" for c in kids[:SHOWN_CHILDREN])]
 
 
-def region_lines(lifecycle: type[Lifecycle] | None, snap: Snapshot, kids: list[Snapshot]) -> list[str]:
+def region_lines(lifecycle: type[Lifecycle] | None, snap: Snapshot, rows: dict[str, Snapshot | None]) -> list[str]:
     """``fsm show``'s line on an entity resting in a parallel state: each region's state, as
-    its own row holds it (:mod:`fsm.regions`), its path from the region down."""
+    its own row holds it (``rows``: :func:`fsm.regions.region_rows`), its path from the
+    region down."""
     regions = {} if lifecycle is None else lifecycle.regions.get(snap.state, {})
     if not regions:
         return []
-    rows = {c.id: c for c in kids}
     parts: list[str] = []
     for region, cls in regions.items():
-        row = rows.get(region_row_id(snap.id, region))
+        row = rows.get(region)
         where = (
             "no row"
             if row is None
@@ -334,6 +334,7 @@ def run_show(args: argparse.Namespace) -> int:
         kids = store.children(snap.id, limit=SHOWN_CHILDREN + 1)
         lifecycle = lifecycles.get(snap.kind)
         held_back = None if lifecycle is None else limit_wait(lifecycle, snap, store)
+        regions = {} if lifecycle is None else region_rows(store, snap.id, lifecycle.regions.get(snap.state, {}))
     except FsmError as err:
         print(f"fsm show: error: {err}", file=sys.stderr)
         return 2
@@ -371,7 +372,7 @@ def run_show(args: argparse.Namespace) -> int:
         *([f"  {held_back}"] if held_back else []),
         *([f"  priority {snap.priority}"] if snap.priority else []),
         *([f"  parent: {snap.parent_id}"] if snap.parent_id is not None else []),
-        *region_lines(lifecycle, snap, kids),
+        *region_lines(lifecycle, snap, regions),
         *child_lines(kids),
         f"  data: {json.dumps(snap.data, sort_keys=True)}",
         *(

@@ -75,11 +75,12 @@ class EntityExists(FsmError):
 class UnknownEvent(FsmError):
     """The lifecycle declares no event with this name."""
 
-    def __init__(self, event: str, *, lifecycle: str, known: list[str]) -> None:
+    def __init__(self, event: str, *, lifecycle: str, known: list[str], hint: str = "") -> None:
         self.event = event
         self.lifecycle = lifecycle
         self.known = known
-        super().__init__(f"{lifecycle} has no event {event!r}; its events are: {', '.join(known)}")
+        said = f"{lifecycle} has no event {event!r}; its events are: {', '.join(known)}"
+        super().__init__(f"{said}; {hint}" if hint else said)
 
 
 class TransitionNotAllowed(FsmError):

@@ -67,6 +67,7 @@ class IdWrite:
     timer: ClassVar[TimerMode] = TimerMode.KEEP
     definition: ClassVar[None] = None
     memory: ClassVar[None] = None
+    restart: ClassVar[bool] = False
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the

@@ -52,7 +52,7 @@ from fsm.guards import BUILTIN_GUARDS, LEASE_STALE, Guard, GuardContext, Invalid
 from fsm.history import check_history, restore_memory
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
-from fsm.regions import check_parallel, region_lifecycles
+from fsm.regions import check_parallel, check_parallel_table, region_lifecycles
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, compile_table, meta_of
 from fsm.timers import check_after, format_delay, timer_guard, timer_guard_name
 from fsm.unsupported import declared_delays, refuse_unsupported
@@ -259,6 +259,8 @@ class LifecycleMeta(StateMachineMetaclass):
         cls.evolution = check_migrations(
             name, getattr(cls, "version", 1), getattr(cls, "migrations", ()), cls.table.leaves
         )
+        if cls.table.parallel:
+            check_parallel_table(name, cls.table, cls.evolution)
         cls.delays = declared_delays(cls)
         # what each (shared) State object held at creation: a refused subclass that appended
         # transitions to them is rolled back to this

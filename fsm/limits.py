@@ -384,6 +384,8 @@ def check_transition_write(write: object) -> TransitionWrite:
         check_definition("TransitionWrite.definition", write.definition)
     if write.memory is not None:
         check_memory(write.memory)
+    if write.restart is not False and write.restart is not True:
+        raise InvalidArgument(f"a transition's restart is True or False, not {_shown(write.restart)}")
     return write
 
 
@@ -414,7 +416,10 @@ def check_transition_writes(writes: object) -> list[TransitionWrite]:
         raise InvalidArgument(f"apply_many takes a list of TransitionWrite, not {_shown(writes)}")
     if len(writes) > MAX_APPLY_MANY:
         raise InvalidArgument(f"apply_many takes at most {MAX_APPLY_MANY} writes, not {len(writes)}")
-    return [check_transition_write(w) for w in writes]
+    checked = [check_transition_write(w) for w in writes]
+    if any(w.restart for w in checked):  # its batched statement has no restart: apply or apply_group does
+        raise InvalidArgument("apply_many does not take a restart write (TransitionWrite.restart): use apply")
+    return checked
 
 
 def check_create_chains(items: object) -> list[tuple[NewEntity, list[TransitionWrite]]]:

@@ -533,6 +533,9 @@ class TransitionWrite:
     memory: dict[str, str] | None = None
     """The entity's new history memory (:attr:`Snapshot.memory`), whole, when the
     transition leaves a compound state with a history state; ``None`` keeps the row's."""
+    restart: bool = False
+    """The row starts over: ``attempt`` and ``reclaims`` back to 0 (a region's row, when its
+    parallel state is entered again: :mod:`fsm.regions`)."""
 
     def history_owner(self) -> str | None:
         """Whose lease the history row records: the new owner of a lease taken, else the holder."""
@@ -573,6 +576,7 @@ class BatchWrite:
     error: ClassVar[None] = None
     definition: ClassVar[None] = None
     memory: ClassVar[None] = None
+    restart: ClassVar[bool] = False
 
 
 def condition_holds(

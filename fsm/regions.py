@@ -200,6 +200,12 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
 
 def _check_exit(name: str, where: str, parallel: State, t: Transition) -> None:
     meta = meta_of(t)
+    if any(x.parallel for x in t.targets):
+        raise InvalidDefinition(
+            f"{where}: it leaves parallel state {parallel.id!r} for a parallel state (itself included), which is "
+            "not supported yet; go through a state between them"
+        )
+
     if t.is_eventless:
         raise InvalidDefinition(
             f"{where}: an eventless transition leaving parallel state {parallel.id!r} is not supported; leave it by "
@@ -224,6 +230,29 @@ def exit_state(parallel: str) -> str:
     event while the region runs (python-statemachine exits the region: a row must rest
     somewhere, and a final state is where no worker claims it)."""
     return f"left_{parallel}"
+
+
+def check_parallel_table(name: str, table: Any, migrations: Any) -> None:
+    """What the compiled table shows: a transition leaving a parallel state that requires
+    ``holds_lease`` (the entity's row holds no lease there: it could never fire), and a
+    lifecycle migration moving rows into a parallel state (its regions' rows are created by
+    the transition that enters it, which ``migrate_rows`` does not take)."""
+    for branch in table.declared:
+        if branch.source in table.parallel and branch.holds_lease:
+            raise InvalidDefinition(
+                f"{name}: {branch.event!r} from parallel state {branch.source!r} requires holds_lease, but the "
+                "entity's row holds no lease while its regions run (each region's row has its own): it could "
+                "never fire"
+            )
+    for _, move in migrations.moves:
+        into = getattr(move, "into", None)
+        targets = into if isinstance(into, tuple) else (getattr(move, "new", None) or into,)
+        for target in targets:
+            if target in table.parallel:
+                raise InvalidDefinition(
+                    f"{name}: migration {move!r} moves rows into parallel state {target!r}; its regions' rows are "
+                    "created by the transition that enters it: move them into a state before it"
+                )
 
 
 # -- the generated lifecycle of each region ---------------------------------------------------
@@ -328,8 +357,10 @@ def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
 
 
 def all_final(rows: dict[str, Snapshot | None], finals: dict[str, frozenset[str]]) -> bool:
-    """Whether every region's row exists, is live and rests in one of its final states."""
-    return all(row is not None and not row.deleted and row.state in finals[r] for r, row in rows.items())
+    """Whether every region has ended: its row rests in one of its final states, or is gone
+    (deleted, or pruned once it ended: entering creates every row in the entity's own
+    commit, so a row the entity does not find while inside was removed, and never ends)."""
+    return all(row is None or row.deleted or row.state in finals[r] for r, row in rows.items())
 
 
 def region_rows(store: Any, entity_id: str, regions: Iterable[str]) -> dict[str, Snapshot | None]:
@@ -348,6 +379,7 @@ def region_rows(store: Any, entity_id: str, regions: Iterable[str]) -> dict[str,
 __all__ = [
     "all_final",
     "check_parallel",
+    "check_parallel_table",
     "exit_event",
     "exit_state",
     "join_event",

@@ -489,6 +489,8 @@ class MemoryStore(LedgerRun, MemoryRetention):
             owner, expires = None, None
         attempt = row.attempt + 1 if write.bump_attempt else row.attempt
         reclaims = 0 if write.bump_attempt else row.reclaims + (1 if write.bump_reclaims else 0)
+        if write.restart:  # a region's row entering its parallel state again
+            attempt = reclaims = 0
         version = row.version + 1
         # positional construction: the hot path of every in-memory transition.  A BatchWrite
         # and an IdWrite answer what they never set (None, KEEP) from class attributes

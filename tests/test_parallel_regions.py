@@ -5,6 +5,7 @@ agreeing with python-statemachine on random event sequences."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -666,6 +667,209 @@ def test_fsm_show_prints_each_region_state(release_store: Store) -> None:
     engine.fire("r1", "begin")
     engine.region("build").claim(owner="builder")
     snap = engine.get("r1")
-    lines = region_lines(Release, snap, release_store.children("r1"))
+    from fsm.regions import region_rows
+
+    rows = region_rows(release_store, "r1", Release.regions["checks"])
+    lines = region_lines(Release, snap, rows)
     assert lines == ["  regions of checks: build: active > running (held by builder); tests: testing"]
-    assert region_lines(None, snap, []) == []
+    assert region_lines(None, snap, {}) == []
+
+
+# -- what a review found, each kept fixed ------------------------------------------------------
+
+
+def test_a_join_looks_again_when_the_entity_moved_and_never_joins_a_later_visit(
+    release_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsm.engine.engine as engine_module
+    from fsm.engine.parallel import try_join
+
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    monkeypatch.setattr(engine_module, "join_after", lambda *_: None)  # both regions end; no join yet
+    _build(engine, "r1")
+    _test(engine, "r1")
+    monkeypatch.undo()
+    slow = Engine(Release, release_store)
+    real = slow._fire
+
+    def late(*args: Any, **kwargs: Any) -> Any:  # between the slow join's look and its write:
+        slow._fire = real  # type: ignore[method-assign]
+        other = Engine(Release, release_store)
+        try_join(other, "r1", "checks")  # another joins first,
+        other.fire("r1", "fix")  # and the release goes back to its checks
+        return real(*args, **kwargs)
+
+    slow._fire = late  # type: ignore[method-assign]
+    assert try_join(slow, "r1", "checks") is None
+    assert engine.get("r1").state == "checks"  # the second visit's regions have not run: no join
+    assert [h.event for h in release_store.history("r1")] == ["begin", "done.state.checks", "fix"]
+
+
+def test_an_exit_racing_a_finalizer_that_takes_its_lease_is_refused(release_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Release, release_store)
+    build = engine.region("build")
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    (claimed,) = build.claim(owner="builder-1")
+    build.fire(claimed, "finish", lease=claimed.lease)
+    clock.advance(seconds=5)  # builder-1 died: its lease lapsed
+    real = release_store.apply_group  # type: ignore[attr-defined]
+
+    def interleaved(writes: Any, creates: Any) -> Any:  # a new finalizer takes over meanwhile
+        release_store.apply_group = real  # type: ignore[attr-defined]
+        build.acquire_lease("r1/build", owner="builder-2")
+        return real(writes, creates)
+
+    release_store.apply_group = interleaved  # type: ignore[attr-defined]
+    with pytest.raises(TransitionNotAllowed, match="finalizing under a live lease"):
+        engine.fire("r1", "cancel")
+    row = release_store.get("r1/build")
+    assert (row.state, row.lease_owner) == ("finalizing", "builder-2") and engine.get("r1").state == "checks"
+
+
+def test_a_second_visit_starts_each_region_with_fresh_counters(release_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Release, release_store)
+    tests = engine.region("tests")
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    _build(engine, "r1")
+    reaper_ = Reaper(release_store, {Release: Policy(lease_ttl=2.0, max_attempts=2)})
+    for _ in range(2):  # two dead testers: the region ends red
+        tests.claim(owner="tester")
+        clock.advance(seconds=5)
+        reaper_.run_once()
+    assert release_store.get("r1/tests").state == "red" and engine.get("r1").state == "released"
+    engine.fire("r1", "fix")
+    row = release_store.get("r1/tests")
+    assert (row.state, row.attempt, row.reclaims) == ("testing", 0, 0)
+    tests.claim(owner="tester")
+    clock.advance(seconds=5)
+    reaper_.run_once()  # one death of the second visit is a retry, not the end
+    assert release_store.get("r1/tests").state == "testing"
+
+
+def test_region_rows_keep_the_entity_concurrency_key(release_store: Store) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("r1", concurrency_key="repo-a")
+    engine.fire("r1", "begin")
+    assert {s.concurrency_key for s in release_store.children("r1")} == {"repo-a"}
+
+
+def test_the_reaper_of_a_region_alone_joins_and_looks_past_its_batch(release_store: Store, clock: ManualClock) -> None:
+    import fsm.engine.engine as engine_module
+
+    engine = Engine(Release, release_store)
+    for n in range(7):
+        engine.create(f"r{n}")
+        engine.fire(f"r{n}", "begin")
+    real = engine_module.join_after
+    engine_module.join_after = lambda *_: None  # type: ignore[assignment]
+    try:  # the last release in id order ends both regions; its join is cut off
+        build, tests = engine.region("build"), engine.region("tests")
+        for snap in build.claim(limit=10, owner="b"):
+            if snap.id == "r6/build":
+                result = build.fire(snap, "finish", lease=snap.lease)
+                build.fire(result, "succeed", lease=snap.lease)
+        for snap in tests.claim(limit=10, owner="t"):
+            if snap.id == "r6/tests":
+                tests.fire(snap, "test_pass", lease=snap.lease)
+    finally:
+        engine_module.join_after = real
+    region_reaper = Reaper(release_store, [Release.regions["checks"]["tests"]], {"batch_size": 3})
+    for _ in range(3):  # three ticks of three look at all seven
+        region_reaper.run_once()
+    assert engine.get("r6").state == "released"
+
+
+def test_pruning_a_lifecycle_prunes_its_regions_rows_and_a_pruned_region_counts_as_ended(
+    release_store: Store, clock: ManualClock
+) -> None:
+    engine = Engine(Release, release_store)
+    engine.create("old")
+    engine.fire("old", "begin")
+    _build(engine, "old")
+    _test(engine, "old")
+    engine.fire("old", "publish")
+    engine.create("slow")
+    engine.fire("slow", "begin")
+    _build(engine, "slow")  # slow/build ended; slow/tests still runs
+    clock.advance(seconds=3600)
+    result = engine.prune(timedelta(minutes=30))
+    assert result.removed == ["old"]
+    assert sorted(i for r in result.regions for i in r.removed) == ["old/build", "old/tests", "slow/build"]
+    assert "of their regions' rows" in result.summary()
+    _test(engine, "slow")  # its pruned build had ended: the join goes on
+    assert engine.get("slow").state == "released"
+
+
+def test_a_reaper_checks_max_active_against_each_region(release_store: Store) -> None:
+    from fsm.errors import ConfigError
+    from fsm.reaping import ReapPolicy
+
+    with pytest.raises(ConfigError, match=r"release\.build: max_active"):
+        Reaper(release_store, {Release: ReapPolicy(max_active=timedelta(seconds=30))})
+
+
+def test_more_refusals_at_class_creation() -> None:
+    with pytest.raises(InvalidDefinition, match="for a parallel state"):
+
+        class Loop(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            enter = worker(idle.to(p))
+            again = worker(p.to(p))
+
+    with pytest.raises(InvalidDefinition, match="could never fire"):
+
+        class Leased(Lifecycle):
+            idle = State(initial=True)
+
+            class p(State.Parallel):
+                class r1(State.Compound):
+                    a = State(initial=True)
+                    a_end = State(final=True)
+                    a_go = worker(a.to(a_end))
+
+                class r2(State.Compound):
+                    class active(State.Compound):
+                        running = State(initial=True)
+                        finalizing = State()
+
+                    b_end = State(final=True)
+                    b_fin = worker(active.running.to(active.finalizing))
+                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+            out = State(final=True)
+            enter = worker(idle.to(p))
+            done_state_p = worker(p.to(out, cond="holds_lease"))
+
+
+def test_callers_are_told_where_a_region_event_goes(release_store: Store) -> None:
+    from fsm.errors import UnknownEvent
+
+    engine = Engine(Release, release_store)
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    with pytest.raises(UnknownEvent, match=r"engine.region\('build'\)"):
+        engine.fire("r1", "finish")
+    assert "done.state.checks" not in engine.allowed_events("r1")
+    assert "exit_checks" not in engine.region("build").allowed_events("r1/build")
+    with pytest.raises(TransitionNotAllowed, match="from state 'compiling'"):
+        engine.region("build").fire("r1/build", "exit_checks")

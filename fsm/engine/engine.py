@@ -42,6 +42,7 @@ from fsm.engine.parallel import (
     join_after,
     join_refused,
     region_engine,
+    region_hint,
     reserved_events,
 )
 from fsm.engine.result import ChainedResult, FireResult
@@ -448,11 +449,11 @@ class Engine(EngineWork):
         ``InvalidData`` or ``IdempotencyKeyReused``; a raise means nothing was written.
         """
         if event_arg(event) not in self._events and not self.table.knows(check_id("event", event)):
-            raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events))
+            raise UnknownEvent(event, lifecycle=self.kind, known=list(self.table.events), hint=region_hint(self, event))
         if actor is not Actor.WORKER:
             actor = actor_arg(actor)
         if self._join_events and event in self._join_events:
-            raise join_refused(self, entity if isinstance(entity, str) else "", event, str(actor))
+            raise join_refused(self, entity, event, str(actor))
         if reason is not None or idempotency_key is not None or data is not None:
             check_arguments(reason, idempotency_key, data)
         extra: Attempt | None = None
@@ -627,10 +628,11 @@ class Engine(EngineWork):
             write.require = (*write.require, fence)
         chain = chain_writes(self, write, branch, lease, owner) if branch.target in self._heads else None
         try:
-            if branch.source in self._parallel and not joining:  # leaving it by an event: its regions too
-                return exit_regions(self, *(chain or ([write], [branch])))
-            if chain is not None and chain[1][-1].target in self._parallel:
-                return enter_regions(self, *chain)
+            if self._parallel:  # one test for every lifecycle without a parallel state
+                if branch.source in self._parallel and not joining:  # leaving it by an event: its regions too
+                    return exit_regions(self, *(chain or ([write], [branch])))
+                if chain is not None and chain[1][-1].target in self._parallel:
+                    return enter_regions(self, *chain)
             if chain is not None and len(chain[0]) > 1:
                 return self._apply_chain(*chain)
             new, record = self._apply(write)

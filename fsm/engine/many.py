@@ -74,7 +74,7 @@ def fire_many(
         try:
             snap = _held(item.entity)
             if engine._join_events and item.event in engine._join_events:
-                raise join_refused(engine, snap.id, item.event, "worker")
+                raise join_refused(engine, snap, item.event, "worker")
             write, branch, held = engine._prepare(
                 snap.id, item.event, Actor.WORKER, item.lease, None, None, item.data, None, snap
             )

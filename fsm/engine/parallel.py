@@ -3,6 +3,7 @@ with its regions' rows in one transaction, and the join once every region is fin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -10,9 +11,17 @@ from typing import TYPE_CHECKING, Any
 from fsm.engine.announce import announce
 from fsm.engine.result import ChainedResult, FireResult
 from fsm.engine.writes import write_for
-from fsm.errors import ConfigError, FsmError, InvalidArgument, TransitionNotAllowed, UnknownEntity
+from fsm.errors import (
+    ConditionFailed,
+    ConfigError,
+    FsmError,
+    InvalidArgument,
+    StaleVersion,
+    TransitionNotAllowed,
+    UnknownEntity,
+)
 from fsm.limits import MAX_CREATE_MANY
-from fsm.records import Actor, HistoryRecord, LeaseChange, NewEntity, Snapshot, TimerMode, TransitionWrite
+from fsm.records import Actor, HistoryRecord, LeaseChange, LeaseStale, NewEntity, Snapshot, TimerMode, TransitionWrite
 from fsm.regions import all_final, exit_event, join_event, region_row_id, region_rows
 from fsm.table import Branch
 
@@ -21,9 +30,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fsm.regions")
 
+NO_LIVE_LEASE = LeaseStale(stale_after=-timedelta(days=36500), name="no_live_lease")
+"""The store-side check of a region's exit from ``finalizing``: no lease, or an expired one
+(:class:`~fsm.records.LeaseStale` with a horizon that every lease-less row is idle before)."""
 
-def region_entities(engine: Engine, entity_id: str, parallel: str, data: dict[str, Any]) -> list[NewEntity]:
-    """A new row per region of ``parallel`` for the entity, each at its initial state."""
+
+def region_entities(
+    engine: Engine, entity_id: str, parallel: str, data: dict[str, Any], key: str | None
+) -> list[NewEntity]:
+    """A new row per region of ``parallel`` for the entity, each at its initial state, with
+    the entity's data and concurrency key (the limits' ``key`` field of that data, else the
+    entity's own key: a region's claims keep the entity's per-key limits)."""
     made: list[NewEntity] = []
     for region, cls in engine.lifecycle.regions[parallel].items():
         made.append(
@@ -31,6 +48,7 @@ def region_entities(engine: Engine, entity_id: str, parallel: str, data: dict[st
                 id=region_row_id(entity_id, region),
                 kind=cls.kind,
                 state=cls.table.initial,
+                concurrency_key=engine._data_key(data) or key,
                 data=dict(data),
                 arm_timer=cls.table.arms_on_create(),
                 parent_id=entity_id,
@@ -52,7 +70,7 @@ def create_with_regions(engine: Engine, entities: list[NewEntity]) -> list[Snaps
         )
     creates: list[NewEntity] = []
     for entity in entities:
-        creates += [entity, *region_entities(engine, entity.id, parallel, entity.data)]
+        creates += [entity, *region_entities(engine, entity.id, parallel, entity.data, entity.concurrency_key)]
     _, made = _apply_group(engine, [], creates)
     _notify(engine, parallel)
     mine = {entity.id for entity in entities}
@@ -84,9 +102,11 @@ def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[
     parallel = branches[-1].target
     entity_id = writes[0].entity_id
     data = next((w.data for w in reversed(writes) if w.data is not None), None)
+    before = writes[0].before
+    if before is None:
+        before = engine.store.get(entity_id)
     if data is None:
-        before = writes[0].before
-        data = before.data if before is not None else engine.store.get(entity_id).data
+        data = before.data
     lifecycles = engine.lifecycle.regions[parallel]
     creates: list[NewEntity] = []
     restarts: list[TransitionWrite] = []
@@ -95,7 +115,8 @@ def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[
         table = cls.table
         arms = table.arms_on_create()
         if row is None:
-            creates += [e for e in region_entities(engine, entity_id, parallel, data) if e.kind == cls.kind]
+            made = region_entities(engine, entity_id, parallel, data, before.concurrency_key)
+            creates += [e for e in made if e.kind == cls.kind]
         elif row.deleted or row.kind != cls.kind or row.state not in table.finals:
             raise ConfigError(
                 f"cannot enter {parallel!r} on {entity_id!r}: region row {row.id!r} is "
@@ -114,6 +135,7 @@ def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[
                     lease_change=LeaseChange.CLEAR,
                     data=dict(data),
                     reason=f"entered {parallel} again",
+                    restart=True,
                     run_after=timedelta(0),
                     timer=TimerMode.ARM if arms else (TimerMode.CLEAR if table.has_timers else TimerMode.KEEP),
                     before=row,
@@ -163,13 +185,32 @@ def reserved_events(engine: Engine) -> dict[str, tuple[str, str]]:
     return found
 
 
-def join_refused(engine: Engine, entity_id: str, event: str, actor: str) -> TransitionNotAllowed:
-    """The refusal of a caller's fire of an event only the engine fires (:func:`reserved_events`)."""
-    state, why = engine._join_events[event]
+def region_hint(engine: Engine, event: str) -> str:
+    """For an event a region declares, fired on the entity: where to fire it instead."""
+    for regions in engine.lifecycle.regions.values():
+        for region, cls in regions.items():
+            if event in cls.table.events:
+                return f"region {region!r} declares it: fire it on the region's row with engine.region({region!r})"
+    return ""
+
+
+def join_refused(engine: Engine, entity: object, event: str, actor: str) -> TransitionNotAllowed:
+    """The refusal of a caller's fire of an event only the engine fires (:func:`reserved_events`),
+    naming the state the entity is in (read when the caller gave only its id)."""
+    _, why = engine._join_events[event]
+    snap = getattr(entity, "snapshot", entity)
+    if isinstance(snap, Snapshot):
+        entity_id, state = snap.id, snap.state
+    else:
+        entity_id, state = str(entity)[:255], "?"
+        with contextlib.suppress(FsmError):  # an unknown entity: the refusal stands, its state unknown
+            state = engine.store.get(entity_id).state
     return TransitionNotAllowed(entity_id=entity_id, event=event, state=state, actor=actor, detail=f"{event!r} {why}")
 
 
-def exit_regions(engine: Engine, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
+def exit_regions(
+    engine: Engine, writes: list[TransitionWrite], branches: list[Branch], again: bool = True
+) -> FireResult:
     """Commit the entity's writes out of a parallel state by an event (not its join) with a
     write per region still running, moving its row to :func:`fsm.regions.exit_state`, in one
     ``store.apply_group``.  A region in its lifecycle's finalizing state under a fresh lease
@@ -199,8 +240,19 @@ def exit_regions(engine: Engine, writes: list[TransitionWrite], branches: list[B
         region_policy = engine.region(region).policy
         move = write_for(region_policy, engine.owner, row, step, None, None, f"{parallel} left", None, None, None)
         move.event, move.actor = first.event, first.actor
+        if row.state == cls.finalizing_state and not branches[0].override:
+            # its lease was stale when looked at; a holder taking it since (a lease moves
+            # without a version) makes the store refuse the whole write: never cut off
+            move.require = (*move.require, NO_LIVE_LEASE)
         moves.append(move)
-    results, _ = _apply_group(engine, [*writes, *moves], [])
+    try:
+        results, _ = _apply_group(engine, [*writes, *moves], [])
+    except ConditionFailed:
+        if not again:
+            raise
+        # a finalizer took its lease since the look (no version moves with a lease): look
+        # again, and refuse it by name
+        return exit_regions(engine, writes, branches, again=False)
     mine = results[: len(writes)]
     for (new, record), branch in zip(mine, branches, strict=True):
         announce(engine.kind, new, record, branch)
@@ -235,47 +287,70 @@ def join_after(engine: Engine, snap: Snapshot) -> FireResult | None:
         return None
 
 
+JOIN_ATTEMPTS = 3
+"""How many times a join looks again when the entity moved between its look and its write."""
+
+
 def try_join(parent: Engine, entity_id: str, parallel: str) -> FireResult | None:
     """Fire ``done.state.<parallel>`` on the entity if it rests in ``parallel`` and every
-    region's row is final: a compare-and-set on its row, so of two joins one moves it."""
-    try:
-        snap = parent.store.get(entity_id)
-    except UnknownEntity:
-        return None
-    if snap.state != parallel:
-        return None
-    lifecycles = parent.lifecycle.regions[parallel]
-    rows = region_rows(parent.store, entity_id, lifecycles)
-    if not all_final(rows, {r: cls.table.finals for r, cls in lifecycles.items()}):
-        return None
-    try:  # the engine's own path: a caller's fire of the join is refused (join_refused)
-        return parent._fire(
-            snap.id, join_event(parallel), Actor.WORKER, None, None, None, None, None, snap, joining=True
-        )
-    except FsmError as err:  # another join won, or no join branch's guards hold
-        log.info("join of %s did not move it: %s", entity_id, err)
-        return None
+    region's row is final: a compare-and-set on the entity's row at the version the regions
+    were looked at under, so of two joins one moves it, and a join never fires on a later
+    visit than the one it looked at (the entity moved: it looks again from the start)."""
+    for _ in range(JOIN_ATTEMPTS):
+        try:
+            snap = parent.store.get(entity_id)
+        except UnknownEntity:
+            return None
+        if snap.state != parallel:
+            return None
+        lifecycles = parent.lifecycle.regions[parallel]
+        rows = region_rows(parent.store, entity_id, lifecycles)
+        if not all_final(rows, {r: cls.table.finals for r, cls in lifecycles.items()}):
+            return None
+        event = join_event(parallel)
+        if parent.would_fire(snap, event) is None:  # no join branch's guards hold: it rests inside
+            log.info("join of %s: no branch of %s passes its guards", entity_id, event)
+            return None
+        try:  # the engine's own path (a caller's fire of the join is refused), on this snapshot only
+            return parent._fire(
+                snap.id, event, Actor.WORKER, None, None, None, None, None, snap, None, reread=False, joining=True
+            )
+        except StaleVersion:
+            continue  # the entity moved since the look: look again
+        except FsmError as err:  # no join branch's guards hold
+            log.info("join of %s did not move it: %s", entity_id, err)
+            return None
+    return None
 
 
 def sweep_joins(parent: Engine, limit: int) -> int:
-    """Join every entity of ``parent``'s lifecycle resting in a parallel state whose regions
+    """Join the entities of ``parent``'s lifecycle resting in a parallel state whose regions
     are all final (the reaper's tick: a region moved by the set-based reaper, or a join a
-    crash cut off); at most ``limit`` entities looked at per parallel state.  Returns how
-    many it joined."""
+    crash cut off): at most ``limit`` looked at per parallel state and call, each call going
+    on by id where the last one stopped, and from the first again once past the last, so
+    every entity is looked at within a few ticks however many rest there.  Returns how many
+    it joined."""
     joined = 0
+    cursors: dict[str, str | None] = parent.__dict__.setdefault("_sweep_cursors", {})
     for parallel in parent.table.parallel:
-        after: str | None = None
+        after = cursors.get(parallel)
+        wrapped = after is None  # started from the first: the end means everything was seen
         seen = 0
-        size = min(500, limit)
         while seen < limit:
-            page: list[Snapshot] = parent.store.entities(parent.kind, state=parallel, limit=size, after_id=after)
+            asked = min(500, limit - seen)
+            page: list[Snapshot] = parent.store.entities(parent.kind, state=parallel, limit=asked, after_id=after)
             for snap in page:
                 if try_join(parent, snap.id, parallel) is not None:
                     joined += 1
             seen += len(page)
-            if len(page) < size:
-                break
+            if len(page) < asked:  # past the last: on from the first
+                after = None
+                if wrapped:
+                    break
+                wrapped = True
+                continue
             after = page[-1].id
+        cursors[parallel] = after
     return joined
 
 

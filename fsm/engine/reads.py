@@ -14,6 +14,9 @@ from fsm.table import Branch
 class EngineReads(EngineBase):
     """``get``, ``history``, ``configuration``, ``allowed_events`` and ``would_fire``."""
 
+    _join_events: dict[str, tuple[str, str]]
+    """The events only the engine fires (:func:`fsm.engine.parallel.reserved_events`)."""
+
     def get(self, entity_id: str) -> Snapshot:
         """The entity, checked to belong to this lifecycle and to be in a known state."""
         return self._checked(self.store.get(text("entity_id", entity_id)))
@@ -37,7 +40,12 @@ class EngineReads(EngineBase):
         """Events with at least one branch for ``actor`` from the entity's state (guards not
         evaluated); the entity is checked as :meth:`configuration` checks it."""
         snap = self._entity("allowed_events", entity)
-        return [e for e in self.table.events if any(b.actor is actor for b in self.table.branches_for(snap.state, e))]
+        reserved = self._join_events  # the join and a region's exit: the engine's, refused to callers
+        return [
+            e
+            for e in self.table.events
+            if e not in reserved and any(b.actor is actor for b in self.table.branches_for(snap.state, e))
+        ]
 
     def would_fire(self, entity: Snapshot, event: str, actor: Actor = Actor.WORKER) -> Branch | None:
         """The branch ``event`` would take from ``entity`` now, or None if refused.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,13 +39,18 @@ class PruneResult:
     batches: int = 0
     more: bool = False
     """A dry run found more than it lists."""
+    regions: tuple[PruneResult, ...] = ()
+    """For a lifecycle with parallel states: what the same cut removed of its regions' rows
+    (:mod:`fsm.regions`), one result per region's lifecycle."""
 
     def summary(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         more = " or more" if self.more else ""
+        rows = sum(len(r.removed) for r in self.regions)
+        regions = f"; and {rows} of their regions' rows" if self.regions else ""
         return (
             f"{self.kind}: {verb} {len(self.removed)}{more} final entities last updated before "
-            f"{self.before.isoformat()} (with their history, effects and renewals)"
+            f"{self.before.isoformat()} (with their history, effects and renewals){regions}"
         )
 
 
@@ -69,7 +74,17 @@ def check_older_than(older_than: Any) -> timedelta:
 
 
 def prune(engine: Any, older_than: Any, batch_size: Any, dry_run: Any) -> PruneResult:
-    """:meth:`fsm.Engine.prune`."""
+    """:meth:`fsm.Engine.prune`; a lifecycle with parallel states prunes its regions' final
+    rows with the same cut (an entity's region rows ended before it did, so they go with it;
+    a region row gone before its entity's join counts as ended: :func:`fsm.regions.all_final`)."""
+    result = _prune(engine, older_than, batch_size, dry_run)
+    regions = [engine.region(r) for found in engine.table.parallel.values() for r in found]
+    if not regions:
+        return result
+    return replace(result, regions=tuple(_prune(r, older_than, batch_size, dry_run) for r in regions))
+
+
+def _prune(engine: Any, older_than: Any, batch_size: Any, dry_run: Any) -> PruneResult:
     age = check_older_than(older_than)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_PRUNE_BATCH:
         raise InvalidArgument(f"batch_size must be an integer from 1 to {MAX_PRUNE_BATCH}, not {batch_size!r:.80}")
@@ -118,8 +133,10 @@ def prune_all(engines: Sequence[Any], older_than: Any, batch_size: Any) -> list[
     (a partitioned history holds every lifecycle's entities) dropped for all of them at
     once before each lifecycle's batches; then as :func:`prune`, lifecycle by lifecycle.
     A dry run, or a single lifecycle, is :func:`prune` itself."""
+    # each region of a parallel state is a lifecycle of its own: pruned with its lifecycle
+    engines = [*engines, *(e.region(r) for e in engines for found in e.table.parallel.values() for r in found)]
     if len(engines) < 2:
-        return [prune(engine, older_than, batch_size, False) for engine in engines]
+        return [_prune(engine, older_than, batch_size, False) for engine in engines]
     age = check_older_than(older_than)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_PRUNE_BATCH:
         raise InvalidArgument(f"batch_size must be an integer from 1 to {MAX_PRUNE_BATCH}, not {batch_size!r:.80}")

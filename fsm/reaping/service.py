@@ -27,7 +27,7 @@ from fsm.clock import Clock, new_owner_id
 from fsm.engine import Engine, announce
 from fsm.engine.announce import observed
 from fsm.engine.later import PENDING, later_kind
-from fsm.engine.parallel import sweep_joins
+from fsm.engine.parallel import parent_engine, sweep_joins
 from fsm.errors import ConfigError, FsmError, GuardRejected, InvalidData, MalformedRow, StoreUnavailable
 from fsm.lifecycle import Lifecycle
 from fsm.policy import Policy
@@ -119,13 +119,16 @@ class Reaper:
             reap_policies.append(rp)
         # each region of a parallel state is a lifecycle of its own, reaped with its lifecycle's
         # timing (fsm.regions): a region's running is reaped as any running
-        reap_policies += [
+        copies = [
             rp.model_copy(update={"lifecycle": region})
             for rp in list(reap_policies)
             for regions in rp.bound_lifecycle.regions.values()
             for region in regions.values()
             if region.kind not in kinds
         ]
+        for copy in copies:  # each region's own states against the lifecycle's max_active
+            problems += copy.check_backstop(self.config.interval)
+        reap_policies += copies
         if not reap_policies and not problems:
             problems.append("the reaper needs at least one lifecycle")
         if problems:
@@ -230,12 +233,19 @@ class Reaper:
         """Join the entities resting in a parallel state whose regions are all final: a region
         this tick (or an earlier one) moved into a final state, or a join a crash cut off
         between a region's commit and its join (:mod:`fsm.regions`)."""
+        parents: dict[str, Engine] = {}
         for engine in self.engines:
-            if not engine.table.parallel or (led is not None and engine.kind not in led):
+            if led is not None and engine.kind not in led:
                 continue
-            joined = sweep_joins(engine, self.config.batch_size)
+            if engine.table.parallel:
+                parents[engine.kind] = engine
+            elif engine.lifecycle.region_of is not None:  # a region's reaper (a region worker's own) joins too
+                parent = parent_engine(engine)
+                parents.setdefault(parent.kind, parent)
+        for parent in parents.values():
+            joined = sweep_joins(parent, self.config.batch_size)
             if joined:
-                result.moved[f"{engine.kind}.join"] += joined
+                result.moved[f"{parent.kind}.join"] += joined
 
     def _run_schedules(self, led: set[str] | None, result: ReapResult) -> None:
         """Create the due runs of the schedules of the kinds this tick leads (one indexed

@@ -329,10 +329,12 @@ class Statements:
         has_due: bool = False,
         timer: TimerMode = TimerMode.KEEP,
         definition: bool = False,
+        restart: bool = False,
     ) -> str:
         """SET clause of a transition: new state, version + 1, lease change, counters, times,
         the timer clock when the branch starts or stops it, and (``definition``) the
-        definition version the write records (parameter ``defn``)."""
+        definition version the write records (parameter ``defn``); ``restart``: the counters
+        back to 0 (a region's row entering its parallel state again)."""
         c, f = self.L.col, self.f
         sets = [f"{c['state']} = {f.p('target')}", f"{c['version']} = e.{c['version']} + 1"]
         if change is LeaseChange.ACQUIRE:
@@ -345,7 +347,9 @@ class Statements:
             sets += [f"{c['lease_owner']} = NULL", f"{c['lease_expires_at']} = NULL"]
         sets += [f"{c['state_entered_at']} = {f.now}", f"{c['updated_at']} = {f.now}"]
         sets += self.timer_sets(timer)
-        if bump_attempt:
+        if restart:
+            sets += [f"{c['attempt']} = 0", f"{c['reclaims']} = 0"]
+        elif bump_attempt:
             sets += [f"{c['attempt']} = e.{c['attempt']} + 1", f"{c['reclaims']} = 0"]
         elif bump_reclaims:
             sets.append(f"{c['reclaims']} = e.{c['reclaims']} + 1")
@@ -425,6 +429,7 @@ class Statements:
         timer: TimerMode = TimerMode.KEEP,
         definition: bool = False,
         memory: bool = False,
+        restart: bool = False,
     ) -> tuple[str, ...]:
         """One transition: the guarded ``UPDATE ... RETURNING`` and the history row.
 
@@ -454,6 +459,7 @@ class Statements:
             timer,
             definition,
             memory,
+            restart,
         )
         found: tuple[str, ...] | None = self._shapes.get(key)
         if found is not None:
@@ -471,7 +477,9 @@ class Statements:
         if blind:
             guard += f" AND e.{c['lease_token']} = {f.p('btoken')} AND {f.same('e.' + c['lease_owner'], 'bowner')}"
         guard += self.conditions(require, "e")
-        sets = self._move_sets(change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer, definition)
+        sets = self._move_sets(
+            change, has_ttl, bump_attempt, bump_reclaims, new_data, has_due, timer, definition, restart
+        )
         if memory:
             sets += f", {c['memory']} = {f.json('memory')}"
         hist = f"INSERT INTO {self.H} ({self.hist_cols})"

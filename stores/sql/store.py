@@ -665,7 +665,7 @@ class SqlStore(
         definition = write.definition
         defines = definition is not None
         memory = write.memory
-        sql = self._sql.apply(*shape, blind, due is not None, timer, defines, memory is not None)
+        sql = self._sql.apply(*shape, blind, due is not None, timer, defines, memory is not None, write.restart)
         children: dict[str, Any] = {}
         data_text: str | None = None
         if write.data is not None:
@@ -764,7 +764,9 @@ class SqlStore(
         elif change is LeaseChange.CLEAR:
             owner = expires = None
         attempt, reclaims = before.attempt, before.reclaims
-        if write.bump_attempt:
+        if write.restart:
+            attempt, reclaims = 0, 0
+        elif write.bump_attempt:
             attempt, reclaims = attempt + 1, 0
         elif write.bump_reclaims:
             reclaims += 1
