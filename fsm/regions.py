@@ -28,9 +28,9 @@ How it is stored, and why:
   ``finalizing`` region is never expired while its lease is fresh, as any finalizer.
   ``Engine.region("build")`` is the region's engine.
 - **Entering the parallel state** writes the entity's transition and creates (or, on a
-  later visit, restarts at its initial state) every region's row in one transaction
-  (:meth:`stores.Store.apply_group`): no one ever sees the entity inside without its
-  regions.  A region starts with the entity's data.
+  later visit, restarts at its initial state with fresh counters) every region's row in
+  one transaction (:meth:`stores.Store.apply_group`): no one ever sees the entity inside
+  without its regions.  A region starts with the entity's data and concurrency key.
 - **The join.**  When a region's row enters one of its final states, the engine that wrote
   it looks, right after that commit, whether every region is final, and if so fires
   ``done.state.<parallel>`` on the entity (a compare-and-set on its row: of two regions
@@ -38,6 +38,10 @@ How it is stored, and why:
   moved and does nothing).  The reaper's set-based move of a region into a final state,
   and a crash between a region's commit and its join, are healed by the reaper, which
   joins every entity whose regions are all final on each tick.
+- **Leaving it by an event** moves each running region's row to ``left_<parallel>`` (a
+  final state of the region's lifecycle) in the same commit; a region finalizing under a
+  fresh lease refuses it (checked in the statement too), unless the transition is an
+  operator override.
 
 A lifecycle may start in its parallel state: its create inserts the entity and every
 region's row in one transaction.  A region without a final state never completes, so its
@@ -45,9 +49,11 @@ parallel state is never joined (as python-statemachine has it).
 
 What is refused at class creation, each with its reason: a parallel state nested in a
 compound, a region that is not a compound state, a transition crossing a region's border
-(enter the parallel state itself, leave it by its join), an event shared by two regions,
-a region's own completion event, a reaper transition or a claim's start into the parallel
-state, a region starting in a state that takes steps by itself, and a history state
+(enter the parallel state itself, leave it by its join or an event declared on it), an
+event shared by two regions, a region's own completion event, a reaper transition or a
+claim's start into the parallel state, a reaper or eventless transition leaving it, a
+transition from it into a parallel state, a join requiring ``holds_lease``, a migration
+into it, a region starting in a state that takes steps by itself, and a history state
 inside a region.
 """
 

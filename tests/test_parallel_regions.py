@@ -873,3 +873,18 @@ def test_callers_are_told_where_a_region_event_goes(release_store: Store) -> Non
     assert "exit_checks" not in engine.region("build").allowed_events("r1/build")
     with pytest.raises(TransitionNotAllowed, match="from state 'compiling'"):
         engine.region("build").fire("r1/build", "exit_checks")
+
+
+def test_the_path_finder_goes_through_the_regions_and_covers_the_join() -> None:
+    from fsm.testing.paths import replay, shortest_paths
+
+    paths = shortest_paths(Release, max_length=8)  # done is 7 steps away
+    assert paths.unreachable_states == []
+    assert "done.state.checks: checks -> released (worker)" in paths.transitions
+    assert "succeed: finalizing -> built [holds_lease] (worker)" in paths.transitions  # a region's branch
+    done = paths.states["done"]
+    assert [s.region for s in done.steps if s.region] == ["build", "build", "build", "tests", "tests"]
+    clock = ManualClock()
+    engine = Engine(Release, MemoryStore(clock=clock), clock=clock, owner="path-worker")
+    for path in paths.all():
+        replay(path, engine, clock)

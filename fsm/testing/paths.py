@@ -32,6 +32,7 @@ from fsm.engine.judge import choose
 from fsm.errors import FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.records import Actor, Snapshot
+from fsm.regions import region_row_id
 from fsm.testing.coverage import branch_name
 from stores.memory import MemoryStore
 
@@ -54,6 +55,8 @@ class Step:
     target: str | None = None
     guards: tuple[tuple[str, bool], ...] = ()
     branch: str | None = None
+    region: str | None = None
+    """A region's step (:mod:`fsm.regions`): the event is fired on that region's row."""
 
     @property
     def patch(self) -> dict[str, Any] | None:
@@ -64,7 +67,8 @@ class Step:
             needs = ", ".join(n if v else f"not {n}" for n, v in self.guards)
             data = f" with data {self.data}" if self.data else ""
             actor = self.actor.value if self.actor is not None else "?"
-            return f"{actor} fires {self.event}{data}: {self.source} -> {self.target}" + (
+            where = f" on region {self.region}" if self.region else ""
+            return f"{actor} fires {self.event}{where}{data}: {self.source} -> {self.target}" + (
                 f" (needs {needs})" if needs else ""
             )
         if self.kind == "acquire":
@@ -171,19 +175,23 @@ class _Run:
             ran = step
         else:
             assert step.event is not None and step.actor is not None
+            engine, entity_id = self.engine, self.entity_id
+            if step.region is not None:  # a region's event, on its row
+                engine, entity_id = engine.region(step.region), region_row_id(entity_id, step.region)
+                snap = engine.get(entity_id)
             judged = snap if step.data is None else snap._replace(data={**snap.data, **(step.patch or {})})
             lease = self._lease(snap) if step.actor is Actor.WORKER else None
             branch = choose(
-                self.engine.table,
-                self.engine.policy,
+                engine.table,
+                engine.policy,
                 self.clock,
-                self.engine.store,
+                engine.store,
                 judged,
                 step.event,
                 step.actor,
                 lease,
             )
-            result = self.engine.fire(self.entity_id, step.event, lease=lease, actor=step.actor, data=step.patch)
+            result = engine.fire(entity_id, step.event, lease=lease, actor=step.actor, data=step.patch)
             if step.target is not None and result.state != step.target:
                 raise AssertionError(f"{step.describe()}: went to {result.state} instead")
             ran = replace(
@@ -202,7 +210,13 @@ class _Run:
         stale = snap.lease_is_stale(now, policy.stale_after)
         unclaimed = snap.lease_owner is None and snap.updated_at < now - policy.max_wait
         sibling = None if self.sibling is None else self.engine.get(self.sibling).state
+        regions = tuple(
+            (row.state, row.lease_owner is not None, row.lease_is_stale(now, policy.stale_after), row.attempt)
+            for region in self.engine.table.parallel.get(snap.state, ())
+            for row in (self.engine.store.get(region_row_id(self.entity_id, region)),)
+        )
         return (
+            regions,
             snap.state,
             self._lease(snap) is not None,
             snap.lease_owner is None,
@@ -232,6 +246,14 @@ class _Run:
                         for name in g.names:
                             patches += [json.dumps(dict(p), sort_keys=True) for p in self.guard_data.get(name, ())]
                 found += [Step("fire", event, actor, p) for p in dict.fromkeys(patches)]
+        for region in table.parallel.get(snap.state, ()):  # each region's events, on its row
+            engine = self.engine.region(region)
+            row = engine.get(region_row_id(self.entity_id, region))
+            if row.state in engine.table.finals:
+                continue
+            for event in engine.table.events:
+                actors = {b.actor for b in engine.table.branches_for(row.state, event)}
+                found += [Step("fire", event, actor, region=region) for actor in sorted(actors)]
         found.append(Step("acquire"))
         if self._lease(snap) is not None:
             found.append(Step("release"))
@@ -246,6 +268,19 @@ class _Run:
         if self.sibling is None and any(g.name == "superseded" for b in table.declared for g, _ in b.guards):
             found.append(Step("sibling"))
         return found
+
+
+def _joined(lifecycle: type[Lifecycle], run: _Run) -> list[str]:
+    """The join branches (under each of their event names) the run's last step took, if it
+    joined the entity (the engine fires the join itself after a region's final write)."""
+    last = run.engine.store.history(run.entity_id)[-1]
+    if last.source not in lifecycle.table.parallel or not last.event.startswith("done.state."):
+        return []
+    return [
+        branch_name(b)
+        for b in lifecycle.table.declared
+        if b.source == last.source and b.target == last.target and b.event in run.engine._join_events
+    ]
 
 
 def shortest_paths(
@@ -272,6 +307,9 @@ def shortest_paths(
             continue
         if ran and ran[-1].branch is not None:
             transitions.setdefault(ran[-1].branch, Path(ran[-1].branch, ran))
+        if ran and ran[-1].region is not None:  # a region's last step may have joined the entity
+            for name in _joined(lifecycle, run):
+                transitions.setdefault(name, Path(name, ran))
         state = run.snap.state
         states.setdefault(state, Path(f"state {state}", ran))
         key = run.key()
@@ -279,7 +317,10 @@ def shortest_paths(
             continue
         seen.add(key)
         queue.extend((*steps, a) for a in run.actions())
-    declared = list(dict.fromkeys(branch_name(b) for b in lifecycle.table.declared))
+    tables = [lifecycle.table, *(c.table for regions in lifecycle.regions.values() for c in regions.values())]
+    declared = list(
+        dict.fromkeys(branch_name(b) for t in tables for b in t.declared if not b.event.startswith("exit_"))
+    )
     return PathSet(
         lifecycle=lifecycle.__name__,
         states={s: states[s] for s in lifecycle.table.leaves if s in states},

@@ -21,9 +21,11 @@ Checked at the end (printed, each a problem):
   pipelines' and each region row's;
 - the build finalizer's effects: at most one recorded result per key (I4), recorded by an
   execution under that lease, none executed under a later lease than the recorded one
-  (a replay never re-executes), both recorded for every ``built`` region; no finalizing
-  region was moved by the reaper while its holder's lease was fresh (I1: the only reaper
-  moves out of ``finalizing`` are after the holder's death or pause);
+  (a replay never re-executes), both recorded for every ``built`` region;
+- no finalizing region was moved by the reaper while its holder's lease was fresh (I1):
+  each reaper move out of ``finalizing`` came after its holder was killed or paused, or
+  after every lapse time its holder logged for that lease (``hold``: the keeper's
+  deadline, logged before each effect and before the final write);
 - every fire a worker saw acknowledged is in history (I8);
 - no worker or reaper died of its own.
 """
@@ -59,6 +61,8 @@ from .release import Release
 
 REPO = Path(__file__).resolve().parents[2]
 REGIONS = ("build", "tests")
+CLOCK_SLACK_S = 0.05
+"""How far the workers' wall clock and the database's may disagree (one machine here)."""
 EFFECTS = ("publish-artifact", "sign")
 
 
@@ -96,10 +100,19 @@ class Handlers:
         time.sleep(random.uniform(0, 2 * self.work_s))
         self._fire(job, "finish")
 
+    def _hold(self, job: Job) -> None:
+        """When the lease this holder holds lapses at the latest, as it knows it now (its
+        keeper renews it): the reaper must not move the row out of finalizing before."""
+        held = job.held
+        if not held.lost:
+            until = time.time() + (held.deadline - time.monotonic())
+            self.log.write("hold", job.id, held.lease.token, f"{until:.6f}")
+
     def finalizing(self, job: Job) -> None:
         self._claimed(job)
         token = job.held.lease.token
         for key in EFFECTS:
+            self._hold(job)
 
             def run(idempotency_key: str, key: str = key) -> dict[str, Any]:
                 self.log.write("effect", job.id, key, token)
@@ -107,6 +120,7 @@ class Handlers:
                 return {"token": token}
 
             retrying(job, lambda key=key, run=run: job.run(key, run), key)  # type: ignore[misc]
+        self._hold(job)
         self._fire(job, "succeed")
 
     def run(self, job: Job) -> None:
@@ -356,9 +370,12 @@ def _analyse(engine: Engine, directory: Path, summary: Summary) -> None:
     acks: dict[str, list[tuple[int, str]]] = defaultdict(list)
     executions: dict[tuple[str, str], list[int]] = defaultdict(list)
     holders: dict[tuple[str, int], int] = {}  # (row, lease token) -> the pid that claimed it
+    holds: dict[tuple[str, int], list[float]] = defaultdict(list)  # when each lease lapses at the latest
     for pid, fields in lines:
         if fields[0] == "claim":
             holders[(fields[2], int(fields[3]))] = pid
+        elif fields[0] == "hold":
+            holds[(fields[2], int(fields[3]))].append(float(fields[4]))
         elif fields[0] == "ack":
             acks[fields[2]].append((int(fields[3]), fields[4]))
         elif fields[0] == "effect":
@@ -390,19 +407,27 @@ def _analyse(engine: Engine, directory: Path, summary: Summary) -> None:
                     continue
                 if record.source == "finalizing" and record.reason == "reclaimed":
                     summary.reclaimed_finalizers += 1
-                # I1: the holder of the lease a reaper move took away was killed or paused
-                # before the move (a reclaim's row records the new token: the old is one less)
+                # I1: a reaper move out of finalizing took away a lease that was not fresh:
+                # its holder was killed or paused before the move, or the lease had lapsed
+                # (a holder alive but starved of CPU lets its lease lapse: then the fence
+                # refuses its writes).  A reclaim's row records the new token: the old is one less.
+                if record.source != "finalizing":
+                    continue
                 token = record.lease_token
                 tokens = [] if token is None else [token, token - 1] if record.reason == "reclaimed" else [token]
-                pid = next((holders[(row_id, t)] for t in tokens if (row_id, t) in holders), None)
-                if pid is None:
+                found = next(((t, holders[(row_id, t)]) for t in tokens if (row_id, t) in holders), None)
+                if found is None:
                     continue
+                held_token, pid = found
                 died = summary.deaths.get(pid)
+                moved_at = record.at.timestamp()
                 summary.checked_moves += 1
-                if died is None or died > record.at.timestamp():
+                fresh = [u for u in holds.get((row_id, held_token), []) if u > moved_at + CLOCK_SLACK_S]
+                if (died is None or died > moved_at) and fresh:
                     summary.problems.append(
-                        f"I1: the reaper moved {row_id} out of {record.source!r} (seq {record.seq}, {record.reason}) "
-                        f"while its holder (pid {pid}) was alive"
+                        f"I1: the reaper moved {row_id} out of finalizing (seq {record.seq}, {record.reason}) while "
+                        f"its holder (pid {pid}) held a lease fresh until {max(fresh):.3f}, "
+                        f"{max(fresh) - moved_at:.3f} s after the move"
                     )
             if region == "build":
                 effects = store.effects(row_id)

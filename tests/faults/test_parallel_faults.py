@@ -32,7 +32,7 @@ def test_regions_survive_kills_and_pauses_and_join_exactly_once(
         print(summary.text(), file=sys.stdout)
     record_property(SUMMARY_PROPERTY, summary.text())
     assert not summary.problems, summary.text()
-    assert summary.planned == 4, "a planned death found no holder to kill"
+    assert summary.planned >= 2, "the planned deaths found no holder to kill (a run holder, then a finalizer)"
     assert summary.reaped_regions > 0, "no region was ended by the reaper: the join never raced it"
     assert summary.reclaimed_finalizers > 0 and summary.replays > 0, "no finalizer was reclaimed and resumed"
     assert summary.checked_moves > 0, "no reaper move was checked against its holder's death"
