@@ -5,6 +5,7 @@ agreeing with python-statemachine on random event sequences."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +75,27 @@ REFUSALS = {
 }
 
 
+def _regions() -> tuple[Any, Any]:
+    """Two fresh regions (a chart takes its states for its own): ``r1`` (``a -> a_end``) and
+    ``r2`` (a finalizer, then ``b_end``)."""
+
+    class r1(State.Compound):
+        a = State(initial=True)
+        a_end = State(final=True)
+        a_go = worker(a.to(a_end))
+
+    class r2(State.Compound):
+        class active(State.Compound):
+            running = State(initial=True)
+            finalizing = State()
+
+        b_end = State(final=True)
+        b_fin = worker(active.running.to(active.finalizing))
+        b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+
+    return r1, r2
+
+
 def _refused(case: str) -> None:
     from statemachine import HistoryState
 
@@ -130,19 +152,7 @@ def _refused(case: str) -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             out = State(final=True)
             enter = worker(idle.to(p))
@@ -154,19 +164,7 @@ def _refused(case: str) -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             enter = worker(idle.to(p.r1.a_end))
 
@@ -200,19 +198,7 @@ def _refused(case: str) -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             enter = reaper(idle.to(p, cond="lease_stale"))
 
@@ -222,19 +208,7 @@ def _refused(case: str) -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             gone = State(final=True)
             enter = worker(idle.to(p))
@@ -819,19 +793,7 @@ def test_more_refusals_at_class_creation() -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             enter = worker(idle.to(p))
             again = worker(p.to(p))
@@ -842,19 +804,7 @@ def test_more_refusals_at_class_creation() -> None:
             idle = State(initial=True)
 
             class p(State.Parallel):
-                class r1(State.Compound):
-                    a = State(initial=True)
-                    a_end = State(final=True)
-                    a_go = worker(a.to(a_end))
-
-                class r2(State.Compound):
-                    class active(State.Compound):
-                        running = State(initial=True)
-                        finalizing = State()
-
-                    b_end = State(final=True)
-                    b_fin = worker(active.running.to(active.finalizing))
-                    b_go = worker(active.finalizing.to(b_end, cond="holds_lease"))
+                r1, r2 = _regions()
 
             out = State(final=True)
             enter = worker(idle.to(p))
@@ -888,3 +838,28 @@ def test_the_path_finder_goes_through_the_regions_and_covers_the_join() -> None:
     engine = Engine(Release, MemoryStore(clock=clock), clock=clock, owner="path-worker")
     for path in paths.all():
         replay(path, engine, clock)
+
+
+def test_a_worker_per_region_runs_releases_to_the_end_on_every_store(release_store: Store) -> None:
+    from fsm.work import Job, Worker
+
+    engine = Engine(Release, release_store)
+    for n in range(3):
+        engine.create(f"r{n}")
+        engine.fire(f"r{n}", "begin")
+
+    def publish(job: Job) -> str:
+        job.run("upload", lambda key: {"key": key})
+        return "succeed"
+
+    builders = Worker(engine.region("build"), {"running": lambda job: "finish", "finalizing": publish})
+    testers = Worker(engine.region("tests"), {"run": lambda job: "test_pass"})
+    with builders, testers:
+        for _ in range(400):
+            builders.run_once()
+            testers.run_once()
+            if all(engine.get(f"r{n}").state == "released" for n in range(3)):
+                break
+            time.sleep(0.01)
+    assert [engine.get(f"r{n}").state for n in range(3)] == ["released"] * 3
+    assert [e.key for e in release_store.effects("r0/build")] == ["upload"]

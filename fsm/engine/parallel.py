@@ -87,6 +87,15 @@ def _apply_group(
     return done
 
 
+def _entity_result(engine: Engine, mine: list[tuple[Snapshot, HistoryRecord]], branches: list[Branch]) -> FireResult:
+    """The entity's own writes of a group, announced, as its fire's result."""
+    for (new, record), branch in zip(mine, branches, strict=True):
+        announce(engine.kind, new, record, branch)
+    if len(mine) == 1:
+        return FireResult(*mine[0])
+    return ChainedResult(mine[-1][0], mine[0][1], steps=tuple(record for _, record in mine[1:]))
+
+
 def _notify(engine: Engine, parallel: str) -> None:
     """Wake the regions' workers: their rows are claimable (a restarted row wakes no one
     by itself)."""
@@ -143,12 +152,7 @@ def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[
             )
     results, _ = _apply_group(engine, [*writes, *restarts], creates)
     _notify(engine, parallel)
-    mine = results[: len(writes)]
-    for (new, record), branch in zip(mine, branches, strict=True):
-        announce(engine.kind, new, record, branch)
-    if len(mine) == 1:
-        return FireResult(*mine[0])
-    return ChainedResult(mine[-1][0], mine[0][1], steps=tuple(record for _, record in mine[1:]))
+    return _entity_result(engine, results[: len(writes)], branches)
 
 
 def region_engine(engine: Engine, region: object) -> Engine:
@@ -253,12 +257,7 @@ def exit_regions(
         # a finalizer took its lease since the look (no version moves with a lease): look
         # again, and refuse it by name
         return exit_regions(engine, writes, branches, again=False)
-    mine = results[: len(writes)]
-    for (new, record), branch in zip(mine, branches, strict=True):
-        announce(engine.kind, new, record, branch)
-    if len(mine) == 1:
-        return FireResult(*mine[0])
-    return ChainedResult(mine[-1][0], mine[0][1], steps=tuple(record for _, record in mine[1:]))
+    return _entity_result(engine, results[: len(writes)], branches)
 
 
 def parent_engine(engine: Engine) -> Engine:
