@@ -863,3 +863,14 @@ def test_a_worker_per_region_runs_releases_to_the_end_on_every_store(release_sto
             time.sleep(0.01)
     assert [engine.get(f"r{n}").state for n in range(3)] == ["released"] * 3
     assert [e.key for e in release_store.effects("r0/build")] == ["upload"]
+
+
+def test_the_property_machine_runs_a_lifecycle_with_regions() -> None:
+    from hypothesis import stateful
+
+    from fsm.testing import lifecycle_machine
+
+    machine = lifecycle_machine(Release)  # the entity's own events, the clock, the reaper, crashes
+    stateful.run_state_machine_as_test(
+        machine, settings=settings(max_examples=25, stateful_step_count=15, deadline=None)
+    )
