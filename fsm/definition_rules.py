@@ -28,6 +28,7 @@ from statemachine.transition_list import TransitionList
 
 from fsm.builders import Transitions, transition_list
 from fsm.errors import InvalidDefinition
+from fsm.guards import LEASE_STALE
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
 from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe
@@ -133,6 +134,15 @@ def leased_states(table: CompiledTable) -> set[str]:
         leased |= more
 
 
+def unreaped_states(table: CompiledTable) -> tuple[str, ...]:
+    """The states an entity can hold a lease in (:func:`leased_states`) that no reaper
+    transition guarded by ``lease_stale`` leaves: an entity whose holder dies there stays
+    there for good (a zombie), whatever the reaper does.  Declaration order."""
+    covered = {b.source for b in table.declared if b.actor is Actor.REAPER and (LEASE_STALE, True) in b.guards}
+    leased = leased_states(table) - covered
+    return tuple(s for s in table.leaves if s in leased)
+
+
 __all__ = [
     "check_actors_declared",
     "check_definition",
@@ -140,4 +150,5 @@ __all__ = [
     "check_policy_states",
     "leased_states",
     "operator_override",
+    "unreaped_states",
 ]

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 import signals
 from fsm.clock import Clock, new_owner_id
+from fsm.definition_rules import unreaped_states
 from fsm.engine import Engine, announce
 from fsm.engine.announce import observed
 from fsm.engine.later import PENDING, later_kind
@@ -138,6 +139,21 @@ class Reaper:
             Engine(rp.bound_lifecycle, store, clock=clock, policy=rp.policy, owner=self.owner) for rp in reap_policies
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
+        self.unreaped: dict[str, tuple[str, ...]] = {
+            engine.kind: found for engine in self.engines if (found := unreaped_states(engine.table))
+        }
+        """Kind -> the states an entity can hold a lease in that no ``lease_stale`` reaper
+        transition leaves (:func:`fsm.definition_rules.unreaped_states`): logged once here,
+        since this reaper cannot free an entity whose holder dies there."""
+        for kind, states in self.unreaped.items():
+            log.warning(
+                "lifecycle %r: an entity can hold a lease in %s, but no reaper transition guarded by lease_stale "
+                "leaves %s: one whose holder dies there stays there; declare one (recovery(...), or "
+                "reaper(state.to(..., cond='lease_stale')))",
+                kind,
+                ", ".join(repr(s) for s in states),
+                "it" if len(states) == 1 else "them",
+            )
         self._waking = frozenset(i for i, rule in enumerate(self.rules) if wakes_workers(rule))
         """The rules whose moves a claim takes (by position): a tick that moved rows by one
         of them wakes the lifecycle's workers."""
