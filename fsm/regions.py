@@ -41,7 +41,9 @@ How it is stored, and why:
 - **Leaving it by an event** moves each running region's row to ``left_<parallel>`` (a
   final state of the region's lifecycle) in the same commit; a region finalizing under a
   fresh lease refuses it (checked in the statement too), unless the transition is an
-  operator override.
+  operator override.  Into another parallel state, that state's regions start in the
+  same commit; into itself (internal or not: SCXML exits and enters the regions either
+  way), every region restarts at its initial state, under the same rule.
 
 A lifecycle may start in its parallel state: its create inserts the entity and every
 region's row in one transaction.  A region without a final state never completes, so its
@@ -52,9 +54,8 @@ compound, a region that is not a compound state, a transition crossing a region'
 (enter the parallel state itself, leave it by its join or an event declared on it), an
 event shared by two regions, a region's own completion event, a reaper transition or a
 claim's start into the parallel state, a reaper or eventless transition leaving it, a
-transition from it into a parallel state, a join requiring ``holds_lease``, a migration
-into it, a region starting in a state that takes steps by itself, and a history state
-inside a region.
+join requiring ``holds_lease``, a migration into it, a region starting in a state that
+takes steps by itself, and a history state inside a region.
 """
 
 from __future__ import annotations
@@ -206,11 +207,6 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
 
 def _check_exit(name: str, where: str, parallel: State, t: Transition) -> None:
     meta = meta_of(t)
-    if any(x.parallel for x in t.targets):
-        raise InvalidDefinition(
-            f"{where}: it leaves parallel state {parallel.id!r} for a parallel state (itself included), which is "
-            "not supported yet; go through a state between them"
-        )
 
     if t.is_eventless:
         raise InvalidDefinition(

@@ -112,6 +112,7 @@ class Branch:
     ``None``.  ``target`` is then the default (the compound never left); :attr:`variants`
     hold the others (each with ``restores`` set and no variants of its own)."""
     variants: tuple[tuple[str, Branch], ...] = field(default=(), compare=False, repr=False)
+
     """For a branch that :attr:`restores`: the leaf the memory may hold -> the concrete
     branch taken then (:func:`fsm.history.resolve`)."""
 

@@ -349,6 +349,43 @@ def test_leaving_never_cuts_off_a_live_finalizer(release_store: Store, clock: Ma
     assert release_store.get("r1/build").state == "left_checks"
 
 
+def test_a_self_transition_restarts_every_region_but_never_a_live_finalizer(
+    release_store: Store, clock: ManualClock
+) -> None:
+    engine = Engine(Fork, release_store)
+    engine.create("f")
+    engine.fire("f", "go")
+    right = engine.region("right")
+    engine.region("left").fire("f/left", "l_go")
+    right.fire("f/right", "r_fin")
+    assert engine.fire("f", "redo").snapshot.state == "both"  # nobody holds the finalizer's lease
+    rows = {s.id: s for s in release_store.children("f")}
+    assert (rows["f/left"].state, rows["f/right"].state) == ("l1", "running")
+    assert release_store.history("f/right")[-1].reason == "entered both again"
+    right.fire("f/right", "r_fin")
+    right.acquire_lease("f/right", owner="finisher", ttl=timedelta(seconds=30))  # a live finalizer
+    with pytest.raises(TransitionNotAllowed, match="finalizing under a live lease"):
+        engine.fire("f", "touch")
+    assert release_store.get("f/right").state == "finalizing"
+    clock.advance(seconds=60)
+    assert engine.fire("f", "touch").snapshot.state == "both"
+    assert release_store.get("f/right").state == "running"
+
+
+def test_moving_from_one_parallel_state_into_another_ends_one_set_and_starts_the_other(
+    release_store: Store,
+) -> None:
+    engine = Engine(Fork, release_store)
+    engine.create("f")
+    engine.fire("f", "go")
+    engine.region("left").fire("f/left", "l_go")
+    assert engine.fire("f", "hop").snapshot.state == "pair"
+    rows = {s.id: s.state for s in release_store.children("f")}
+    assert rows == {"f/left": "left_both", "f/right": "left_both", "f/up": "u1", "f/down": "d1"}
+    engine.region("up").fire("f/up", "u_go")
+    assert engine.get("f").state == "pair"  # down has no final state: never joined
+
+
 def test_a_second_visit_restarts_every_region_at_its_initial_state(release_store: Store) -> None:
     engine = Engine(Release, release_store)
     engine.create("r1")
@@ -504,19 +541,35 @@ class Fork(Lifecycle):
             # holds_lease: no caller here holds one, and python-statemachine answers it False too
             r_done = worker(active.finalizing.to(r_end, cond="holds_lease") | active.running.to(r_end))
 
+    class pair(State.Parallel):
+        class up(State.Compound):
+            u1 = State(initial=True)
+            u_end = State(final=True)
+            u_go = worker(u1.to(u_end))
+
+        class down(State.Compound):
+            d1 = State(initial=True)
+            d2 = State()
+            d_go = worker(d1.to(d2) | d2.to(d1))
+
     after = State()
     gone = State(final=True)
 
     go = worker(idle.to(both))
     abort = worker(both.to(idle))
+    redo = worker(both.to(both))  # external: every region starts over
+    touch = worker(both.to.itself(internal=True))  # internal: SCXML restarts the regions too
+    hop = worker(both.to(pair))  # from one parallel state into another
+    back = worker(pair.to(after))
     done_state_both = worker(both.to(after))
     again = worker(after.to(both))
     leave = worker(after.to(gone))
 
 
+REGION_ENGINES = {e: r for regions in Fork.regions.values() for r, c in regions.items() for e in c.table.events}
 EVENTS = sorted(
-    {*Fork.table.events, *(e for r in Fork.regions["both"].values() for e in r.table.events)}
-    - {"done.state.both", "done_state_both"}
+    {*Fork.table.events, *(e for e in REGION_ENGINES if not e.startswith("exit_"))}
+    - {"done.state.both", "done_state_both", "done.state.pair", "done_state_pair"}
 )
 
 
@@ -531,15 +584,14 @@ def _configuration(engine: Engine, store: Store, entity_id: str) -> set[str]:
 
 
 def _owner(engine: Engine, event: str) -> Engine:
-    for region, cls in Fork.regions["both"].items():
-        if event in cls.table.events:
-            return engine.region(region)
-    return engine
+    region = REGION_ENGINES.get(event)
+    return engine if region is None else engine.region(region)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(EVENTS), max_size=25))
 @example(["go", "l_go", "l_done", "r_done", "again", "l_go", "l_step", "l_step", "r_done", "l_go", "l_done"])
+@example(["go", "l_go", "r_fin", "touch", "l_step", "redo", "l_go", "l_done", "hop", "u_go", "d_go", "back", "again"])
 def test_the_persisted_regions_agree_with_python_statemachine(events: list[str]) -> None:
     store = MemoryStore()
     engine = Engine(Fork, store)
@@ -787,17 +839,6 @@ def test_a_reaper_checks_max_active_against_each_region(release_store: Store) ->
 
 
 def test_more_refusals_at_class_creation() -> None:
-    with pytest.raises(InvalidDefinition, match="for a parallel state"):
-
-        class Loop(Lifecycle):
-            idle = State(initial=True)
-
-            class p(State.Parallel):
-                r1, r2 = _regions()
-
-            enter = worker(idle.to(p))
-            again = worker(p.to(p))
-
     with pytest.raises(InvalidDefinition, match="could never fire"):
 
         class Leased(Lifecycle):

@@ -105,51 +105,91 @@ def _notify(engine: Engine, parallel: str) -> None:
             notify(cls.kind)
 
 
-def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
-    """Commit the entity's writes into a parallel state with a row per region (created, or
-    restarted at its initial state on a later visit) in one ``store.apply_group``."""
-    parallel = branches[-1].target
-    entity_id = writes[0].entity_id
-    data = next((w.data for w in reversed(writes) if w.data is not None), None)
-    before = writes[0].before
-    if before is None:
-        before = engine.store.get(entity_id)
-    if data is None:
-        data = before.data
+def _entry(
+    engine: Engine,
+    entity_id: str,
+    parallel: str,
+    data: dict[str, Any],
+    key: str | None,
+    first: TransitionWrite,
+    again: bool,
+    override: bool,
+) -> tuple[list[NewEntity], list[TransitionWrite]]:
+    """The creates and restarts that put every region of ``parallel`` at its initial state.
+    ``again``: the entity re-enters the parallel state it is in (an external self-transition):
+    a region still running restarts too, unless it finalizes under a fresh lease (refused,
+    and checked again in the statement), as an exit would refuse it."""
     lifecycles = engine.lifecycle.regions[parallel]
     creates: list[NewEntity] = []
     restarts: list[TransitionWrite] = []
+    now = engine.store.now() if again else None
     for region, row in region_rows(engine.store, entity_id, lifecycles).items():
         cls = lifecycles[region]
         table = cls.table
         arms = table.arms_on_create()
         if row is None:
-            made = region_entities(engine, entity_id, parallel, data, before.concurrency_key)
+            made = region_entities(engine, entity_id, parallel, data, key)
             creates += [e for e in made if e.kind == cls.kind]
-        elif row.deleted or row.kind != cls.kind or row.state not in table.finals:
+            continue
+        running = row.state not in table.finals
+        if row.deleted or row.kind != cls.kind or (running and not again):
             raise ConfigError(
                 f"cannot enter {parallel!r} on {entity_id!r}: region row {row.id!r} is "
                 f"{'deleted' if row.deleted else repr(row.kind) + ' in ' + repr(row.state)}, not a final state of "
                 f"region {region!r}"
             )
-        else:  # a later visit: the region starts again at its initial state, due at once
-            restarts.append(
-                TransitionWrite(
-                    entity_id=row.id,
-                    event=writes[-1].event,
-                    source=row.state,
-                    target=table.initial,
-                    actor=writes[-1].actor,
-                    expect_version=row.version,
-                    lease_change=LeaseChange.CLEAR,
-                    data=dict(data),
-                    reason=f"entered {parallel} again",
-                    restart=True,
-                    run_after=timedelta(0),
-                    timer=TimerMode.ARM if arms else (TimerMode.CLEAR if table.has_timers else TimerMode.KEEP),
-                    before=row,
+        require: tuple[Any, ...] = ()
+        if running and row.state == cls.finalizing_state and not override:
+            assert now is not None
+            if row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > now:
+                raise TransitionNotAllowed(
+                    entity_id=entity_id,
+                    event=first.event,
+                    state=parallel,
+                    actor=first.actor,
+                    detail=f"region {region!r} is finalizing under a live lease ({row.id}); wait for it, or declare "
+                    "the transition with operator_override(...)",
                 )
+            require = (NO_LIVE_LEASE,)
+        # the region starts again at its initial state, due at once, with fresh counters
+        restarts.append(
+            TransitionWrite(
+                entity_id=row.id,
+                event=first.event,
+                source=row.state,
+                target=table.initial,
+                actor=first.actor,
+                expect_version=row.version,
+                require=require,
+                lease_change=LeaseChange.CLEAR,
+                data=dict(data),
+                reason=f"entered {parallel} again",
+                restart=True,
+                run_after=timedelta(0),
+                timer=TimerMode.ARM if arms else (TimerMode.CLEAR if table.has_timers else TimerMode.KEEP),
+                before=row,
             )
+        )
+    return creates, restarts
+
+
+def _entered(engine: Engine, writes: list[TransitionWrite]) -> tuple[dict[str, Any], str | None]:
+    """The data and concurrency key the entity enters a parallel state with."""
+    before = writes[0].before
+    if before is None:
+        before = engine.store.get(writes[0].entity_id)
+    data = next((w.data for w in reversed(writes) if w.data is not None), None)
+    return (before.data if data is None else data), before.concurrency_key
+
+
+def enter_regions(engine: Engine, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
+    """Commit the entity's writes into a parallel state with a row per region (created, or
+    restarted at its initial state on a later visit) in one ``store.apply_group``."""
+    parallel = branches[-1].target
+    data, key = _entered(engine, writes)
+    creates, restarts = _entry(
+        engine, writes[0].entity_id, parallel, data, key, writes[-1], False, branches[0].override
+    )
     results, _ = _apply_group(engine, [*writes, *restarts], creates)
     _notify(engine, parallel)
     return _entity_result(engine, results[: len(writes)], branches)
@@ -213,7 +253,7 @@ def join_refused(engine: Engine, entity: object, event: str, actor: str) -> Tran
 
 
 def exit_regions(
-    engine: Engine, writes: list[TransitionWrite], branches: list[Branch], again: bool = True
+    engine: Engine, writes: list[TransitionWrite], branches: list[Branch], look_again: bool = True
 ) -> FireResult:
     """Commit the entity's writes out of a parallel state by an event (not its join) with a
     write per region still running, moving its row to :func:`fsm.regions.exit_state`, in one
@@ -223,9 +263,19 @@ def exit_regions(
     parallel = branches[0].source
     entity_id = writes[0].entity_id
     first = writes[0]
+    target = branches[-1].target
+    creates: list[NewEntity] = []
+    moves: list[TransitionWrite] = []
+    if target in engine.table.parallel:  # into a parallel state: its regions (re)start in the same commit
+        data, key = _entered(engine, writes)
+        # a self-transition (internal or not: SCXML exits and enters the regions either way)
+        # restarts the very rows
+        itself = target == parallel
+        creates, moves = _entry(engine, entity_id, target, data, key, first, itself, branches[0].override)
+        if itself:
+            return _grouped(engine, writes, branches, moves, creates, target, look_again)
     regions = engine.lifecycle.regions[parallel]
     now = engine.store.now()
-    moves: list[TransitionWrite] = []
     for region, row in region_rows(engine.store, entity_id, regions).items():
         cls = regions[region]
         if row is None or row.deleted or row.state in cls.table.finals:
@@ -249,14 +299,30 @@ def exit_regions(
             # without a version) makes the store refuse the whole write: never cut off
             move.require = (*move.require, NO_LIVE_LEASE)
         moves.append(move)
+    entered = target if target in engine.table.parallel else None
+    return _grouped(engine, writes, branches, moves, creates, entered, look_again)
+
+
+def _grouped(
+    engine: Engine,
+    writes: list[TransitionWrite],
+    branches: list[Branch],
+    moves: list[TransitionWrite],
+    creates: list[NewEntity],
+    entered: str | None,
+    look_again: bool,
+) -> FireResult:
+    """The entity's writes, its regions' moves and creates, in one ``store.apply_group``."""
     try:
-        results, _ = _apply_group(engine, [*writes, *moves], [])
+        results, _ = _apply_group(engine, [*writes, *moves], creates)
     except ConditionFailed:
-        if not again:
+        if not look_again:
             raise
         # a finalizer took its lease since the look (no version moves with a lease): look
         # again, and refuse it by name
-        return exit_regions(engine, writes, branches, again=False)
+        return exit_regions(engine, writes, branches, look_again=False)
+    if entered is not None:
+        _notify(engine, entered)
     return _entity_result(engine, results[: len(writes)], branches)
 
 
