@@ -31,7 +31,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guards import LEASE_STALE
 from fsm.policy import Policy
 from fsm.records import Actor, DataChange, LeaseChange
-from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe
+from fsm.table import META_ATTR, CompiledTable, TransitionMeta, describe, negate_condition
 
 
 def operator_override(
@@ -134,13 +134,51 @@ def leased_states(table: CompiledTable) -> set[str]:
         leased |= more
 
 
-def unreaped_states(table: CompiledTable) -> tuple[str, ...]:
-    """The states an entity can hold a lease in (:func:`leased_states`) that no reaper
-    transition guarded by ``lease_stale`` leaves: an entity whose holder dies there stays
-    there for good (a zombie), whatever the reaper does.  Declaration order."""
-    covered = {b.source for b in table.declared if b.actor is Actor.REAPER and (LEASE_STALE, True) in b.guards}
-    leased = leased_states(table) - covered
-    return tuple(s for s in table.leaves if s in leased)
+def unreaped_states(table: CompiledTable, policy: Policy | None = None) -> tuple[str, ...]:
+    """The states an entity can hold a lease in (:func:`leased_states`) that the reaper
+    cannot free once the holder dies there: no timed reaper transition leaves it, and no
+    reaper transition guarded by ``lease_stale`` takes a dead holder's entity whatever its
+    counters (one with no other narrowing guard, or two whose narrowing guards complete each
+    other, as ``recovery``'s ``reclaims_left`` and ``reclaims_exhausted`` do).  Such an
+    entity stays there for good, a zombie.  Declaration order."""
+    policy = policy or Policy()
+    leased = leased_states(table)
+    return tuple(s for s in table.leaves if s in leased and not _freed(table, s, policy))
+
+
+def _freed(table: CompiledTable, state: str, policy: Policy) -> bool:
+    narrowed: list[Any] = []
+    for branch in table.declared:
+        if branch.source != state or branch.actor is not Actor.REAPER:
+            continue
+        if branch.after is not None:
+            return True  # a timer leaves the state whoever holds it
+        if (LEASE_STALE, True) not in branch.guards:
+            continue
+        rest = [(g, e) for g, e in branch.guards if g is not LEASE_STALE and not (g.name == "owned" and e)]
+        if any(g.name == "unclaimed" and e for g, e in rest):
+            continue  # it takes an entity nobody holds: not a dead holder's
+        if not rest:
+            return True
+        if len(rest) == 1:
+            narrowed.append(_meaning(*rest[0], policy))
+    return any(_complete(a, b) for a in narrowed for b in narrowed)
+
+
+def _meaning(guard: Any, expected: bool, policy: Policy) -> Any:
+    """What a narrowing guard requires: its store condition (negated for ``unless``), else
+    its name and expected value."""
+    condition = guard.condition(policy) if guard.condition is not None else None
+    if condition is not None and not expected:
+        condition = negate_condition(condition)
+    return condition if condition is not None else (guard.name, expected)
+
+
+def _complete(a: Any, b: Any) -> bool:
+    """Whether every row meets ``a`` or ``b`` (one is the other's negation)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a[0] == b[0] and a[1] is not b[1]
+    return not isinstance(a, tuple) and negate_condition(a) == b
 
 
 __all__ = [

@@ -442,6 +442,15 @@ class CounterAtLeast:
 
 
 @dataclass(frozen=True, slots=True)
+class NoLiveLease:
+    """Holds when nobody holds a live lease on the row: no owner (a reclaimed or released
+    entity), or a lease that expired.  A parallel state's exit or restart requires it of a
+    region's row in ``finalizing`` (:mod:`fsm.regions`): a live finalizer is never cut off."""
+
+    name: str = "no_live_lease"
+
+
+@dataclass(frozen=True, slots=True)
 class Owned:
     """Holds when the row has a lease owner (``held``) or has none (``not held``).
 
@@ -482,7 +491,9 @@ class HeldBy:
     name: str = "held_by"
 
 
-Condition = LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed | TimerDue | HeldBy
+Condition = (
+    LeaseStale | NewerSibling | CounterBelow | CounterAtLeast | Owned | Unclaimed | TimerDue | HeldBy | NoLiveLease
+)
 COUNTERS = ("attempt", "reclaims")
 
 
@@ -608,6 +619,9 @@ def condition_holds(
         return int(getattr(row, condition.counter)) < condition.limit
     if isinstance(condition, Owned):
         return (row.lease_owner is not None) is condition.held
+    if isinstance(condition, NoLiveLease):
+        expires = row.lease_expires_at
+        return row.lease_owner is None or (expires is not None and expires < now)
     if isinstance(condition, Unclaimed):
         return row.lease_owner is None and row.idle_before(now - condition.max_wait)
     if isinstance(condition, TimerDue):
@@ -684,6 +698,7 @@ __all__ = [
     "LeaseStale",
     "NewEntity",
     "NewerSibling",
+    "NoLiveLease",
     "Owned",
     "SetItems",
     "Snapshot",

@@ -386,6 +386,21 @@ def test_moving_from_one_parallel_state_into_another_ends_one_set_and_starts_the
     assert engine.get("f").state == "pair"  # down has no final state: never joined
 
 
+def test_a_finalizer_the_reaper_reclaimed_holds_no_live_lease(release_store: Store, clock: ManualClock) -> None:
+    engine = Engine(Release, release_store)
+    build = engine.region("build")
+    engine.create("r1")
+    engine.fire("r1", "begin")
+    (claimed,) = build.claim(owner="w1")
+    build.fire(claimed, "finish", lease=claimed.lease)
+    clock.advance(seconds=30)
+    Reaper(release_store, [Release]).run_once()  # reclaimed: no holder, a claim takes it at once
+    row = release_store.get("r1/build")
+    assert (row.state, row.lease_owner) == ("finalizing", None) and row.reclaims == 1
+    assert engine.fire("r1", "cancel").snapshot.state == "cancelled"
+    assert release_store.get("r1/build").state == "left_checks"
+
+
 def test_a_second_visit_restarts_every_region_at_its_initial_state(release_store: Store) -> None:
     engine = Engine(Release, release_store)
     engine.create("r1")
@@ -866,10 +881,35 @@ def test_callers_are_told_where_a_region_event_goes(release_store: Store) -> Non
         engine.region("build").fire("r1/build", "exit_checks")
 
 
+def test_the_path_finder_keeps_a_lifecycle_own_events_named_like_a_region_exit() -> None:
+    from fsm import recovery, starts
+    from fsm.testing.paths import shortest_paths
+
+    class Early(Lifecycle):
+        queued = State(initial=True)
+
+        class active(State.Compound):
+            running = State(initial=True)
+            finalizing = State()
+
+        done = State(final=True)
+        failed = State(final=True)
+        left = State(final=True)
+
+        start = starts(queued.to(active))
+        finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+        succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+        exit_early = worker(queued.to(left))
+        expire, reclaim = recovery(queued=queued, running=active.running, finalizing=active.finalizing, failed=failed)
+
+    paths = shortest_paths(Early, max_length=3)
+    assert "exit_early: queued -> left (worker)" in paths.transitions
+
+
 def test_the_path_finder_goes_through_the_regions_and_covers_the_join() -> None:
     from fsm.testing.paths import replay, shortest_paths
 
-    paths = shortest_paths(Release, max_length=8)  # done is 7 steps away
+    paths = shortest_paths(Release, max_length=7)  # done is 7 steps away
     assert paths.unreachable_states == []
     assert "done.state.checks: checks -> released (worker)" in paths.transitions
     assert "succeed: finalizing -> built [holds_lease] (worker)" in paths.transitions  # a region's branch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from fsm.engine.announce import announce
@@ -21,7 +21,7 @@ from fsm.errors import (
     UnknownEntity,
 )
 from fsm.limits import MAX_CREATE_MANY
-from fsm.records import Actor, HistoryRecord, LeaseChange, LeaseStale, NewEntity, Snapshot, TimerMode, TransitionWrite
+from fsm.records import Actor, HistoryRecord, LeaseChange, NewEntity, NoLiveLease, Snapshot, TimerMode, TransitionWrite
 from fsm.regions import all_final, exit_event, join_event, region_row_id, region_rows
 from fsm.table import Branch
 
@@ -30,9 +30,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fsm.regions")
 
-NO_LIVE_LEASE = LeaseStale(stale_after=-timedelta(days=36500), name="no_live_lease")
-"""The store-side check of a region's exit from ``finalizing``: no lease, or an expired one
-(:class:`~fsm.records.LeaseStale` with a horizon that every lease-less row is idle before)."""
+NO_LIVE_LEASE = NoLiveLease()
+"""The store-side check of a region's exit from ``finalizing``: no owner, or an expired lease."""
+
+
+def live_lease(row: Snapshot, now: datetime) -> bool:
+    """The engine's look at what :data:`NO_LIVE_LEASE` re-checks in the statement: an owner
+    whose lease has not expired (a reclaimed row has no owner: its lease is free)."""
+    expires = row.lease_expires_at
+    return row.lease_owner is not None and (expires is None or expires >= now)
 
 
 def region_entities(
@@ -141,7 +147,7 @@ def _entry(
         require: tuple[Any, ...] = ()
         if running and row.state == cls.finalizing_state and not override:
             assert now is not None
-            if row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > now:
+            if live_lease(row, now):
                 raise TransitionNotAllowed(
                     entity_id=entity_id,
                     event=first.event,
@@ -280,8 +286,7 @@ def exit_regions(
         cls = regions[region]
         if row is None or row.deleted or row.state in cls.table.finals:
             continue
-        live = row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > now
-        if row.state == cls.finalizing_state and live and not branches[0].override:
+        if row.state == cls.finalizing_state and live_lease(row, now) and not branches[0].override:
             raise TransitionNotAllowed(
                 entity_id=entity_id,
                 event=first.event,

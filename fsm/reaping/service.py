@@ -140,16 +140,16 @@ class Reaper:
         ]
         self.rules = [rule for engine in self.engines for rule in plan_rules(engine)]
         self.unreaped: dict[str, tuple[str, ...]] = {
-            engine.kind: found for engine in self.engines if (found := unreaped_states(engine.table))
+            engine.kind: found for engine in self.engines if (found := unreaped_states(engine.table, engine.policy))
         }
         """Kind -> the states an entity can hold a lease in that no ``lease_stale`` reaper
         transition leaves (:func:`fsm.definition_rules.unreaped_states`): logged once here,
         since this reaper cannot free an entity whose holder dies there."""
         for kind, states in self.unreaped.items():
             log.warning(
-                "lifecycle %r: an entity can hold a lease in %s, but no reaper transition guarded by lease_stale "
-                "leaves %s: one whose holder dies there stays there; declare one (recovery(...), or "
-                "reaper(state.to(..., cond='lease_stale')))",
+                "lifecycle %r: an entity can hold a lease in %s, but no reaper transition frees %s once its "
+                "holder dies (a lease_stale one whatever the counters, or a timed one): one whose holder dies "
+                "there stays there; declare one (recovery(...), or reaper(state.to(..., cond='lease_stale')))",
                 kind,
                 ", ".join(repr(s) for s in states),
                 "it" if len(states) == 1 else "them",

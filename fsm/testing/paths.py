@@ -32,7 +32,7 @@ from fsm.engine.judge import choose
 from fsm.errors import FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.records import Actor, Snapshot
-from fsm.regions import region_row_id
+from fsm.regions import exit_event, region_row_id
 from fsm.testing.coverage import branch_name
 from stores.memory import MemoryStore
 
@@ -71,10 +71,11 @@ class Step:
             return f"{actor} fires {self.event}{where}{data}: {self.source} -> {self.target}" + (
                 f" (needs {needs})" if needs else ""
             )
+        of = f" of region {self.region}" if self.region else ""
         if self.kind == "acquire":
-            return "the worker takes the lease"
+            return f"the worker takes the lease{of}"
         if self.kind == "release":
-            return "the worker gives the lease back (a stopping worker)"
+            return f"the worker gives the lease{of} back (a stopping worker)"
         if self.kind == "clock":
             return f"the clock advances {self.advance}"
         return "a newer entity with the same concurrency key reaches the same state"
@@ -154,14 +155,18 @@ class _Run:
             assert step.advance is not None
             self.clock.advance(step.advance)
             ran = step
-        elif step.kind == "acquire":
-            self.engine.acquire_lease(self.entity_id)
-            ran = step
-        elif step.kind == "release":
-            lease = self._lease(snap)
-            if lease is None:
-                raise AssertionError("the worker holds no lease to give back")
-            self.engine.release_lease(lease)
+        elif step.kind in ("acquire", "release"):
+            engine, entity_id = self.engine, self.entity_id
+            if step.region is not None:  # a region's row
+                engine, entity_id = engine.region(step.region), region_row_id(entity_id, step.region)
+                snap = engine.get(entity_id)
+            if step.kind == "acquire":
+                engine.acquire_lease(entity_id)
+            else:
+                lease = self._lease(snap)
+                if lease is None:
+                    raise AssertionError("the worker holds no lease to give back")
+                engine.release_lease(lease)
             ran = step
         elif step.kind == "sibling":
             sibling = f"{self.entity_id}-sibling-{len(self.done)}"
@@ -211,7 +216,15 @@ class _Run:
         unclaimed = snap.lease_owner is None and snap.updated_at < now - policy.max_wait
         sibling = None if self.sibling is None else self.engine.get(self.sibling).state
         regions = tuple(
-            (row.state, row.lease_owner is not None, row.lease_is_stale(now, policy.stale_after), row.attempt)
+            (
+                row.state,
+                self._lease(row) is not None,
+                row.lease_owner is None,
+                row.lease_is_stale(now, policy.stale_after),
+                row.lease_owner is None and row.updated_at < now - policy.max_wait,
+                row.attempt,
+                row.reclaims,
+            )
             for region in self.engine.table.parallel.get(snap.state, ())
             for row in (self.engine.store.get(region_row_id(self.entity_id, region)),)
         )
@@ -254,6 +267,9 @@ class _Run:
             for event in engine.table.events:
                 actors = {b.actor for b in engine.table.branches_for(row.state, event)}
                 found += [Step("fire", event, actor, region=region) for actor in sorted(actors)]
+            found.append(Step("acquire", region=region))
+            if self._lease(row) is not None:
+                found.append(Step("release", region=region))
         found.append(Step("acquire"))
         if self._lease(snap) is not None:
             found.append(Step("release"))
@@ -317,9 +333,17 @@ def shortest_paths(
             continue
         seen.add(key)
         queue.extend((*steps, a) for a in run.actions())
-    tables = [lifecycle.table, *(c.table for regions in lifecycle.regions.values() for c in regions.values())]
+    # each region's branches too, but not a region's exit (the engine's, taken when its
+    # parallel state is left)
+    exits = {exit_event(p) for p in lifecycle.table.parallel}
+    regions = [c.table for found in lifecycle.regions.values() for c in found.values()]
     declared = list(
-        dict.fromkeys(branch_name(b) for t in tables for b in t.declared if not b.event.startswith("exit_"))
+        dict.fromkeys(
+            [
+                *(branch_name(b) for b in lifecycle.table.declared),
+                *(branch_name(b) for t in regions for b in t.declared if b.event not in exits),
+            ]
+        )
     )
     return PathSet(
         lifecycle=lifecycle.__name__,

@@ -30,6 +30,7 @@ from fsm.records import (
     LeaseChange,
     LeaseStale,
     NewerSibling,
+    NoLiveLease,
     Owned,
     TimerDue,
     TimerMode,
@@ -284,6 +285,8 @@ class Statements:
             )
         if isinstance(cond, Owned):
             return f"{lay.ref('lease_owner', a)} IS {'NOT NULL' if cond.held else 'NULL'}"
+        if isinstance(cond, NoLiveLease):
+            return f"({lay.ref('lease_owner', a)} IS NULL OR {lay.ref('lease_expires_at', a)} < {f.now})"
         if isinstance(cond, Unclaimed):
             return f"({lay.ref('lease_owner', a)} IS NULL AND {self.idle_since(a, i, 'wait')})"
         if isinstance(cond, TimerDue):

@@ -740,7 +740,9 @@ class SqlStore(
             except _Refused:
                 if blind:  # the lease moved since the caller's snapshot: write as a lean write
                     blind = False
-                    sql = self._sql.apply(*shape, False, due is not None, timer, defines, memory is not None)
+                    sql = self._sql.apply(
+                        *shape, False, due is not None, timer, defines, memory is not None, write.restart
+                    )
                     continue
             except self._integrity:
                 integrity = True

@@ -5,11 +5,12 @@ zombie the reaper can never free."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 from statemachine import State
 
-from fsm import JobLifecycle, Lifecycle, PipelineLifecycle, recovery, starts, worker
+from fsm import JobLifecycle, Lifecycle, PipelineLifecycle, reaper, recovery, starts, worker
 from fsm.definition_rules import unreaped_states
 from fsm.reaping import Reaper
 from stores.memory import MemoryStore
@@ -34,6 +35,49 @@ class Inserted(Lifecycle):
     finish = worker(active.testing.to(active.finalizing, cond="holds_lease"))
     succeed = worker(active.finalizing.to(done, cond="holds_lease"))
     expire, reclaim = recovery(queued=queued, running=active.running, finalizing=active.finalizing, failed=failed)
+
+
+class LastAttempt(Lifecycle):
+    """Its only rule on ``running`` needs an attempt left: the last holder to die stays."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = starts(queued.to(active))
+    finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    give_up = reaper(active.finalizing.to(failed, cond="lease_stale"))
+    expire = reaper(active.running.to(queued, cond=["lease_stale", "owned", "attempts_left"]))
+
+
+class Timed(Lifecycle):
+    """Its only rule on ``running`` is a timer: the reaper frees it whoever holds it."""
+
+    queued = State(initial=True)
+
+    class active(State.Compound):
+        running = State(initial=True)
+        finalizing = State()
+
+    done = State(final=True)
+    failed = State(final=True)
+
+    start = starts(queued.to(active))
+    finish = worker(active.running.to(active.finalizing, cond="holds_lease"))
+    succeed = worker(active.finalizing.to(done, cond="holds_lease"))
+    give_up = reaper(active.finalizing.to(failed, cond="lease_stale"))
+    timeout = reaper(active.running.to(failed), after=timedelta(minutes=5))
+
+
+def test_a_rule_that_needs_an_attempt_left_does_not_free_the_last_one_and_a_timer_does() -> None:
+    assert unreaped_states(LastAttempt.table) == ("running",)
+    assert unreaped_states(Timed.table) == ()
 
 
 def test_the_built_in_lifecycles_reap_every_leased_state() -> None:

@@ -119,3 +119,26 @@ def test_a_restart_write_starts_the_counters_over(any_store: Store) -> None:
     any_store.apply_group([again], [])  # type: ignore[attr-defined]
     row = any_store.get("r1/tests")
     assert (row.state, row.attempt, row.reclaims) == ("testing", 0, 0)
+
+
+def test_a_restart_write_retried_after_its_snapshot_went_stale_still_starts_over(any_store: Store) -> None:
+    from fsm.records import LeaseChange
+
+    any_store.create(NewEntity(id="x", kind="k", state="a", data={}))
+    started, _ = any_store.apply(
+        TransitionWrite(
+            "x", "start", "a", "b", "worker", expect_version=0, lease_change=LeaseChange.ACQUIRE,
+            new_owner="w1", lease_ttl=timedelta(seconds=1), bump_attempt=True,
+        )
+    )  # fmt: skip
+    any_store.release_lease("x", owner="w1", token=started.lease_token)
+    held = any_store.get("x")  # the caller's snapshot: no lease, attempt 1
+    # a lease taken since moves no version (SQLite's write judged on the snapshot is retried)
+    any_store.acquire_lease("x", owner="w2", ttl=timedelta(seconds=60), budget=None, expect_version=held.version)
+    again = TransitionWrite(
+        "x", "redo", "b", "a", "worker", expect_version=held.version, lease_change=LeaseChange.CLEAR,
+        restart=True, before=held,
+    )  # fmt: skip
+    [(new, _)], _ = any_store.apply_group([again], [])  # type: ignore[attr-defined]
+    row = any_store.get("x")
+    assert (new.attempt, row.attempt, row.reclaims, row.lease_owner) == (0, 0, 0, None)
