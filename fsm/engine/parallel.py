@@ -111,6 +111,34 @@ def _notify(engine: Engine, parallel: str) -> None:
             notify(cls.kind)
 
 
+def _finalizer_fence(
+    cls: Any,
+    region: str,
+    row: Snapshot,
+    first: TransitionWrite,
+    parallel: str,
+    now: datetime | None,
+    override: bool,
+) -> tuple[Any, ...]:
+    """What a write that ends or restarts a running region's row must keep: a region in its
+    lifecycle's finalizing state under a live lease refuses it (a live finalizer is never cut
+    off, unless the transition is an operator override); one whose lease was free when looked
+    at is written only if it still is (a lease moves without a version: the store re-checks)."""
+    if override or row.state != cls.finalizing_state:
+        return ()
+    assert now is not None  # the caller read the store's clock before looking at running rows
+    if live_lease(row, now):
+        raise TransitionNotAllowed(
+            entity_id=first.entity_id,
+            event=first.event,
+            state=parallel,
+            actor=first.actor,
+            detail=f"region {region!r} is finalizing under a live lease ({row.id}); wait for it, or declare "
+            "the transition with operator_override(...)",
+        )
+    return (NO_LIVE_LEASE,)
+
+
 def _entry(
     engine: Engine,
     entity_id: str,
@@ -128,7 +156,7 @@ def _entry(
     lifecycles = engine.lifecycle.regions[parallel]
     creates: list[NewEntity] = []
     restarts: list[TransitionWrite] = []
-    now = engine.store.now() if again else None
+    now = engine.store.now() if again else None  # a running row is met only on a self-transition
     for region, row in region_rows(engine.store, entity_id, lifecycles).items():
         cls = lifecycles[region]
         table = cls.table
@@ -144,19 +172,7 @@ def _entry(
                 f"{'deleted' if row.deleted else repr(row.kind) + ' in ' + repr(row.state)}, not a final state of "
                 f"region {region!r}"
             )
-        require: tuple[Any, ...] = ()
-        if running and row.state == cls.finalizing_state and not override:
-            assert now is not None
-            if live_lease(row, now):
-                raise TransitionNotAllowed(
-                    entity_id=entity_id,
-                    event=first.event,
-                    state=parallel,
-                    actor=first.actor,
-                    detail=f"region {region!r} is finalizing under a live lease ({row.id}); wait for it, or declare "
-                    "the transition with operator_override(...)",
-                )
-            require = (NO_LIVE_LEASE,)
+        require = _finalizer_fence(cls, region, row, first, parallel, now, override) if running else ()
         # the region starts again at its initial state, due at once, with fresh counters
         restarts.append(
             TransitionWrite(
@@ -286,23 +302,12 @@ def exit_regions(
         cls = regions[region]
         if row is None or row.deleted or row.state in cls.table.finals:
             continue
-        if row.state == cls.finalizing_state and live_lease(row, now) and not branches[0].override:
-            raise TransitionNotAllowed(
-                entity_id=entity_id,
-                event=first.event,
-                state=parallel,
-                actor=first.actor,
-                detail=f"region {region!r} is finalizing under a live lease ({row.id}); wait for it, or declare "
-                "the transition with operator_override(...)",
-            )
+        fence = _finalizer_fence(cls, region, row, first, parallel, now, branches[0].override)
         step = engine.region(region).table.branches_for(row.state, exit_event(parallel))[0]
         region_policy = engine.region(region).policy
         move = write_for(region_policy, engine.owner, row, step, None, None, f"{parallel} left", None, None, None)
         move.event, move.actor = first.event, first.actor
-        if row.state == cls.finalizing_state and not branches[0].override:
-            # its lease was stale when looked at; a holder taking it since (a lease moves
-            # without a version) makes the store refuse the whole write: never cut off
-            move.require = (*move.require, NO_LIVE_LEASE)
+        move.require = (*move.require, *fence)
         moves.append(move)
     entered = target if target in engine.table.parallel else None
     return _grouped(engine, writes, branches, moves, creates, entered, look_again)
