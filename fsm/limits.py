@@ -330,7 +330,7 @@ def check_new_entities(entities: object) -> list[NewEntity]:
     return list(entities)
 
 
-def _plain_names(*values: object) -> bool:
+def plain_names(*values: object) -> bool:
     """True when every value is a short, non-empty ASCII ``str`` without NUL: the common
     case, decided with a few C-level calls (this guards every transition a store applies);
     anything else takes :func:`check_id`'s full path, which names the bad field."""
@@ -345,7 +345,7 @@ def check_transition_write(write: object) -> TransitionWrite:
     """Every field of a :class:`TransitionWrite` a store binds, checked up front."""
     if not isinstance(write, TransitionWrite):
         raise InvalidArgument(f"apply takes a TransitionWrite, not {_shown(write)}")
-    if not _plain_names(write.entity_id, write.event, write.source, write.target, write.actor):
+    if not plain_names(write.entity_id, write.event, write.source, write.target, write.actor):
         check_id("entity id", write.entity_id)
         for name in ("event", "source", "target", "actor"):
             check_id(name, getattr(write, name))
@@ -355,7 +355,7 @@ def check_transition_write(write: object) -> TransitionWrite:
     if token is not None and not (token.__class__ is int and 0 <= token <= MAX_INT64):
         check_int("expect_token", token)
     optional = [v for v in (write.expect_owner, write.new_owner, write.idempotency_key) if v is not None]
-    if optional and not _plain_names(*optional):
+    if optional and not plain_names(*optional):
         check_optional_id("expect_owner", write.expect_owner)
         check_optional_id("new_owner", write.new_owner)
         check_optional_id("idempotency_key", write.idempotency_key)
@@ -772,5 +772,6 @@ __all__ = [
     "check_transition_writes",
     "duration_problem",
     "json_copy",
+    "plain_names",
     "text_problem",
 ]

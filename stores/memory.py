@@ -92,6 +92,9 @@ from stores.ledger import (
 from stores.notices import LocalNotices, channel
 from stores.retention import MemoryRetention
 
+_tuple_new = tuple.__new__
+"""Builds a NamedTuple from a tuple of its fields without its generated ``__new__``."""
+
 
 class MemoryStore(LedgerRun, MemoryRetention):
     """A :class:`stores.Store` kept in dictionaries, guarded by one lock."""
@@ -340,8 +343,51 @@ class MemoryStore(LedgerRun, MemoryRetention):
             target = None if row is None else write.target_for(row)
             if row is None or target is None:
                 return None
-            # the IdWrite itself, its target chosen: no TransitionWrite built per fire
-            return self._move(row, write, self.now(), None, None, None, target)
+            # the row and history row :meth:`_move` writes, without what a fire by id never
+            # carries (data, patch, key, timer, definition, memory, restart).  Every in-memory
+            # fire by id runs this, so it is inline and builds its tuples directly (a
+            # NamedTuple's ``__new__`` is one more Python call each)
+            clock = self.clock
+            now = datetime.now(UTC) if clock.__class__ is SystemClock else read_clock(clock)
+            entity_id = row.id
+            owner, token, expires = row.lease_owner, row.lease_token, row.lease_expires_at
+            change = write.lease_change
+            if change is LeaseChange.ACQUIRE:
+                owner, token = write.new_owner, token + 1
+                ttl = write.lease_ttl
+                expires = now + ttl if ttl is not None else None
+            elif change is LeaseChange.CLEAR:
+                owner, expires = None, None
+            if write.bump_attempt:
+                attempt, reclaims = row.attempt + 1, 0
+            else:
+                attempt, reclaims = row.attempt, row.reclaims + 1 if write.bump_reclaims else row.reclaims
+            due = write.run_after
+            if due is None:  # a due time ahead becomes now (stores.sql.dialect's due_now)
+                due_at = row.run_after
+                if due_at is not None and due_at > now:
+                    due_at = now
+            else:
+                due_at = now + due
+            version = row.version + 1
+            new = _tuple_new(Snapshot, (
+                entity_id, row.kind, target, version, owner, token, expires, now, row.created_at, now,
+                False, row.concurrency_key, attempt, reclaims, row.data, due_at, row.timer_since,
+                row.priority, row.parent_id, row.definition, row.memory,
+            ))  # fmt: skip
+            error = write.error
+            if change is LeaseChange.ACQUIRE:
+                history_owner = write.new_owner
+            else:
+                history_owner = write.expect_owner if write.holds else None
+            record = _tuple_new(HistoryRecord, (
+                entity_id, version, write.event, row.state, target, write.actor, token, write.reason, None,
+                now, None, history_owner, None if error is None else copy.deepcopy(error),
+            ))  # fmt: skip
+            self._rows[entity_id] = new
+            self._history[entity_id].append(record)
+            self._feed.append((row.kind, record))
+            return new, record
 
     def apply_many(self, writes: Sequence[TransitionWrite]) -> list[tuple[Snapshot, HistoryRecord] | FsmError]:
         """See :meth:`stores.Store.apply_many`: every write under the lock, in order."""

@@ -261,6 +261,12 @@ ENTRY_POINTS: list[tuple[str, st.SearchStrategy[Any], Call]] = [
     ("fire(actor)", bad_id, lambda w, v: w.jobs.fire(w.q, "start", actor=v)),
     ("fire(lease.token)", bad_token, lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(token=v))),
     ("fire(lease.owner)", bad_id, lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(owner=v))),
+    ("fire(lease.entity_id)", bad_id, lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(entity_id=v))),
+    (
+        "fire(lease.expires_at)",
+        non_strings,
+        lambda w, v: w.jobs.fire(w.f, "exited", lease=w.lease._replace(expires_at=v)),
+    ),
     ("fire(lease)", non_strings, lambda w, v: w.jobs.fire(w.f, "exited", lease=v)),
     ("acquire_lease(ttl)", bad_ttl, lambda w, v: w.jobs.acquire_lease(w.q, ttl=v)),
     ("acquire_lease(owner)", bad_id, lambda w, v: w.jobs.acquire_lease(w.q, owner=v)),

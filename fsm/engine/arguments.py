@@ -9,13 +9,14 @@ tokens) are :mod:`fsm.limits`, the rule every store applies too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from fsm.errors import InvalidArgument, InvalidData
 from fsm.limits import (
+    MAX_INT64,
     check_duration,
     check_free_text,
     check_id,
@@ -23,6 +24,7 @@ from fsm.limits import (
     check_optional_id,
     check_time,
     json_copy,
+    plain_names,
 )
 from fsm.records import Actor, Lease
 
@@ -66,6 +68,16 @@ def lease_arg(value: object) -> Lease:
     """``value`` if it is a :class:`Lease` whose fields have their declared types."""
     if _CHECKED_LEASES.get(id(value)) is value:
         return value  # type: ignore[return-value]
+    if value.__class__ is Lease:  # the common case, decided by C-level checks (a held result's lease)
+        entity_id, owner, token, expires_at = value
+        if (
+            token.__class__ is int
+            and 0 <= token <= MAX_INT64
+            and expires_at.__class__ is datetime
+            and expires_at.tzinfo is UTC
+            and plain_names(entity_id, owner)
+        ):
+            return value
     if not isinstance(value, Lease):
         raise InvalidArgument(f"expected a Lease (from a FireResult or acquire_lease), not {value!r}")
     check_id("lease.entity_id", value.entity_id)

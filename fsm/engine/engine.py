@@ -23,6 +23,7 @@ from fsm.engine.arguments import (
     actor_arg,
     check_arguments,
     event_arg,
+    lease_arg,
     optional_lease,
     optional_text,
     text,
@@ -468,9 +469,12 @@ class Engine(EngineWork):
                 held = entity.snapshot
             elif isinstance(entity, Snapshot):
                 held = entity
-        entity_id = text("entity_id", entity if held is None else held.id)
+        entity_id = check_id("entity_id", entity if held is None else held.id)
         if lease is not None:
-            optional_lease(lease)
+            if lease.__class__ is Lease:
+                lease_arg(lease)
+            else:
+                optional_lease(lease)
         if owner is not None:
             text("owner", owner)
         if fence is not None and not isinstance(fence, HeldBy):

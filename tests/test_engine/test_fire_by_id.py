@@ -447,3 +447,29 @@ def test_a_fire_by_id_reads_any_json_text_and_refuses_a_broken_row(tmp_path: Any
         assert version == 0
         assert conn.execute("SELECT count(*) FROM fsm_history WHERE entity_id = ?", (bad,)).fetchone() == (0,)
     store.close()
+
+
+def test_a_lease_is_checked_field_by_field_whatever_its_time_zone(clock: ManualClock) -> None:
+    """The quick look at a held lease (UTC expiry, plain ids, an int token) accepts only
+    what the full check accepts: an aware expiry in another zone is the same instant and
+    fires; a naive one, a negative token or an owner with NUL is refused, the row unchanged."""
+    from datetime import timezone
+
+    store = MemoryStore(clock=clock)
+    engine = Engine(PipelineLifecycle, store, owner="w1")
+    engine.create("p1")
+    engine.fire("p1", "start")
+    held = engine.fire("p1", "finish").lease
+    assert held is not None
+    before = store.get("p1")
+    for bad in (
+        held._replace(expires_at=held.expires_at.replace(tzinfo=None)),
+        held._replace(token=-1),
+        held._replace(owner="w\x001"),
+        held._replace(entity_id=""),
+    ):
+        with pytest.raises(InvalidArgument):
+            engine.fire("p1", "succeed", lease=bad)
+        assert store.get("p1") == before
+    east = held._replace(expires_at=held.expires_at.astimezone(timezone(timedelta(hours=5))))
+    assert engine.fire("p1", "succeed", lease=east).state == "completed"
