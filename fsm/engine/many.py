@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm.engine.announce import announce
-from fsm.engine.arguments import check_arguments, event_arg, optional_lease
+from fsm.engine.arguments import check_arguments, event_arg, lease_arg, optional_lease
 from fsm.engine.parallel import join_refused
 from fsm.engine.result import FireResult
 from fsm.errors import Fenced, FsmError, InvalidArgument, StaleVersion, UnknownEvent
@@ -57,22 +57,36 @@ def fire_many(
     if not isinstance(items, list | tuple) or len(items) > MAX_APPLY_MANY:
         raise InvalidArgument(f"fire_many takes a list of at most {MAX_APPLY_MANY} Fire items")
     # a malformed item is the caller's bug: refused for the whole call, before any write
+    events, delays = engine._events, engine._delays
+    snaps: list[Snapshot] = []
     for item in items:
-        if not isinstance(item, Fire):
+        if item.__class__ is not Fire and not isinstance(item, Fire):
             raise InvalidArgument(f"fire_many takes Fire items, not {type(item).__name__}")
-        _held(item.entity)
-        if event_arg(item.event) not in engine._events and not engine.table.knows(check_id("event", item.event)):
-            raise UnknownEvent(item.event, lifecycle=engine.kind, known=list(engine.table.events))
-        engine.refuse_delayed(item.event)
+        entity, event, lease = item.entity, item.event, item.lease
+        # a worker's items hold FireResults or Snapshots: a class test each before isinstance
+        cls = entity.__class__
+        if cls is FireResult:
+            snaps.append(entity.snapshot)  # type: ignore[union-attr]
+        else:
+            snaps.append(entity if cls is Snapshot else _held(entity))  # type: ignore[arg-type]
+        if (event.__class__ is not str or event not in events) and not engine.table.knows(
+            check_id("event", event_arg(event))
+        ):
+            raise UnknownEvent(event, lifecycle=engine.kind, known=list(engine.table.events))
+        if delays:
+            engine.refuse_delayed(event)
         if item.data is not None:
             check_arguments(None, None, item.data)
-        if item.lease is not None:
-            optional_lease(item.lease)
+        if lease is not None:
+            if lease.__class__ is Lease:
+                lease_arg(lease)
+            else:
+                optional_lease(lease)
     results: list[Fired | None] = [None] * len(items)
     planned: list[tuple[int, TransitionWrite, Branch, Snapshot | None]] = []
     for i, item in enumerate(items):
         try:
-            snap = _held(item.entity)
+            snap = snaps[i]
             if engine._join_events and item.event in engine._join_events:
                 raise join_refused(engine, snap, item.event, "worker")
             write, branch, held = engine._prepare(

@@ -95,7 +95,7 @@ STOPPING = "worker stopping"
 Outcome = str | tuple[str, Mapping[str, Any]] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """One step a face carries out: ``fn(*args, **kwargs)`` (awaited on the asyncio face).
 

@@ -58,6 +58,10 @@ class _Undone(Exception):
     """A statement of the batch failed: its transaction cannot commit."""
 
 
+_tuple_new = tuple.__new__
+"""Builds a NamedTuple from a tuple of its fields without its generated ``__new__`` (hot paths)."""
+
+
 class Shape(NamedTuple):
     """What a group's statement sets (one statement text per shape)."""
 
@@ -221,19 +225,20 @@ class BatchOps(SqlCore):
         before = write.before
         if before is not None and (before.version != write.expect_version or before.id != write.entity_id):
             before = None  # not the snapshot this write was judged on: read the columns back
-        entity_id = write.entity_id
-        return _Row(
+        entity_id, data, patch, error = write.entity_id, write.data, write.data_patch, write.error
+        # built directly: a NamedTuple's generated __new__ is one more Python call per write
+        return _tuple_new(_Row, (
             i,
             write,
             before,
-            None if write.data is None else dumps_data(write.data, entity_id),
-            None if write.data_patch is None else dumps_data(write.data_patch, entity_id),
-            None if write.error is None else dumps_data(write.error, entity_id),
-        )
+            None if data is None else dumps_data(data, entity_id),
+            None if patch is None else dumps_data(patch, entity_id),
+            None if error is None else dumps_data(error, entity_id),
+        ))  # fmt: skip
 
     @staticmethod
     def _shape(write: TransitionWrite, before: Snapshot | None) -> Shape:
-        return Shape(
+        return _tuple_new(Shape, (
             write.lease_change,
             write.lease_ttl is not None,
             write.expect_token is not None,
@@ -243,7 +248,7 @@ class BatchOps(SqlCore):
             write.run_after is not None,
             before is not None,
             write.timer,
-        )
+        ))  # fmt: skip
 
     # -- one group: one statement -------------------------------------------------------
 
@@ -329,6 +334,7 @@ class BatchOps(SqlCore):
         if now is not None:
             params["now"] = f.time(now)
         sql = self._many_sql(shape)
+        owners = [r.write.history_owner() for r in rows]  # the doc's and the history record's
         if self._sqlite:
             assert now is not None  # SQLite's time is always this process's
             doc = [
@@ -358,9 +364,9 @@ class BatchOps(SqlCore):
                     w.entity_id, w.expect_version, w.expect_owner, w.expect_token, w.target, w.new_owner,
                     None if w.lease_ttl is None else _interval(w.lease_ttl), r.data,
                     None if w.run_after is None else _interval(w.run_after), w.event, w.source, w.actor,
-                    w.reason, r.patch, w.history_owner(), r.error,
+                    w.reason, r.patch, owners[n], r.error,
                 ]
-                for r in rows
+                for n, r in enumerate(rows)
                 for w in (r.write,)
             ]  # fmt: skip
             params["rows"] = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
@@ -369,7 +375,7 @@ class BatchOps(SqlCore):
         by_id = {row[0]: row for row in returned}
         answers: list[tuple[int, Applied]] = []
         history: list[tuple[Any, ...]] = []
-        for r in rows:
+        for r, howner in zip(rows, owners, strict=True):
             row = by_id.get(r.write.entity_id)
             if row is None:
                 if not defer:
@@ -380,14 +386,14 @@ class BatchOps(SqlCore):
             snap = self._snapshot(shape, r, row, at)
             w = r.write
             patch = None if r.patch is None else json.loads(r.patch)
-            record = HistoryRecord(
+            record = _tuple_new(HistoryRecord, (
                 w.entity_id, snap.version, w.event, w.source, w.target, w.actor, snap.lease_token, w.reason,
-                None, at, patch, w.history_owner(), w.error,
-            )  # fmt: skip
+                None, at, patch, howner, w.error,
+            ))  # fmt: skip
             if self._sqlite:
                 history.append(
                     (w.entity_id, snap.version, w.event, w.source, w.target, w.actor, snap.lease_token, w.reason,
-                     None, params["now"], r.patch, w.history_owner(), r.error)
+                     None, params["now"], r.patch, howner, r.error)
                 )  # fmt: skip
             answers.append((r.pos, (snap, record)))
         if history:  # one statement for every history row of the group
@@ -413,12 +419,12 @@ class BatchOps(SqlCore):
         assert before is not None
         exp, due, timer = row[4], row[7], w.timer
         since = before.timer_since if timer is TimerMode.KEEP else at if timer is TimerMode.ARM else None
-        return Snapshot(
+        return _tuple_new(Snapshot, (
             w.entity_id, before.kind, w.target, row[1], row[2], row[3], None if exp is None else decode_time(exp),
             at, before.created_at, at, False, before.concurrency_key, row[5], row[6],
             before.data if w.data is None else w.data, None if due is None else decode_time(due), since,
             before.priority, before.parent_id, before.definition, before.memory,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _refused(self, write: TransitionWrite) -> Applied:
         """A write its group's statement did not return: why, as :meth:`apply` says it;

@@ -30,6 +30,9 @@ def dumps_data(value: Any, entity_id: str) -> str:
 _scan: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner (or its Python twin)
 
 
+_tuple_new = tuple.__new__
+
+
 def loads_object(text: str) -> Any:
     """``json.loads(text)`` for the compact text the store writes: the C scanner at once,
     without ``loads``' layers; anything else (whitespace around it, bad JSON) goes through
@@ -56,13 +59,14 @@ def snapshot_of(row: Sequence[Any]) -> Snapshot:
         if data.__class__ is not dict:
             raise ValueError(f"data is not a JSON object: {str(data)[:60]!r}")
         # positional: this runs on every read and write
-        return Snapshot(
+        # and built directly: a NamedTuple's generated __new__ is one more Python call
+        return _tuple_new(Snapshot, (
             row[0], row[1], state, row[3], row[4], row[5], None if exp is None else decode_time(exp),
             decode_time(row[7]), decode_time(row[8]), decode_time(row[9]), bool(row[10]), row[11],
             row[12], row[13], data, None if due is None else decode_time(due),
             None if since is None else decode_time(since), row[17], row[18], row[19],
             None if memory is None else memory_of(memory),
-        )  # fmt: skip
+        ))  # fmt: skip
     except (ValueError, TypeError, AttributeError) as err:
         raise MalformedRow(str(row[0]), reason=str(err)) from None
 
