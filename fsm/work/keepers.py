@@ -95,23 +95,34 @@ class LeaseKeepers:
         ``asked_at`` is when (on :func:`time.monotonic`) the claim that granted it was sent:
         its TTL counts from there, as the store's does, so the holder's :attr:`HeldLease.lost`
         never trusts a lease longer than the store keeps it (from now when not given)."""
-        if not isinstance(lease, Lease):
-            raise InvalidArgument(f"keep needs a Lease, not {lease!r}")
+        (held,) = self.keep_many([lease], asked_at=asked_at)
+        return held
+
+    def keep_many(self, leases: list[Lease], *, asked_at: float | None = None) -> list[HeldLease]:
+        """:meth:`keep` for each of ``leases`` (a claim's), under one lock; their
+        ``HeldLease`` in order."""
+        for lease in leases:
+            if not isinstance(lease, Lease):
+                raise InvalidArgument(f"keep needs a Lease, not {lease!r}")
         if asked_at is not None and (
             asked_at.__class__ not in (int, float) or not math.isfinite(asked_at)  # NaN, inf, bool
         ):
             raise InvalidArgument(f"asked_at must be a time.monotonic() reading, not {asked_at!r}")
         now = time.monotonic()
-        held = HeldLease(lease, (now if asked_at is None else min(asked_at, now)) + self.ttl)
+        deadline = (now if asked_at is None else min(asked_at, now)) + self.ttl
+        due, check = now + self.period, now + self.fence_check
+        helds = [HeldLease(lease, deadline) for lease in leases]
         with self._changed:
             # the thread sleeps until the earliest due lease, and at most a period when none
             # is due; a new lease is due a period from now, after every kept one (and after
             # an idle thread's next look), so keeping it never wakes the thread: no thread
             # switch on the way from a claim to its handler
-            self._kept[lease.entity_id] = _Kept(held, now + self.period, now + self.fence_check)
+            kept = self._kept
+            for held in helds:
+                kept[held.entity_id] = _Kept(held, due, check)
             if not self._stopped:
                 self._ensure_running()
-        return held
+        return helds
 
     def _ensure_running(self) -> None:
         """Start the loop's thread if it is not running (called under the lock)."""

@@ -375,9 +375,9 @@ class WorkerCore:
     def free(self) -> int:
         return self.concurrency - self.running
 
-    def count(self, name: str, error: str | None = None) -> None:
+    def count(self, name: str, error: str | None = None, *, n: int = 1) -> None:
         with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + 1)
+            setattr(self.stats, name, getattr(self.stats, name) + n)
             if error is not None:
                 self.stats.errors.append(error)
 

@@ -505,20 +505,25 @@ class Worker(CoreFace):
         except FsmError as err:  # the store is down: try again at the next poll
             log.warning("claim failed: %s", err)
             return 0
-        for snap in claimed:
-            self._start(snap, asked_at)
+        if claimed:
+            self._start(claimed, asked_at)
         return len(claimed)
 
-    def _start(self, snap: Snapshot, asked_at: float) -> None:
-        lease = snap.lease
-        assert lease is not None
-        held = self.keepers.keep(lease, asked_at=asked_at)
+    def _start(self, claimed: list[Snapshot], asked_at: float) -> None:
+        """Keep the claimed leases and start a handler for each (one lock for the claim)."""
+        leases = [snap.lease for snap in claimed]
+        helds = self.keepers.keep_many(leases, asked_at=asked_at)  # type: ignore[arg-type]  # a claim's rows are held
+        core = self.core
+        core.count("claimed", n=len(claimed))
         with self._changed:
-            self.core.count("claimed")
-            self.core.running += 1
-            self._running[held] = snap.id
-        job = Job(self.engine, snap, held, self.completer, self.lender)
-        self._submit(_Run(job, Driver(self.core.handle(job))))
+            core.running += len(claimed)
+            running = self._running
+            for snap, held in zip(claimed, helds, strict=True):
+                running[held] = snap.id
+        engine, completer, lender, handle = self.engine, self.completer, self.lender, core.handle
+        for snap, held in zip(claimed, helds, strict=True):
+            job = Job(engine, snap, held, completer, lender)
+            self._submit(_Run(job, Driver(handle(job))))
 
     def _submit(self, run: _Run) -> None:
         try:
