@@ -229,3 +229,26 @@ def test_keep_refuses_an_asked_at_that_is_no_clock_reading(clock: ManualClock, b
         keepers.keep(lease, asked_at=bad)  # type: ignore[arg-type]
     assert len(keepers) == 0
     keepers.stop()
+
+
+def test_keep_many_keeps_a_claims_leases_together_or_none_of_them(clock: ManualClock) -> None:
+    """A claim's leases are kept in one call, each with its own HeldLease whose deadline
+    counts from the claim; one that is not a Lease, or an asked_at that is no clock
+    reading, is refused before any is kept."""
+    store = Counting(clock)
+    jobs = Engine(JobLifecycle, store, clock=clock, owner="w1")
+    keepers = LeaseKeepers(jobs)
+    leases = claimed(jobs, 3)
+    asked_at = time.monotonic()
+    with pytest.raises(InvalidArgument, match="Lease"):
+        keepers.keep_many([*leases, "not a lease"])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match="asked_at"):
+        keepers.keep_many(leases, asked_at=float("nan"))
+    assert len(keepers) == 0
+    helds = keepers.keep_many(leases, asked_at=asked_at)
+    assert [h.lease for h in helds] == leases and len(keepers) == 3
+    assert all(h.deadline == asked_at + jobs.policy.lease_ttl.total_seconds() for h in helds)
+    clock.advance(timedelta(seconds=40))
+    assert all(r.renewed for r in keepers.run_once(all_of_them=True).values())
+    assert store.calls == [3]
+    keepers.stop()
