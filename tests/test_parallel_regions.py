@@ -845,6 +845,21 @@ def test_pruning_a_lifecycle_prunes_its_regions_rows_and_a_pruned_region_counts_
     assert engine.get("slow").state == "released"
 
 
+def test_a_dry_runs_summary_says_or_more_when_a_region_found_more_than_it_lists() -> None:
+    from datetime import UTC, datetime
+
+    from fsm.engine.retention import PruneResult
+
+    cut = datetime(2026, 1, 1, tzinfo=UTC)
+    listed = PruneResult("release.build", cut, ["a/build"], dry_run=True)
+    more = PruneResult("release.tests", cut, ["a/tests"], dry_run=True, more=True)
+    whole = PruneResult("release", cut, ["a"], dry_run=True, regions=(listed, more))
+    assert "would remove 1 final entities" in whole.summary()
+    assert "and 2 or more of their regions' rows" in whole.summary()
+    exact = PruneResult("release", cut, ["a"], dry_run=True, regions=(listed,))
+    assert "and 1 of their regions' rows" in exact.summary()
+
+
 def test_a_reaper_checks_max_active_against_each_region(release_store: Store) -> None:
     from fsm.errors import ConfigError
     from fsm.reaping import ReapPolicy

@@ -47,7 +47,8 @@ class PruneResult:
         verb = "would remove" if self.dry_run else "removed"
         more = " or more" if self.more else ""
         rows = sum(len(r.removed) for r in self.regions)
-        regions = f"; and {rows} of their regions' rows" if self.regions else ""
+        rows_more = " or more" if any(r.more for r in self.regions) else ""
+        regions = f"; and {rows}{rows_more} of their regions' rows" if self.regions else ""
         return (
             f"{self.kind}: {verb} {len(self.removed)}{more} final entities last updated before "
             f"{self.before.isoformat()} (with their history, effects and renewals){regions}"
