@@ -221,6 +221,12 @@ def _check_exit(name: str, where: str, parallel: State, t: Transition) -> None:
         )
 
 
+def restart_reason(parallel: str) -> str:
+    """The reason of a region row's history row that restarts it at its initial state (its
+    entity entered ``parallel`` again): each such row begins a new visit of the region."""
+    return f"entered {parallel} again"
+
+
 def exit_event(parallel: str) -> str:
     """The region's event the engine takes to move its row to :func:`exit_state` (fired by
     the engine only, in the write that leaves the parallel state)."""
@@ -389,4 +395,5 @@ __all__ = [
     "region_row_id",
     "region_rows",
     "region_states",
+    "restart_reason",
 ]

@@ -22,7 +22,7 @@ from fsm.errors import (
 )
 from fsm.limits import MAX_CREATE_MANY
 from fsm.records import Actor, HistoryRecord, LeaseChange, NewEntity, NoLiveLease, Snapshot, TimerMode, TransitionWrite
-from fsm.regions import all_final, exit_event, join_event, region_row_id, region_rows
+from fsm.regions import all_final, exit_event, join_event, region_row_id, region_rows, restart_reason
 from fsm.table import Branch
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ def _entry(
                 require=require,
                 lease_change=LeaseChange.CLEAR,
                 data=dict(data),
-                reason=f"entered {parallel} again",
+                reason=restart_reason(parallel),
                 restart=True,
                 run_after=timedelta(0),
                 timer=TimerMode.ARM if arms else (TimerMode.CLEAR if table.has_timers else TimerMode.KEEP),

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from fsm.evolution.migrate import MIGRATE_EVENT
 from fsm.lifecycle import Lifecycle
 from fsm.records import EFFECT_SUCCEEDED, EffectRecord, HistoryRecord, Snapshot
+from fsm.regions import restart_reason
 
 
 def history_problems(lifecycle: type[Lifecycle], snap: Snapshot, history: list[HistoryRecord]) -> list[str]:
@@ -21,12 +22,20 @@ def history_problems(lifecycle: type[Lifecycle], snap: Snapshot, history: list[H
     seqs = [r.seq for r in history]
     if seqs != list(range(1, snap.version + 1)):
         problems.append(f"I6: history of {snap.id} has seq {seqs}, expected 1..{snap.version}")
+    # a region's row starts a new visit each time its entity enters the parallel state again
+    # (fsm.regions): final states absorb within a visit
+    visit = history
+    region_of = lifecycle.region_of
+    if region_of is not None:
+        restarts = [r.seq for r in history if r.reason == restart_reason(region_of[1])]
+        if restarts:
+            visit = [r for r in history if r.seq >= restarts[-1]]
     # a lifecycle migration's row relabels the entity (a renamed state, rewritten data): it
     # enters nothing, and may follow a final state's row
-    entering = [r for r in history if r.target in finals and r.event != MIGRATE_EVENT]
+    entering = [r for r in visit if r.target in finals and r.event != MIGRATE_EVENT]
     if len(entering) > 1:
         problems.append(f"I5: {snap.id} entered a final state {len(entering)} times: {[r.seq for r in entering]}")
-    after = [r for r in history if entering and r.seq > entering[0].seq]
+    after = [r for r in visit if entering and r.seq > entering[0].seq]
     if any(r.event != MIGRATE_EVENT for r in after):
         problems.append(f"I5: {snap.id} left final state {entering[0].target!r} (seq {entering[0].seq})")
     if entering and snap.state not in finals:

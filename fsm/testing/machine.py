@@ -16,6 +16,9 @@ shortest sequence):
   event has a branch from; the actor (worker or reaper), the entity, the lease presented
   (the current holder's, a fenced holder's that ignores the news, or none) and a data
   patch (from the lifecycle's pydantic model, or ``guard_data`` hints) are drawn;
+- ``fire_<region>__<event>``: the same for each event of each region of a parallel state
+  (:mod:`fsm.regions`), fired on the region's own row through its engine; its holders
+  renew, pause, die, run effects and are taken over like the entities' own;
 - ``time_passes`` and ``lease_lapses``: the manual clock moves by a lease timing (or just
   past a lease nobody renews); on the way, live holders' keepers renew on schedule
   (``KeeperCore.renew()``, driven here instead of a thread)
@@ -35,7 +38,9 @@ After every step: I1 (checked at each reaper move), I2 (a tick leaves nothing re
 and ticks come every interval, so a dead holder's entity moves within TTL + interval),
 I3 (no stale write or renewal wins), I4 (one recorded result per key, a replay never
 re-executes, a late result is never recorded), I5, I6, every acknowledged fire is in
-history, and a restore round trip.  Subclass to add ``@rule``\\ s and ``@invariant``\\ s.
+history, and a restore round trip; on every region's row too, and an entity joins its
+parallel state's regions only once every one of them has ended.  Subclass to add
+``@rule``\\ s and ``@invariant``\\ s.
 """
 
 from __future__ import annotations
@@ -54,11 +59,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fsm.clock import ManualClock
 from fsm.engine import Engine
 from fsm.engine.judge import choose
+from fsm.engine.parallel import reserved_events
 from fsm.engine.writes import write_for
 from fsm.errors import Fenced, FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.reaping import Reaper, ReaperConfig
 from fsm.records import EFFECT_FAILED, EFFECT_SUCCEEDED, Actor, Lease, Snapshot, TransitionWrite
+from fsm.regions import exit_event, join_event, region_row_id
 from fsm.testing.checks import (
     acknowledged_problems,
     effect_problems,
@@ -92,6 +99,8 @@ class Holder:
     pending: tuple[str, Any] | None = None
     died_at: datetime | None = None
     log: list[str] = field(default_factory=list)
+    region: str | None = None
+    """The region whose row it holds (:mod:`fsm.regions`), or ``None`` for an entity's own."""
 
     @property
     def lease(self) -> Lease:
@@ -129,6 +138,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.acks: dict[str, list[tuple[int, str]]] = {}
         self.executions: Counter[tuple[str, str]] = Counter()
         self.serial = 0
+        self.joins: dict[str, int] = {}
+        """Per entity, the joins of its regions seen in its history so far."""
         self._new_entity(None, None)
 
     # -- wiring ----------------------------------------------------------------------------
@@ -139,6 +150,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.engine = Engine(lc, self.store, clock=self.clock, owner="kit-engine")
         self.reaper = Reaper(self.store, [lc], config, clock=self.clock, owner="reaper-1")
         self.second_reaper = Reaper(self.store, [lc], config, clock=self.clock, owner="reaper-2")
+        self.region_engines = {
+            region: self.engine.region(region) for regions in lc.table.parallel.values() for region in regions
+        }
 
     def teardown(self) -> None:
         self.stores.close(self.store)
@@ -147,18 +161,49 @@ class LifecycleMachine(RuleBasedStateMachine):
         raise InvariantBroken(message)
 
     def _refresh(self, *ids: str) -> None:
-        for entity_id in ids or tuple(self.entities):
+        for entity_id in ids or (*self.entities, *self._rows()):
             self.snaps[entity_id] = self.store.get(entity_id)
+
+    def _finals_of(self, entity_id: str) -> frozenset[str]:
+        """The final states of an entity's lifecycle, or of a region row's region."""
+        finals: frozenset[str] = self._lifecycle_of(self._region_of_row(entity_id)).table.finals
+        return finals
+
+    def _engine_of(self, region: str | None) -> Engine:
+        return self.engine if region is None else self.region_engines[region]
+
+    def _lifecycle_of(self, region: str | None) -> type[Lifecycle]:
+        lifecycle: type[Lifecycle] = self._engine_of(region).lifecycle
+        return lifecycle
+
+    def _rows(self) -> dict[str, tuple[str, str, str]]:
+        """Every region row there is: its id -> (entity, parallel state, region)."""
+        found: dict[str, tuple[str, str, str]] = {}
+        for entity_id in self.entities:
+            for parallel, regions in self.lifecycle.table.parallel.items():
+                for region in regions:
+                    row_id = region_row_id(entity_id, region)
+                    try:
+                        self.store.get(row_id)
+                    except FsmError:
+                        continue
+                    found[row_id] = (entity_id, parallel, region)
+        return found
+
+    def _region_of_row(self, row_id: str) -> str | None:
+        found = self._rows().get(row_id)
+        return None if found is None else found[2]
 
     def _name(self) -> str:
         self.serial += 1
         return f"holder-{self.serial}"
 
-    def _hold(self, snap: Snapshot) -> None:
+    def _hold(self, snap: Snapshot, region: str | None = None) -> None:
         lease = snap.lease
         assert lease is not None
-        core = KeeperCore(self.engine, lease)
-        self.holders.append(Holder(lease.owner, core, self.clock.now() + core_period(core), seen_state=snap.state))
+        core = KeeperCore(self._engine_of(region), lease)
+        next_renewal = self.clock.now() + core_period(core)
+        self.holders.append(Holder(lease.owner, core, next_renewal, seen_state=snap.state, region=region))
 
     def _current(self, snap: Snapshot, lease: Lease | None) -> bool:
         return lease is not None and snap.lease_owner == lease.owner and snap.lease_token == lease.token
@@ -189,12 +234,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         table = self.lifecycle.table
         return [i for i in self.entities if table.branches_for(self.snaps[i].state, event)]
 
-    def _patch(self, event: str, data: st.DataObject, state: str) -> dict[str, Any] | None:
+    def _patch(
+        self, event: str, data: st.DataObject, state: str, lifecycle: type[Lifecycle] | None = None
+    ) -> dict[str, Any] | None:
         if event in self.event_data:
             drawn: dict[str, Any] | None = data.draw(self.event_data[event], label="data")
             return drawn
         hints: list[dict[str, Any] | None] = []
-        table = self.lifecycle.table
+        table = (lifecycle or self.lifecycle).table
         for branch in table.branches_for(state, event):
             # its guards, and those of the eventless steps it may take next
             for g, _ in (*branch.guards, *(x for a in table.automatic.get(branch.target, ()) for x in a.guards)):
@@ -205,10 +252,27 @@ class LifecycleMachine(RuleBasedStateMachine):
             return hint
         return data.draw(data_patches(self.lifecycle.data_model), label="data")
 
+    def _region_sources(self, region: str, event: str) -> list[str]:
+        table = self.region_engines[region].table
+        return [
+            row_id
+            for row_id, (_, _, r) in self._rows().items()
+            if r == region and table.branches_for(self.store.get(row_id).state, event)
+        ]
+
     def fire_event(self, event: str, data: st.DataObject) -> None:
         """The body of every ``fire_<event>`` rule."""
-        table = self.lifecycle.table
         entity_id = data.draw(st.sampled_from(self._sources(event)), label="entity")
+        self._fire_on(entity_id, event, data, None)
+
+    def fire_region_event(self, region: str, event: str, data: st.DataObject) -> None:
+        """The body of every ``fire_<region>__<event>`` rule: on a region's row."""
+        row_id = data.draw(st.sampled_from(self._region_sources(region, event)), label="region row")
+        self._fire_on(row_id, event, data, region)
+
+    def _fire_on(self, entity_id: str, event: str, data: st.DataObject, region: str | None) -> None:
+        engine, lifecycle = self._engine_of(region), self._lifecycle_of(region)
+        table = lifecycle.table
         snap = self.store.get(entity_id)
         branches = table.branches_for(snap.state, event)
         actor = data.draw(st.sampled_from(sorted({b.actor for b in branches})), label="actor")
@@ -219,12 +283,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             mine = [h for h in self._holders("alive", "fenced") if h.entity_id == entity_id]
             holder = data.draw(st.sampled_from([*mine, None]), label="holder")
             lease = None if holder is None else holder.lease
-            patch = self._patch(event, data, snap.state)
+            patch = self._patch(event, data, snap.state, lifecycle)
         before = self.store.history(entity_id)
         owner = self._name()
         now = self.clock.now()
         try:
-            result = self.engine.fire(entity_id, event, lease=lease, actor=actor, data=patch, owner=owner)
+            result = engine.fire(entity_id, event, lease=lease, actor=actor, data=patch, owner=owner)
         except Fenced:
             if holder is not None:
                 holder.status = "fenced"
@@ -239,27 +303,32 @@ class LifecycleMachine(RuleBasedStateMachine):
         targets = {t for b in branches if b.actor is actor for t in b.targets}  # a history target: several
         if record.source != snap.state or record.target not in targets:
             self.broken(f"table: {event} by {actor} took {record.source}->{record.target} from {snap.state}")
-        self._reaper_move_checked(snap, record.actor, record.event, now)
-        self.acks[entity_id].append((record.seq, event))
+        self._reaper_move_checked(snap, record.actor, record.event, now, lifecycle)
+        self.acks.setdefault(entity_id, []).append((record.seq, event))
         new = result.snapshot
         if new.lease_owner == owner and new.lease_token != snap.lease_token:
-            self._hold(new)
+            self._hold(new, region)
         if holder is not None:
             holder.seen_state = new.state
-        if new.state in table.finals:
+        self._ended(entity_id, new.state, table.finals)
+        self._refresh()  # a region's last move joins its entity; an entity's move enters or leaves regions
+
+    def _ended(self, entity_id: str, state: str, finals: frozenset[str]) -> None:
+        if state in finals:
             for h in self.holders:
                 if h.entity_id == entity_id and h.status in ("alive", "paused", "fenced"):
                     h.status = "done"
-        self._refresh(entity_id)
 
     def _unchanged(self, snap: Snapshot, history: list[Any], what: str) -> None:
         after = self.store.get(snap.id)
         if after != snap or self.store.history(snap.id) != history:
             self.broken(f"I3/I10: {what} changed {snap.id}: {snap} -> {after}")
 
-    def _reaper_move_checked(self, before: Snapshot, actor: str, event: str, now: datetime) -> None:
+    def _reaper_move_checked(
+        self, before: Snapshot, actor: str, event: str, now: datetime, lifecycle: type[Lifecycle] | None = None
+    ) -> None:
         """I1: nothing leaves (or is reclaimed in) finalizing while its lease is fresh."""
-        if actor != Actor.REAPER.value or before.state != self.lifecycle.finalizing_state:
+        if actor != Actor.REAPER.value or before.state != (lifecycle or self.lifecycle).finalizing_state:
             return
         if before.lease_expires_at is not None and before.lease_expires_at >= now:
             self.broken(
@@ -300,8 +369,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         stale_after = self.engine.policy.stale_after
         moments = [
             s.lease_expires_at if s.lease_expires_at is not None else s.updated_at + stale_after
-            for s in self.snaps.values()
-            if s.state not in self.lifecycle.table.finals
+            for i, s in self.snaps.items()
+            if s.state not in self._finals_of(i)
         ]
         return min(moments, default=self.clock.now() + stale_after * 1000)
 
@@ -322,20 +391,22 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _tick(self, reaper: Reaper) -> None:
         now = self.clock.now()
-        before = {i: self.store.get(i) for i in self.entities}
-        histories = {i: len(self.store.history(i)) for i in self.entities}
+        rows = {i: r for i, (_, _, r) in self._rows().items()}
+        ids: dict[str, str | None] = {**dict.fromkeys(self.entities), **rows}
+        before = {i: self.store.get(i) for i in ids}
+        histories = {i: len(self.store.history(i)) for i in ids}
         result = reaper.run_once()
         if result.errors or result.bad_rows:
             self.broken(f"I9: a reaper tick failed: {result.summary()}")
         for entity_id, snap in before.items():
             for record in self.store.history(entity_id)[histories[entity_id] :]:
-                self._reaper_move_checked(snap, record.actor, record.event, now)
+                self._reaper_move_checked(snap, record.actor, record.event, now, self._lifecycle_of(ids[entity_id]))
         self._refresh()
-        table = self.lifecycle.table
-        for entity_id in self.entities:
+        for entity_id, region in ids.items():
             snap = self.snaps[entity_id]
-            for event in table.events:
-                if self.engine.would_fire(snap, event, Actor.REAPER) is not None:
+            engine = self._engine_of(region)
+            for event in engine.table.events:
+                if engine.would_fire(snap, event, Actor.REAPER) is not None:
                     self.broken(
                         f"I2: a reaper tick left {entity_id} in {snap.state} although {event} applies "
                         f"(lease expires {snap.lease_expires_at}, now {now})"
@@ -345,8 +416,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         keeping = {h.entity_id for h in self._holders("alive")}
         return [
             s
-            for s in self.snaps.values()
-            if s.lease_expires_at is not None and s.id not in keeping and s.state not in self.lifecycle.table.finals
+            for i, s in self.snaps.items()
+            if s.lease_expires_at is not None and s.id not in keeping and s.state not in self._finals_of(i)
         ]
 
     @precondition(lambda self: bool(self._unrenewed()))
@@ -379,18 +450,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         holder = data.draw(st.sampled_from(self._holders("alive")), label="holder")
         holder.status = "paused"
         snap = self.store.get(holder.entity_id)
-        table = self.lifecycle.table
+        engine = self._engine_of(holder.region)
+        table, policy = engine.table, engine.policy
         options: list[tuple[str, Any]] = []
+        reserved = reserved_events(engine)  # a join or a region's exit: only the engine builds those
         for event in table.events:
+            if event in reserved:
+                continue
             try:
-                branch = choose(
-                    table, self.engine.policy, self.clock, self.store, snap, event, Actor.WORKER, holder.lease
-                )
+                branch = choose(table, policy, self.clock, self.store, snap, event, Actor.WORKER, holder.lease)
             except FsmError:
                 continue
-            write = write_for(self.engine.policy, holder.name, snap, branch, holder.lease, None, None, None, None, None)
+            write = write_for(policy, holder.name, snap, branch, holder.lease, None, None, None, None, None)
             options.append(("write", write))
-        if snap.state == self.lifecycle.finalizing_state:
+        if snap.state == engine.lifecycle.finalizing_state:
             # an effect it began: the ledger starts ``fn`` only for a key with no recorded
             # success (a recorded one replays), and only while the lease is the holder's
             options += [
@@ -449,12 +522,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"I3: {holder.name}'s late {write.event} (version {version}, token {token}) was written over "
                 f"{before.id} at version {before.version}, token {before.lease_token} held by {before.lease_owner}"
             )
-        self.acks[write.entity_id].append((record.seq, write.event))
-        if new.state in self.lifecycle.table.finals:
-            for h in self.holders:
-                if h.entity_id == new.id and h.status in ("alive", "paused", "fenced"):
-                    h.status = "done"
-        self._refresh(write.entity_id)
+        self.acks.setdefault(write.entity_id, []).append((record.seq, write.event))
+        self._ended(new.id, new.state, self._finals_of(new.id))
+        # a region's late write lands in the store, not through its engine: as after a
+        # crash, the reaper's next tick makes its entity's join (fsm.regions)
+        self._refresh()
 
     @precondition(lambda self: bool(self._finalizers()))
     @rule(data=st.data())
@@ -464,8 +536,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._run_effect(holder, key)
 
     def _finalizers(self) -> list[Holder]:
-        fin = self.lifecycle.finalizing_state
-        return [h for h in self._holders("alive", "fenced") if h.seen_state == fin] if self.effect_keys else []
+        if not self.effect_keys:
+            return []
+        return [
+            h for h in self._holders("alive", "fenced") if h.seen_state == self._lifecycle_of(h.region).finalizing_state
+        ]
 
     def _run_effect(self, holder: Holder, key: str) -> None:
         entity_id, lease = holder.entity_id, holder.lease
@@ -479,7 +554,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return {"by": lease.owner, "token": lease.token}
 
         try:
-            self.engine.run(entity_id, key, effect, lease)
+            self._engine_of(holder.region).run(entity_id, key, effect, lease)
         except Fenced:
             holder.status = "fenced"
             if self.store.effect(entity_id, key) != recorded:
@@ -548,12 +623,31 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._hold(snap)
             self._refresh(snap.id)
 
+    @precondition(lambda self: bool(self.region_engines))
+    @rule(data=st.data())
+    def claim_region(self, data: st.DataObject) -> None:
+        """A region's worker claims one of its rows."""
+        region = data.draw(st.sampled_from(sorted(self.region_engines)), label="region")
+        try:
+            claimed = self.region_engines[region].claim(1, owner=self._name())
+        except FsmError:
+            return
+        for snap in claimed:
+            before = self.snaps.get(snap.id)
+            if before is not None and snap.lease_token <= before.lease_token:
+                self.broken(f"I3: a claim of {snap.id} did not bump its token ({before.lease_token})")
+            if before is None or snap.version != before.version:
+                self.acks.setdefault(snap.id, []).append((snap.version, self.store.history(snap.id)[-1].event))
+            self._hold(snap, region)
+            self._refresh(snap.id)
+
     def _takeable(self) -> list[str]:
-        now, finals = self.clock.now(), self.lifecycle.table.finals
+        now = self.clock.now()
         return [
             i
             for i, s in self.snaps.items()
-            if s.state not in finals and (s.lease_owner is None or (s.lease is not None and not s.lease.is_fresh(now)))
+            if s.state not in self._finals_of(i)
+            and (s.lease_owner is None or (s.lease is not None and not s.lease.is_fresh(now)))
         ]
 
     @precondition(lambda self: bool(self._takeable()))
@@ -564,21 +658,23 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _take(self, entity_id: str) -> None:
         before = self.store.get(entity_id)
+        region = self._region_of_row(entity_id)
         try:
-            lease = self.engine.acquire_lease(entity_id, owner=self._name())
+            lease = self._engine_of(region).acquire_lease(entity_id, owner=self._name())
         except FsmError:
             return
         if before.lease is not None and before.lease.is_fresh(self.clock.now()):
             self.broken(f"I3: a live lease of {entity_id} was taken over: {before.lease} -> {lease}")
         self._refresh(entity_id)
-        self._hold(self.snaps[entity_id])
+        self._hold(self.snaps[entity_id], region)
 
     # -- restarts --------------------------------------------------------------------------
 
     @rule()
     def restart(self) -> None:
         """Every process stops: new store and engine objects over the same data."""
-        saved = {i: (self.store.get(i), self.store.history(i), self.store.effects(i)) for i in self.entities}
+        ids = (*self.entities, *self._rows())
+        saved = {i: (self.store.get(i), self.store.history(i), self.store.effects(i)) for i in ids}
         self.store = self.stores.reopen(self.store, self.clock)
         self._connect()
         for holder in self._holders("alive", "paused", "fenced"):
@@ -593,15 +689,43 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def lifecycle_invariants(self) -> None:
         problems: list[str] = []
-        for entity_id in self.entities:
+        rows = self._rows()
+        regions: dict[str, str | None] = {**dict.fromkeys(self.entities), **{i: r for i, (_, _, r) in rows.items()}}
+        for entity_id, region in regions.items():
+            lifecycle = self._lifecycle_of(region)
             snap = self.store.get(entity_id)
             history = self.store.history(entity_id)
-            problems += history_problems(self.lifecycle, snap, history)
-            problems += restore_problems(self.lifecycle, snap)
+            problems += history_problems(lifecycle, snap, history)
+            problems += restore_problems(lifecycle, snap)
             problems += effect_problems(entity_id, self.store.effects(entity_id))
-            problems += acknowledged_problems(entity_id, self.acks[entity_id], history)
+            problems += acknowledged_problems(entity_id, self.acks.get(entity_id, []), history)
+        problems += self._join_problems()
         if problems:
             self.broken("; ".join(problems))
+
+    def _join_problems(self) -> list[str]:
+        """An entity joins a parallel state's regions once every one has ended: each join
+        that appeared in its history since the last step finds every region's row final
+        (or the entity back inside, its rows restarted)."""
+        problems: list[str] = []
+        table = self.lifecycle.table
+        for entity_id in self.entities:
+            history = self.store.history(entity_id)
+            for parallel, regions in table.parallel.items():
+                seen_key = f"{entity_id}:{parallel}"
+                joins = sum(1 for r in history if r.event == join_event(parallel))
+                if joins > self.joins.get(seen_key, 0) and self.store.get(entity_id).state != parallel:
+                    for region in regions:
+                        try:
+                            row = self.store.get(region_row_id(entity_id, region))
+                        except FsmError:
+                            continue  # pruned once it ended
+                        if row.state not in self.region_engines[region].table.finals:
+                            problems.append(
+                                f"join: {entity_id} joined {parallel} while its region {region} was in {row.state!r}"
+                            )
+                self.joins[seen_key] = joins
+        return problems
 
 
 def core_period(core: KeeperCore) -> timedelta:
@@ -616,6 +740,15 @@ def _rule_name(event: str, taken: Mapping[str, Any]) -> str:
         n += 1
         name = f"{base}_{n}"
     return name
+
+
+def _region_rule(region: str, event: str, name: str) -> Any:
+    def fire(self: LifecycleMachine, data: st.DataObject) -> None:
+        self.fire_region_event(region, event, data)
+
+    fire.__name__ = name
+    fire.__doc__ = f"Fire {event!r} on a row of region {region!r} whose state has a branch for it."
+    return precondition(lambda self: bool(self._region_sources(region, event)))(rule(data=st.data())(fire))
 
 
 def _fire_rule(event: str, name: str) -> Any:
@@ -666,6 +799,13 @@ def lifecycle_machine(
             continue  # a descriptor matching sent events, not one a caller sends
         name = _rule_name(event, namespace)
         namespace[name] = _fire_rule(event, name)
+    for parallel, found in lifecycle.regions.items():
+        for region, region_lifecycle in found.items():
+            for event in region_lifecycle.table.events:
+                if event == exit_event(parallel) or event == "*" or event.endswith((".", ".*")):
+                    continue  # the engine takes a region's exit with its entity's event
+                name = _rule_name(f"{region}__{event}", namespace)
+                namespace[name] = _region_rule(region, event, name)
     cls_name = name or f"{lifecycle.__name__}Machine"
     machine: type[LifecycleMachine] = type(cls_name, (LifecycleMachine,), namespace)
     return machine
