@@ -961,6 +961,43 @@ def test_a_worker_per_region_runs_releases_to_the_end_on_every_store(release_sto
     assert [e.key for e in release_store.effects("r0/build")] == ["upload"]
 
 
+def test_the_property_machines_rules_never_shadow_its_own_methods_and_keep_its_name() -> None:
+    from fsm.testing import lifecycle_machine
+    from fsm.testing.machine import LifecycleMachine, _rule_name
+
+    for event in ("event", "region_event", "region event"):  # fire_event, fire_region_event are the machine's
+        name = _rule_name(event, {})
+        assert not hasattr(LifecycleMachine, name), name
+    machine = lifecycle_machine(Release, name="ReleaseMachine")
+    assert machine.__name__ == "ReleaseMachine"
+    assert machine.fire_region_event is LifecycleMachine.fire_region_event
+
+
+def test_a_paused_holder_never_lands_a_write_that_enters_or_leaves_regions() -> None:
+    """Entering a parallel state (or leaving one) is the engine's group write with every
+    region row, never a lone write a paused holder could land late."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from fsm.testing import lifecycle_machine
+
+    machine = lifecycle_machine(Release)
+
+    @given(st.data())
+    @settings(max_examples=30, deadline=None)
+    def pause(data: st.DataObject) -> None:
+        m = machine()
+        try:
+            m._take("e0")  # a holder of e0 in queued, where begin enters the checks
+            m.holder_pauses(data)
+            pending = m.holders[-1].pending
+            assert pending is None or pending[1].event == "cancel", pending
+        finally:
+            m.teardown()
+
+    pause()
+
+
 @pytest.mark.parametrize("where", ["memory", "sqlite"])
 def test_the_property_machine_drives_each_regions_rows(where: str) -> None:
     """The entity's events and each region's, on its own row: claims by a region's worker,

@@ -140,6 +140,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.serial = 0
         self.joins: dict[str, int] = {}
         """Per entity, the joins of its regions seen in its history so far."""
+        self.region_rows: dict[str, tuple[str, str, str]] = {}
+        """Every region row an entity can have: its id -> (entity, parallel state, region)."""
+        self.existing_rows: set[str] = set()
+        """The region rows there are (an entity entered their parallel state), as of the
+        last refresh: every step that can create one refreshes."""
         self._new_entity(None, None)
 
     # -- wiring ----------------------------------------------------------------------------
@@ -161,8 +166,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         raise InvariantBroken(message)
 
     def _refresh(self, *ids: str) -> None:
-        for entity_id in ids or (*self.entities, *self._rows()):
+        if not ids:
+            self._find_rows()
+        for entity_id in ids or (*self.entities, *self.existing_rows):
             self.snaps[entity_id] = self.store.get(entity_id)
+
+    def _find_rows(self) -> None:
+        for row_id in self.region_rows.keys() - self.existing_rows:
+            try:
+                self.store.get(row_id)
+            except FsmError:
+                continue
+            self.existing_rows.add(row_id)
 
     def _finals_of(self, entity_id: str) -> frozenset[str]:
         """The final states of an entity's lifecycle, or of a region row's region."""
@@ -178,20 +193,10 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _rows(self) -> dict[str, tuple[str, str, str]]:
         """Every region row there is: its id -> (entity, parallel state, region)."""
-        found: dict[str, tuple[str, str, str]] = {}
-        for entity_id in self.entities:
-            for parallel, regions in self.lifecycle.table.parallel.items():
-                for region in regions:
-                    row_id = region_row_id(entity_id, region)
-                    try:
-                        self.store.get(row_id)
-                    except FsmError:
-                        continue
-                    found[row_id] = (entity_id, parallel, region)
-        return found
+        return {i: self.region_rows[i] for i in sorted(self.existing_rows)}
 
     def _region_of_row(self, row_id: str) -> str | None:
-        found = self._rows().get(row_id)
+        found = self.region_rows.get(row_id)
         return None if found is None else found[2]
 
     def _name(self) -> str:
@@ -219,6 +224,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.entities.append(entity_id)
         self.snaps[entity_id] = snap
         self.acks[entity_id] = []
+        for parallel, regions in self.lifecycle.table.parallel.items():
+            for region in regions:
+                self.region_rows[region_row_id(entity_id, region)] = (entity_id, parallel, region)
+        self._refresh()  # a lifecycle that starts in a parallel state created its rows
 
     @precondition(lambda self: len(self.entities) < self.max_entities)
     @rule(data=st.data())
@@ -256,9 +265,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         table = self.region_engines[region].table
         return [
             row_id
-            for row_id, (_, _, r) in self._rows().items()
-            if r == region and table.branches_for(self.store.get(row_id).state, event)
+            for row_id in sorted(self.existing_rows)
+            if self.region_rows[row_id][2] == region and table.branches_for(self._snap(row_id).state, event)
         ]
+
+    def _snap(self, entity_id: str) -> Snapshot:
+        """The row as of the last refresh (every step that moves one refreshes it)."""
+        snap = self.snaps.get(entity_id)
+        if snap is None:
+            snap = self.snaps[entity_id] = self.store.get(entity_id)
+        return snap
 
     def fire_event(self, event: str, data: st.DataObject) -> None:
         """The body of every ``fire_<event>`` rule."""
@@ -461,6 +477,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 branch = choose(table, policy, self.clock, self.store, snap, event, Actor.WORKER, holder.lease)
             except FsmError:
                 continue
+            if branch.source in table.parallel or branch.target in table.parallel:
+                continue  # entering or leaving regions is the engine's group write, never one row's
             write = write_for(policy, holder.name, snap, branch, holder.lease, None, None, None, None, None)
             options.append(("write", write))
         if snap.state == engine.lifecycle.finalizing_state:
@@ -689,6 +707,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def lifecycle_invariants(self) -> None:
         problems: list[str] = []
+        self._find_rows()  # whatever step made them
         rows = self._rows()
         regions: dict[str, str | None] = {**dict.fromkeys(self.entities), **{i: r for i, (_, _, r) in rows.items()}}
         for entity_id, region in regions.items():
@@ -718,8 +737,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                     for region in regions:
                         try:
                             row = self.store.get(region_row_id(entity_id, region))
-                        except FsmError:
-                            continue  # pruned once it ended
+                        except FsmError:  # the machine prunes nothing: entering made every row
+                            problems.append(f"join: {entity_id} joined {parallel} without a row for region {region}")
+                            continue
                         if row.state not in self.region_engines[region].table.finals:
                             problems.append(
                                 f"join: {entity_id} joined {parallel} while its region {region} was in {row.state!r}"
@@ -736,7 +756,7 @@ def _rule_name(event: str, taken: Mapping[str, Any]) -> str:
     """``fire_<event>`` as an identifier (a dotted event's dots become underscores), unique."""
     base = "fire_" + re.sub(r"\W", "_", event)
     name, n = base, 1
-    while name in taken:
+    while name in taken or hasattr(LifecycleMachine, name):  # never a method of the machine's
         n += 1
         name = f"{base}_{n}"
     return name
@@ -797,15 +817,15 @@ def lifecycle_machine(
     for event in lifecycle.table.events:
         if event == "*" or event.endswith((".", ".*")):
             continue  # a descriptor matching sent events, not one a caller sends
-        name = _rule_name(event, namespace)
-        namespace[name] = _fire_rule(event, name)
+        rule_name = _rule_name(event, namespace)
+        namespace[rule_name] = _fire_rule(event, rule_name)
     for parallel, found in lifecycle.regions.items():
         for region, region_lifecycle in found.items():
             for event in region_lifecycle.table.events:
                 if event == exit_event(parallel) or event == "*" or event.endswith((".", ".*")):
                     continue  # the engine takes a region's exit with its entity's event
-                name = _rule_name(f"{region}__{event}", namespace)
-                namespace[name] = _region_rule(region, event, name)
+                rule_name = _rule_name(f"{region}__{event}", namespace)
+                namespace[rule_name] = _region_rule(region, event, rule_name)
     cls_name = name or f"{lifecycle.__name__}Machine"
     machine: type[LifecycleMachine] = type(cls_name, (LifecycleMachine,), namespace)
     return machine
