@@ -46,7 +46,7 @@ from fsm.engine.parallel import (
     region_hint,
     reserved_events,
 )
-from fsm.engine.result import ChainedResult, FireResult
+from fsm.engine.result import ChainedResult, FireResult, fire_result
 from fsm.engine.retention import DEFAULT_PRUNE_BATCH, PruneResult, prune
 from fsm.engine.timers import DueTimer, timers_after
 from fsm.engine.watch import DEFAULT_POLL, PAGE, Cursor, watch_args, watch_sync
@@ -623,7 +623,7 @@ class Engine(EngineWork):
                 )
                 if done is not None:
                     announce(self.kind, done[0], done[1], plan.branches[done[1].source])
-                    return FireResult(*done)
+                    return fire_result(*done)
                 # the row did not qualify: read it and judge it as a read-first fire does
         write, branch, held = self._prepare(
             entity_id, event, actor, lease, idempotency_key, reason, data, owner, held, extra
@@ -658,7 +658,7 @@ class Engine(EngineWork):
         announce(self.kind, new, record, branch)
         if self._joins and new.state in self.table.finals:
             join_after(self, new)
-        return FireResult(new, record)
+        return fire_result(new, record)
 
     def _apply_chain(self, writes: list[TransitionWrite], branches: list[Branch]) -> FireResult:
         """The event's write and its microsteps, committed together (:mod:`fsm.chains`)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from fsm.engine.announce import announce
 from fsm.engine.arguments import check_arguments, event_arg, lease_arg, optional_lease
 from fsm.engine.parallel import join_refused
-from fsm.engine.result import FireResult
+from fsm.engine.result import FireResult, fire_result
 from fsm.errors import Fenced, FsmError, InvalidArgument, StaleVersion, UnknownEvent
 from fsm.limits import MAX_APPLY_MANY, check_id
 from fsm.records import Actor, HistoryRecord, Lease, Snapshot, TransitionWrite
@@ -116,7 +116,7 @@ def fire_many(
         else:
             new, record = answer
             announce(engine.kind, new, record, branch)
-            results[i] = FireResult(new, record)
+            results[i] = fire_result(new, record)
     return [r for r in results if r is not None]
 
 

@@ -47,4 +47,21 @@ class ChainedResult(FireResult):
         return self.steps
 
 
-__all__ = ["ChainedResult", "FireResult"]
+_new = object.__new__
+_set_snapshot = FireResult.snapshot.__set__  # type: ignore[attr-defined,misc]  # the slots' member descriptors
+_set_record = FireResult.record.__set__  # type: ignore[attr-defined,misc]
+_set_replayed = FireResult.replayed.__set__  # type: ignore[attr-defined,misc]
+
+
+def fire_result(snapshot: Snapshot, record: HistoryRecord) -> FireResult:
+    """``FireResult(snapshot, record)`` for the engine's hot paths: the frozen dataclass's
+    ``__init__`` sets each slot through ``object.__setattr__`` looked up per field; its
+    slots' own descriptors set them directly (every fire returns one)."""
+    result: FireResult = _new(FireResult)
+    _set_snapshot(result, snapshot)
+    _set_record(result, record)
+    _set_replayed(result, False)
+    return result
+
+
+__all__ = ["ChainedResult", "FireResult", "fire_result"]

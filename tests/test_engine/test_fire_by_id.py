@@ -473,3 +473,17 @@ def test_a_lease_is_checked_field_by_field_whatever_its_time_zone(clock: ManualC
         assert store.get("p1") == before
     east = held._replace(expires_at=held.expires_at.astimezone(timezone(timedelta(hours=5))))
     assert engine.fire("p1", "succeed", lease=east).state == "completed"
+
+
+def test_the_engines_fire_result_is_the_frozen_dataclass_a_caller_builds(clock: ManualClock) -> None:
+    import dataclasses
+
+    from fsm.engine.result import FireResult, fire_result
+
+    engine = Engine(PipelineLifecycle, MemoryStore(clock=clock))
+    fired = engine.fire(engine.create().id, "start")
+    built = FireResult(fired.snapshot, fired.record)
+    assert type(fired) is FireResult and fired == built and not fired.replayed
+    assert fire_result(fired.snapshot, fired.record) == built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fired.snapshot = fired.snapshot  # type: ignore[misc]
