@@ -49,11 +49,16 @@ A lifecycle may start in its parallel state: its create inserts the entity and e
 region's row in one transaction.  A region without a final state never completes, so its
 parallel state is never joined (as python-statemachine has it).
 
-What is refused at class creation, each with its reason: a parallel state nested in a
-compound, a region that is not a compound state, a transition crossing a region's border
+A parallel state may sit inside compounds: their transitions enter it (into a compound
+whose initial state it is) and leave it (one declared on a compound holding it) as its
+own do, under the same rules.
+
+What is refused at class creation, each with its reason: a history state on a compound
+holding a parallel state, a region that is not a compound state, a transition crossing a region's border
 (enter the parallel state itself, leave it by its join or an event declared on it), an
 event shared by two regions, a region's own completion event, a reaper transition or a
-claim's start into the parallel state, a reaper or eventless transition leaving it, a
+claim's start into the parallel state, a reaper or eventless transition leaving it (its
+own or a holding compound's), a
 join requiring ``holds_lease``, a migration into it, a region starting in a state that
 takes steps by itself, and a history state inside a region.
 """
@@ -109,6 +114,14 @@ def _subtree(state: State) -> list[State]:
     return found
 
 
+def _ancestry(state: State) -> list[State]:
+    """``state`` and every compound holding it, innermost first."""
+    found = [state]
+    while found[-1].parent is not None:
+        found.append(found[-1].parent)
+    return found
+
+
 def _region_of(state: State) -> State | None:
     """The region (a child of a parallel state) ``state`` is in, or ``None``."""
     while state.parent is not None:
@@ -127,11 +140,12 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
     }
     for s in all_states:
         if s.parallel:
-            if s.parent is not None:
-                raise InvalidDefinition(
-                    f"{name}: parallel state {s.id!r} is nested in {s.parent.id!r}; a parallel state must be a "
-                    "top-level state of the lifecycle (its regions are rows of their own)"
-                )
+            for holder in _ancestry(s)[1:]:  # the compounds holding it: left with it, re-entered into it
+                if any(isinstance(h, HistoryState) for h in holder.history):
+                    raise InvalidDefinition(
+                        f"{name}: compound {holder.id!r} holds parallel state {s.id!r} and has a history state; "
+                        "a history state cannot restore a parallel state's regions"
+                    )
             for region in s.states:
                 if region.parallel or not region.is_compound:
                     raise InvalidDefinition(
@@ -244,7 +258,40 @@ def check_parallel_table(name: str, table: Any, migrations: Any) -> None:
     """What the compiled table shows: a transition leaving a parallel state that requires
     ``holds_lease`` (the entity's row holds no lease there: it could never fire), and a
     lifecycle migration moving rows into a parallel state (its regions' rows are created by
-    the transition that enters it, which ``migrate_rows`` does not take)."""
+    the transition that enters it, which ``migrate_rows`` does not take).
+
+    A parallel state nested in compounds is entered and left by their transitions too (a
+    transition into a compound whose initial state it is, one from a compound holding it):
+    what :func:`check_parallel` refuses of a transition declared on the parallel state
+    itself is refused of those as well, from the compiled branches."""
+    for branch in table.declared:
+        where = f"{name}: transition {branch.event or '(eventless)'} from {branch.source!r}"
+        if branch.target in table.parallel and branch.source not in table.parallel:
+            if branch.actor is Actor.REAPER:
+                raise InvalidDefinition(
+                    f"{where}: a reaper transition enters parallel state {branch.target!r}; the reaper's "
+                    "set-based batch does not create regions: enter it with a worker transition"
+                )
+            if branch.lease_effect is LeaseChange.ACQUIRE:
+                raise InvalidDefinition(
+                    f"{where}: enters parallel state {branch.target!r} taking a lease; the entity's row holds no "
+                    "lease while its regions run (each region's row has its own)"
+                )
+        if branch.source in table.parallel and branch.event != join_event(branch.source):
+            if branch.event.startswith(REGION_TABLE_PREFIX):
+                continue  # a holding compound's completion: it never fires while the parallel state runs
+            if branch.actor is not Actor.WORKER or branch.lease_effect is LeaseChange.ACQUIRE:
+                raise InvalidDefinition(
+                    f"{where}: a transition leaving parallel state {branch.source!r} moves every region's row in "
+                    "its own write, which the reaper's set-based batch cannot do; declare it with worker(...) "
+                    "(an event a caller fires, or the join), taking no lease"
+                )
+    for source in table.parallel:
+        if table.automatic.get(source):
+            raise InvalidDefinition(
+                f"{name}: an eventless transition leaves parallel state {source!r} (declared on a compound "
+                f"holding it); leave it by its join ({join_event(source)}) or by an event"
+            )
     for branch in table.declared:
         if branch.source in table.parallel and branch.holds_lease:
             raise InvalidDefinition(
@@ -315,7 +362,14 @@ def region_lifecycles(cls: Any) -> dict[str, dict[str, Any]]:
             attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}.{region.id}"}
             tops = [state for state in region_states(region) if state.parent is None]
             attrs.update((state.id, state) for state in tops)
-            exits = [t for t in state.transitions if not t.initial and join_event(parallel) not in t.events]
+            # the parallel state is left by its own transitions and by those of the compounds
+            # holding it (each moves the entity out of every state inside them)
+            exits = [
+                t
+                for holder in _ancestry(state)
+                for t in holder.transitions
+                if not t.initial and join_event(parallel) not in t.events
+            ]
             if exits:  # the parallel state can be left by an event: each region's row then rests here
                 left = exit_state(parallel)
                 if left in cls.states_map or {left, exit_event(parallel)} & {*cls.table.events, *tables_events}:

@@ -64,7 +64,10 @@ def _chart(body: dict[str, Any]) -> type[Lifecycle]:
 
 
 REFUSALS = {
-    "nested in a compound": "must be a top-level state",
+    "history over a parallel state": "a history state cannot restore a parallel state's regions",
+    "reaper leaves through its compound": "the reaper's set-based batch cannot",
+    "eventless leaves through its compound": "an eventless transition leaves parallel state",
+    "reaper enters through its compound": "reaper transition enters parallel state",
     "region not a compound": "must be a compound state",
     "leaves its region": "leaves region",
     "targets inside a region": "is inside a region",
@@ -99,33 +102,61 @@ def _regions() -> tuple[Any, Any]:
 def _refused(case: str) -> None:
     from statemachine import HistoryState
 
-    if case == "nested in a compound":
+    if case == "history over a parallel state":
 
         class A(Lifecycle):
             idle = State(initial=True)
 
             class outer(State.Compound):
                 class p(State.Parallel):
-                    class r1(State.Compound):
-                        a = State(initial=True)
-                        a_end = State(final=True)
-                        a_go = worker(a.to(a_end))
+                    r1, r2 = _regions()
 
-                    class r2(State.Compound):
-                        b = State(initial=True)
-                        b_end = State(final=True)
-                        b_go = worker(b.to(b_end))
-
-                class active(State.Compound):
-                    running = State(initial=True)
-                    finalizing = State()
-
-                done_state_p = worker(p.to(active))
-                fin = worker(active.running.to(active.finalizing))
+                h = HistoryState()
 
             gone = State(final=True)
             enter = worker(idle.to(outer))
-            end = worker(outer.active.finalizing.to(gone, cond="holds_lease"))
+            pause = worker(outer.to(idle))
+            resume = worker(idle.to(outer.h))
+            drop = worker(idle.to(gone))
+
+    elif case == "reaper leaves through its compound":
+
+        class A2(Lifecycle):
+            idle = State(initial=True)
+
+            class outer(State.Compound):
+                class p(State.Parallel):
+                    r1, r2 = _regions()
+
+            gone = State(final=True)
+            enter = worker(idle.to(outer))
+            expire = reaper(outer.to(gone, cond="lease_stale"))
+
+    elif case == "eventless leaves through its compound":
+
+        class A3(Lifecycle):
+            idle = State(initial=True)
+            gone = State(final=True)
+
+            class outer(State.Compound):
+                class p(State.Parallel):
+                    r1, r2 = _regions()
+
+            enter = worker(idle.to(outer))
+            worker(outer.to(gone, cond="holds_lease"))  # eventless, from the compound holding p
+
+    elif case == "reaper enters through its compound":
+
+        class A4(Lifecycle):
+            idle = State(initial=True)
+
+            class outer(State.Compound):
+                class p(State.Parallel):
+                    r1, r2 = _regions()
+
+            gone = State(final=True)
+            enter = reaper(idle.to(outer), reason="expired")
+            leave = worker(outer.to(gone))
 
     elif case == "region not a compound":
 
@@ -627,6 +658,113 @@ def test_the_persisted_regions_agree_with_python_statemachine(events: list[str])
             fired = False
         assert fired == allowed, event
         assert _configuration(engine, store, "f") == {s.id for s in chart.configuration}, event
+
+
+class Nest(Lifecycle):
+    """A parallel state nested in a compound: entered through the compound (or straight
+    into it), left by the compound's event, joined inside it, and the compound's own
+    completion taken in the same commit as the step that ends it."""
+
+    idle = State(initial=True)
+
+    class stage(State.Compound):
+        prep = State(initial=True)
+
+        class both(State.Parallel):
+            class left(State.Compound):
+                l1 = State(initial=True)
+                l_end = State(final=True)
+                l_go = worker(l1.to(l_end))
+
+            class right(State.Compound):
+                class active(State.Compound):
+                    running = State(initial=True)
+                    finalizing = State()
+
+                r_end = State(final=True)
+                r_fin = worker(active.running.to(active.finalizing))
+                r_done = worker(active.finalizing.to(r_end, cond="holds_lease") | active.running.to(r_end))
+
+        joined = State()
+        finish = State(final=True)
+        start_both = worker(prep.to(both))
+        done_state_both = worker(both.to(joined))
+        wrap = worker(joined.to(finish))
+
+    out = State()
+    begin = worker(idle.to(stage))
+    abort = worker(stage.to(idle))  # leaves the parallel state from the compound holding it
+    skip = worker(idle.to(stage.both))
+    done_state_stage = worker(stage.to(out))
+    reset = worker(out.to(idle))
+
+
+NEST_REGIONS = {e: r for regions in Nest.regions.values() for r, c in regions.items() for e in c.table.events}
+NEST_EVENTS = sorted(
+    {*Nest.table.events, *(e for e in NEST_REGIONS if not e.startswith("exit_"))}
+    - {"done.state.both", "done_state_both", "done.state.stage", "done_state_stage"}
+)
+
+
+def _nest_configuration(engine: Engine, store: Store, entity_id: str) -> set[str]:
+    snap = engine.get(entity_id)
+    found = set(Nest.table.configurations[snap.state])
+    if snap.state in Nest.table.parallel:
+        for region, cls in Nest.regions[snap.state].items():
+            row = store.get(region_row_id(entity_id, region))
+            found |= {region, *cls.table.configurations[row.state]}
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(NEST_EVENTS), max_size=25))
+@example(["begin", "start_both", "l_go", "r_fin", "abort", "skip", "l_go", "r_done", "wrap", "reset", "begin"])
+def test_a_parallel_state_nested_in_a_compound_agrees_with_python_statemachine(events: list[str]) -> None:
+    store = MemoryStore()
+    engine = Engine(Nest, store)
+    engine.create("n")
+    chart = Nest()
+    for event in events:
+        try:
+            chart.send(event)
+            allowed = True
+        except SmNotAllowed:
+            allowed = False
+        region = NEST_REGIONS.get(event)
+        target = engine if region is None else engine.region(region)
+        try:
+            target.fire("n" if region is None else region_row_id("n", region), event)
+            fired = True
+        except (TransitionNotAllowed, FsmError):
+            fired = False
+        assert fired == allowed, event
+        assert _nest_configuration(engine, store, "n") == {s.id for s in chart.configuration}, event
+
+
+def test_a_nested_parallel_state_runs_on_every_store(any_store: Store) -> None:
+    """Through the compound into its parallel state, a region finalizing under a lease,
+    the join inside the compound and the compound's completion in the last region's
+    commit chain; then the compound's event leaves the regions of a second visit."""
+    engine = Engine(Nest, any_store)
+    engine.create("n1")
+    engine.fire("n1", "begin")
+    assert engine.fire("n1", "start_both").state == "both"
+    left, right = engine.region("left"), engine.region("right")
+    left.fire(region_row_id("n1", "left"), "l_go")
+    row_id = region_row_id("n1", "right")
+    lease = right.acquire_lease(row_id, owner="r")
+    fin = right.fire(row_id, "r_fin", lease=lease)
+    assert fin.state == "finalizing"
+    right.fire(fin, "r_done", lease=lease)
+    assert engine.get("n1").state == "joined"  # the join, inside the compound
+    done = engine.fire("n1", "wrap")
+    assert done.state == "out" and [r.event for r in done.automatic] == ["done.state.stage"]
+    engine.fire("n1", "reset")
+    engine.fire("n1", "skip")  # straight into the nested parallel state: its rows restart
+    assert {any_store.get(region_row_id("n1", r)).state for r in ("left", "right")} == {"l1", "running"}
+    engine.fire("n1", "abort")  # the compound's event leaves the regions too
+    assert engine.get("n1").state == "idle"
+    assert {any_store.get(region_row_id("n1", r)).state for r in ("left", "right")} == {"left_both"}
 
 
 def test_the_region_rows_are_the_entity_children_and_time_out_alone(release_store: Store) -> None:
