@@ -77,7 +77,7 @@ from fsm.errors import InvalidDefinition
 from fsm.guards import BUILTIN_GUARDS
 from fsm.ids import joined_id
 from fsm.records import Actor, LeaseChange
-from fsm.table import META_ATTR, TransitionMeta, meta_of
+from fsm.table import AUTOMATIC, META_ATTR, TransitionMeta, meta_of
 
 if TYPE_CHECKING:
     from fsm.records import Snapshot
@@ -264,8 +264,10 @@ def check_parallel_table(name: str, table: Any, migrations: Any) -> None:
     transition into a compound whose initial state it is, one from a compound holding it):
     what :func:`check_parallel` refuses of a transition declared on the parallel state
     itself is refused of those as well, from the compiled branches."""
-    for branch in table.declared:
-        where = f"{name}: transition {branch.event or '(eventless)'} from {branch.source!r}"
+    automatic = [b for found in table.automatic.values() for b in found]
+    for branch in (*table.declared, *automatic):  # an eventless transition enters it too
+        event = "(eventless)" if branch.event in ("", AUTOMATIC) else branch.event
+        where = f"{name}: transition {event} from {branch.source!r}"
         if branch.target in table.parallel and branch.source not in table.parallel:
             if branch.actor is Actor.REAPER:
                 raise InvalidDefinition(

@@ -29,7 +29,7 @@ from fsm.errors import (
 )
 from fsm.lifecycle import reaper, worker
 from fsm.reaping.service import Reaper
-from fsm.records import NewEntity, TransitionWrite
+from fsm.records import LeaseChange, NewEntity, TransitionWrite
 from fsm.regions import region_row_id
 from stores.base import Store
 from stores.memory import MemoryStore
@@ -68,6 +68,7 @@ REFUSALS = {
     "reaper leaves through its compound": "the reaper's set-based batch cannot",
     "eventless leaves through its compound": "an eventless transition leaves parallel state",
     "reaper enters through its compound": "reaper transition enters parallel state",
+    "eventless enters through its compound taking a lease": r"\(eventless\) from 'prep': enters parallel state",
     "region not a compound": "must be a compound state",
     "leaves its region": "leaves region",
     "targets inside a region": "is inside a region",
@@ -144,6 +145,21 @@ def _refused(case: str) -> None:
 
             enter = worker(idle.to(outer))
             worker(outer.to(gone, cond="holds_lease"))  # eventless, from the compound holding p
+
+    elif case == "eventless enters through its compound taking a lease":
+
+        class A5(Lifecycle):
+            idle = State(initial=True)
+            prep = State()
+
+            class outer(State.Compound):
+                class p(State.Parallel):
+                    r1, r2 = _regions()
+
+            gone = State(final=True)
+            go = worker(idle.to(prep))
+            worker(prep.to(outer), lease=LeaseChange.ACQUIRE)  # eventless: would hold a lease in p
+            leave = worker(outer.to(gone))
 
     elif case == "reaper enters through its compound":
 
@@ -765,6 +781,36 @@ def test_a_nested_parallel_state_runs_on_every_store(any_store: Store) -> None:
     engine.fire("n1", "abort")  # the compound's event leaves the regions too
     assert engine.get("n1").state == "idle"
     assert {any_store.get(region_row_id("n1", r)).state for r in ("left", "right")} == {"left_both"}
+
+
+def test_the_property_machine_and_the_path_finder_run_a_nested_parallel_state() -> None:
+    """The machine's restore check sees the compounds around a parallel state, and the
+    path finder covers a join whose commit also completes the compound holding it."""
+    from hypothesis import stateful
+
+    from fsm.testing import lifecycle_machine, shortest_paths
+
+    machine = lifecycle_machine(Nest)
+    stateful.run_state_machine_as_test(
+        machine, settings=settings(max_examples=30, stateful_step_count=25, deadline=None)
+    )
+
+    class JoinEnds(Lifecycle):
+        idle = State(initial=True)
+
+        class stage(State.Compound):
+            class both(State.Parallel):
+                r1, r2 = _regions()
+
+            finish = State(final=True)
+            done_state_both = worker(both.to(finish))  # the join ends the compound
+
+        out = State(final=True)
+        begin = worker(idle.to(stage))
+        done_state_stage = worker(stage.to(out))
+
+    paths = shortest_paths(JoinEnds, max_length=6)
+    assert not any("done_state_both" in t or "done.state.both" in t for t in paths.unreachable_transitions)
 
 
 def test_the_region_rows_are_the_entity_children_and_time_out_alone(release_store: Store) -> None:

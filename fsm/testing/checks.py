@@ -66,7 +66,8 @@ def restore_problems(lifecycle: type[Lifecycle], snap: Snapshot) -> list[str]:
         if snap.state in lifecycle.table.parallel:
             # the chart enters its regions too; they are rows of their own (fsm.regions): the
             # entity's row stands for the parallel state and what holds it
-            found = frozenset(found & set(lifecycle.table.configurations))
+            held = {s for configuration in lifecycle.table.configurations.values() for s in configuration}
+            found = frozenset(found & held)
         _RESTORED[(lifecycle, snap.state)] = found
     if found != expected:
         return [f"restore: {snap.id} in {snap.state!r} restored to {sorted(found)}, expected {sorted(expected)}"]

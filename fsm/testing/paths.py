@@ -33,6 +33,7 @@ from fsm.errors import FsmError
 from fsm.lifecycle import Lifecycle
 from fsm.records import Actor, Snapshot
 from fsm.regions import exit_event, region_row_id
+from fsm.table import AUTOMATIC
 from fsm.testing.coverage import branch_name
 from stores.memory import MemoryStore
 
@@ -289,8 +290,14 @@ class _Run:
 def _joined(lifecycle: type[Lifecycle], run: _Run) -> list[str]:
     """The join branches (under each of their event names) the run's last step took, if it
     joined the entity (the engine fires the join itself after a region's final write)."""
-    last = run.engine.store.history(run.entity_id)[-1]
-    if last.source not in lifecycle.table.parallel or not last.event.startswith("done.state."):
+    parallel = lifecycle.table.parallel
+    for last in reversed(run.engine.store.history(run.entity_id)):
+        if last.source in parallel and last.event.startswith("done.state."):
+            break  # the join
+        if last.event.startswith("done.state.") or last.event == AUTOMATIC:
+            continue  # a step the join took in its commit (a holding compound's completion...)
+        return []
+    else:
         return []
     return [
         branch_name(b)
