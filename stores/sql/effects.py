@@ -82,13 +82,14 @@ class EffectOps(SqlCore, LedgerRun):
             ),
             "record": insert + "DO NOTHING " + returning,
             "record_or_replace": insert + replace + returning,
-            # a batch of new records (PostgreSQL): each row under its own lease, as "record"
+            # a batch of new records (PostgreSQL): each row under its own lease, as "record".
+            # One JSON document (a row per array: id, key, owner, token, status, result text),
+            # one text parameter: psycopg dumps a Python list per array element by element
             "record_many": (
                 f"INSERT INTO {ef} ({EFFECT_COLUMNS}) "
                 f"SELECT e.{c['id']}, v.key, v.status, v.token, 1, CAST(v.result AS jsonb), {f.now} "
-                "FROM unnest(CAST(%(ids)s AS text[]), CAST(%(keys)s AS text[]), CAST(%(owners)s AS text[]), "
-                "CAST(%(tokens)s AS bigint[]), CAST(%(statuses)s AS text[]), CAST(%(results)s AS text[])) "
-                "AS v(id, key, owner, token, status, result) "
+                "FROM (SELECT j->>0 AS id, j->>1 AS key, j->>2 AS owner, CAST(j->>3 AS bigint) AS token, "
+                "j->>4 AS status, j->>5 AS result FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS j) AS v "
                 f"JOIN {ent} AS e ON e.{c['id']} = v.id AND NOT e.{c['deleted']} "
                 f"AND e.{c['lease_owner']} = v.owner AND e.{c['lease_token']} = v.token "
                 f"ORDER BY e.{c['id']}{lock and ' FOR SHARE OF e'} "
@@ -98,8 +99,9 @@ class EffectOps(SqlCore, LedgerRun):
             "probe_many": (
                 f"SELECT v.n, {lay.ref('lease_owner', 'e')}, {lay.ref('lease_token', 'e')}, e.{c['id']} IS NOT NULL, "
                 + ", ".join(f"f.{name.strip()}" for name in EFFECT_COLUMNS.split(","))
-                + " FROM unnest(CAST(%(n)s AS int[]), CAST(%(ids)s AS text[]), CAST(%(keys)s AS text[])) "
-                f"AS v(n, id, key) LEFT JOIN {ent} AS e ON e.{c['id']} = v.id AND NOT {lay.ref('deleted', 'e')} "
+                + " FROM (SELECT CAST(j->>0 AS int) AS n, j->>1 AS id, j->>2 AS key "
+                "FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS j) AS v "
+                f"LEFT JOIN {ent} AS e ON e.{c['id']} = v.id AND NOT {lay.ref('deleted', 'e')} "
                 "LEFT JOIN " + ef + " AS f ON f.entity_id = v.id AND f.key = v.key"
             ),
             # the holder and the recorded effect in one read (``run`` asks before each effect)
@@ -144,7 +146,7 @@ class EffectOps(SqlCore, LedgerRun):
             except FsmError as err:
                 found[i] = err
         if asked:
-            params = {"n": [a[0] for a in asked], "ids": [a[1] for a in asked], "keys": [a[2] for a in asked]}
+            params = {"rows": json.dumps(asked, ensure_ascii=False, separators=(",", ":"))}
             for row in self._run(self._effect_sql()["probe_many"], params):
                 found[row[0]] = (
                     UnknownEntity(asked_id(asked, row[0]))
@@ -171,14 +173,8 @@ class EffectOps(SqlCore, LedgerRun):
             except FsmError as err:
                 done[i] = err
         if fresh:
-            params: dict[str, Any] = {
-                "ids": [w.entity_id for _, w, _ in fresh],
-                "keys": [w.key for _, w, _ in fresh],
-                "owners": [w.owner for _, w, _ in fresh],
-                "tokens": [w.token for _, w, _ in fresh],
-                "statuses": [w.status for _, w, _ in fresh],
-                "results": [text for _, _, text in fresh],
-            }
+            rows = [[w.entity_id, w.key, w.owner, w.token, w.status, text] for _, w, text in fresh]
+            params: dict[str, Any] = {"rows": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
             now = self._now()
             if now is not None:
                 params["now"] = self._f.time(now)

@@ -143,3 +143,22 @@ def test_a_batch_over_the_limit_is_refused_before_anything_is_written(any_store:
         any_store.holders_and_effects([("a", "k")] * (MAX_LEDGER_BATCH + 1))  # type: ignore[attr-defined]
     assert any_store.effects("a") == []
     assert any_store.record_effects([]) == [] and any_store.holders_and_effects([]) == []  # type: ignore[attr-defined]
+
+
+def test_ids_keys_and_results_of_any_text_round_trip_through_a_batch(any_store: Store) -> None:
+    """A batch travels as one JSON document on PostgreSQL: ids, keys and results with
+    quotes, backslashes, brackets and non-ASCII text come back exactly as one call's."""
+    ids = ['q"uote', "back\\slash", "ünï-🙂", "[1,2]"]
+    leases = held(any_store, *ids)
+    keys = {entity_id: f"k-{n}-{entity_id}" for n, entity_id in enumerate(ids)}
+    results = [{"text": entity_id, "nested": ["\\", '"', "🙂"]} for entity_id in ids]
+    done = any_store.record_effects(  # type: ignore[attr-defined]
+        [write(leases[i], i, keys[i], r) for i, r in zip(ids, results, strict=True)]
+    )
+    assert [(d[0].entity_id, d[0].key, d[0].result, d[1]) for d in done] == [  # type: ignore[index]
+        (i, keys[i], r, True) for i, r in zip(ids, results, strict=True)
+    ]
+    asked = any_store.holders_and_effects([(i, keys[i]) for i in ids])  # type: ignore[attr-defined]
+    for entity_id, (holder, record) in zip(ids, asked, strict=True):
+        assert holder == (leases[entity_id].owner, leases[entity_id].token)
+        assert record == any_store.effect(entity_id, keys[entity_id])
