@@ -191,18 +191,8 @@ def check_parallel(name: str, states: Iterable[State]) -> None:
                         )
                 if s.parallel:
                     _check_exit(name, where, s, t)
-                meta = meta_of(t)
-                if any(x.parallel for x in targets):
-                    if meta.actor is Actor.REAPER:
-                        raise InvalidDefinition(
-                            f"{where}: a reaper transition enters parallel state {targets[0].id!r}; the reaper's "
-                            "set-based batch does not create regions: enter it with a worker transition"
-                        )
-                    if meta.lease is LeaseChange.ACQUIRE:
-                        raise InvalidDefinition(
-                            f"{where}: enters parallel state {targets[0].id!r} taking a lease; the entity's row "
-                            "holds no lease while its regions run (each region's row has its own)"
-                        )
+                # a transition entering a parallel state (straight, or through a compound whose
+                # initial state it is) is judged on the compiled table: check_parallel_table
             owner = "" if within is None else within.id
             for event in (str(e) for e in t.events):
                 if event in region_done:
