@@ -101,6 +101,8 @@ class LeaseKeepers:
     def keep_many(self, leases: list[Lease], *, asked_at: float | None = None) -> list[HeldLease]:
         """:meth:`keep` for each of ``leases`` (a claim's), under one lock; their
         ``HeldLease`` in order."""
+        if not isinstance(leases, list | tuple):
+            raise InvalidArgument(f"keep_many needs a list of Lease, not {leases!r:.80}")
         for lease in leases:
             if not isinstance(lease, Lease):
                 raise InvalidArgument(f"keep needs a Lease, not {lease!r}")

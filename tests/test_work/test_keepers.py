@@ -244,6 +244,9 @@ def test_keep_many_keeps_a_claims_leases_together_or_none_of_them(clock: ManualC
         keepers.keep_many([*leases, "not a lease"])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="asked_at"):
         keepers.keep_many(leases, asked_at=float("nan"))
+    for not_a_list in (None, "lease", leases[0], 42):  # a lease alone is a tuple of its fields: refused
+        with pytest.raises(InvalidArgument):
+            keepers.keep_many(not_a_list)  # type: ignore[arg-type]
     assert len(keepers) == 0
     helds = keepers.keep_many(leases, asked_at=asked_at)
     assert [h.lease for h in helds] == leases and len(keepers) == 3
